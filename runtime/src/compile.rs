@@ -1,0 +1,105 @@
+//! Compiling a module once per process, and once per node with the on-disk cache.
+
+use crate::abi::Abi;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use wasmless_artifact::Digest;
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+/// Compiled code for either contract.
+#[derive(Clone)]
+pub enum Compiled {
+    Component(Component),
+    Module(wasmtime::Module),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// The compiled code came from the cache directory.
+    Hit,
+    /// Compiled now (and written to the cache directory, if there is one).
+    Miss,
+    /// No cache directory was given.
+    Disabled,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot compile the module: {0}")]
+pub struct CompileError(String);
+
+/// Compiles `bytes`, or loads the code a previous process compiled for the same digest
+/// and the same wasmtime version and settings.
+pub fn compile(
+    engine: &Engine,
+    abi: Abi,
+    bytes: &[u8],
+    digest: &Digest,
+    cache_dir: Option<&Path>,
+) -> Result<(Compiled, CacheOutcome), CompileError> {
+    let Some(cache_dir) = cache_dir else {
+        return Ok((compile_fresh(engine, abi, bytes)?, CacheOutcome::Disabled));
+    };
+    let path = cache_path(engine, cache_dir, digest);
+    if path.exists() {
+        match deserialize(engine, abi, &path) {
+            Ok(compiled) => return Ok((compiled, CacheOutcome::Hit)),
+            Err(err) => {
+                tracing::warn!(path = %path.display(), error = %err, "ignoring unusable compiled-code cache entry")
+            }
+        }
+    }
+    let serialized = match abi {
+        Abi::HttpComponent => engine.precompile_component(bytes),
+        Abi::CgiCommand => engine.precompile_module(bytes),
+    }
+    .map_err(|e| CompileError(format!("{e:?}")))?;
+    if let Err(err) = write_atomically(&path, &serialized) {
+        tracing::warn!(path = %path.display(), error = %err, "cannot write the compiled-code cache; continuing without it");
+    }
+    // SAFETY: `serialized` was produced by this engine a moment ago.
+    let compiled = unsafe {
+        match abi {
+            Abi::HttpComponent => Component::deserialize(engine, &serialized).map(Compiled::Component),
+            Abi::CgiCommand => wasmtime::Module::deserialize(engine, &serialized).map(Compiled::Module),
+        }
+    }
+    .map_err(|e| CompileError(format!("{e:?}")))?;
+    Ok((compiled, CacheOutcome::Miss))
+}
+
+fn compile_fresh(engine: &Engine, abi: Abi, bytes: &[u8]) -> Result<Compiled, CompileError> {
+    match abi {
+        Abi::HttpComponent => Component::new(engine, bytes).map(Compiled::Component),
+        Abi::CgiCommand => wasmtime::Module::new(engine, bytes).map(Compiled::Module),
+    }
+    .map_err(|e| CompileError(format!("{e:?}")))
+}
+
+fn deserialize(engine: &Engine, abi: Abi, path: &Path) -> wasmtime::Result<Compiled> {
+    // SAFETY: the cache directory is the runtime's own (an emptyDir in the pod) and its
+    // entries are written only by `write_atomically` above; wasmtime itself rejects
+    // code from another version or configuration.
+    unsafe {
+        match abi {
+            Abi::HttpComponent => Component::deserialize_file(engine, path).map(Compiled::Component),
+            Abi::CgiCommand => wasmtime::Module::deserialize_file(engine, path).map(Compiled::Module),
+        }
+    }
+}
+
+/// `<digest hex>-<engine hash>.cwasm`: a new wasmtime or new engine settings miss.
+fn cache_path(engine: &Engine, cache_dir: &Path, digest: &Digest) -> PathBuf {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    cache_dir.join(format!("{}-{:016x}.cwasm", digest.hex(), hasher.finish()))
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let temporary = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&temporary, bytes)?;
+    std::fs::rename(&temporary, path)
+}

@@ -1,0 +1,269 @@
+//! WASI preview1 commands spoken to over CGI (RFC 3875, as Go's `net/http/cgi`, WAGI
+//! and Spin speak it): the request as environment and stdin, the response as a header
+//! block, a blank line and the body on stdout.
+
+use super::{Connection, Failure, MAX_HANDLER_OUTPUT, Shared, log_handler_output};
+use crate::engine::deadline_ticks;
+use crate::limits::RequestLimiter;
+use axum::body::Body;
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Response, StatusCode, header};
+use std::sync::Arc;
+use std::time::Instant;
+use wasmtime::{Engine, InstancePre, Linker, Module, Store};
+use wasmtime_wasi::WasiCtxBuilder;
+use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
+
+pub struct CgiHandler {
+    pre: InstancePre<CgiState>,
+    shared: Arc<Shared>,
+}
+
+struct CgiState {
+    wasi: WasiP1Ctx,
+    limiter: RequestLimiter,
+}
+
+impl CgiHandler {
+    pub fn new(engine: &Engine, module: &Module, shared: Arc<Shared>) -> wasmtime::Result<Self> {
+        let mut linker = Linker::new(engine);
+        wasmtime_wasi::p1::add_to_linker_async(&mut linker, |state: &mut CgiState| &mut state.wasi)?;
+        let pre = linker.instantiate_pre(module)?;
+        Ok(Self { pre, shared })
+    }
+
+    pub async fn invoke(
+        &self,
+        request: http::Request<Bytes>,
+        connection: Connection,
+    ) -> Result<Response<Body>, Failure> {
+        let (parts, body) = request.into_parts();
+        let stdout = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
+        let stderr = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.args(&[self.shared.function.as_str()])
+            .envs(&self.shared.env)
+            .envs(&cgi_environment(&parts, body.len(), connection))
+            .stdin(MemoryInputPipe::new(body))
+            .stdout(stdout.clone())
+            .stderr(stderr.clone());
+        let state = CgiState {
+            wasi: wasi.build_p1(),
+            limiter: RequestLimiter::new(&self.shared.limits),
+        };
+        let mut store = Store::new(self.pre.module().engine(), state);
+        store.limiter(|state| &mut state.limiter);
+        store.set_epoch_deadline(deadline_ticks(self.shared.limits.timeout));
+        store.epoch_deadline_trap();
+
+        let outcome = self.run(&mut store).await;
+        log_handler_output("stderr", &stderr.contents());
+        outcome.map_err(|error| Failure::classify(error, store.data().limiter.memory_exceeded))?;
+        parse_response(&stdout.contents())
+    }
+
+    async fn run(&self, store: &mut Store<CgiState>) -> wasmtime::Result<()> {
+        let started = Instant::now();
+        let instance = self.pre.instantiate_async(&mut *store).await?;
+        self.shared.metrics.observe_instantiate(started.elapsed());
+        let start = instance.get_typed_func::<(), ()>(&mut *store, "_start")?;
+        match start.call_async(&mut *store, ()).await {
+            Err(error) if matches!(error.downcast_ref::<wasmtime_wasi::I32Exit>(), Some(exit) if exit.0 == 0) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+/// The CGI meta-variables for one request.
+fn cgi_environment(
+    parts: &http::request::Parts,
+    content_length: usize,
+    connection: Connection,
+) -> Vec<(String, String)> {
+    let uri = &parts.uri;
+    let host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost");
+    let server_name = host.rsplit_once(':').map_or(host, |(name, _)| name);
+    let mut env = vec![
+        ("GATEWAY_INTERFACE".into(), "CGI/1.1".into()),
+        (
+            "SERVER_SOFTWARE".into(),
+            concat!("wasmless-runtime/", env!("CARGO_PKG_VERSION")).into(),
+        ),
+        ("SERVER_PROTOCOL".into(), format!("{:?}", parts.version)),
+        ("SERVER_NAME".into(), server_name.to_string()),
+        ("SERVER_PORT".into(), connection.local_port.to_string()),
+        ("REQUEST_METHOD".into(), parts.method.to_string()),
+        (
+            "REQUEST_URI".into(),
+            uri.path_and_query().map_or("/", |pq| pq.as_str()).to_string(),
+        ),
+        ("SCRIPT_NAME".into(), String::new()),
+        ("PATH_INFO".into(), uri.path().to_string()),
+        ("QUERY_STRING".into(), uri.query().unwrap_or("").to_string()),
+        ("REMOTE_ADDR".into(), connection.remote.ip().to_string()),
+        ("REMOTE_PORT".into(), connection.remote.port().to_string()),
+        ("CONTENT_LENGTH".into(), content_length.to_string()),
+    ];
+    if let Some(content_type) = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
+        env.push(("CONTENT_TYPE".into(), content_type.to_string()));
+    }
+    for name in parts.headers.keys() {
+        // Content-Type and Content-Length have variables of their own; `Proxy` would
+        // set HTTP_PROXY, which HTTP clients in the handler read as their proxy (httpoxy).
+        if name == header::CONTENT_TYPE || name == header::CONTENT_LENGTH || name.as_str() == "proxy" {
+            continue;
+        }
+        let values: Vec<&str> = parts
+            .headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        let variable = format!("HTTP_{}", name.as_str().to_ascii_uppercase().replace('-', "_"));
+        env.push((variable, values.join(", ")));
+    }
+    env
+}
+
+/// Reads a CGI response: header lines, a blank line, the body.
+fn parse_response(output: &[u8]) -> Result<Response<Body>, Failure> {
+    let bad = |why: &str| Failure::BadResponse(why.to_string());
+    if output.is_empty() {
+        return Err(bad("the handler wrote nothing"));
+    }
+    let (head, body) = split_head(output).ok_or_else(|| bad("no blank line ends the header block"))?;
+    let head = std::str::from_utf8(head).map_err(|_| bad("the header block is not UTF-8"))?;
+    let mut response = Response::builder();
+    let mut status = None;
+    let mut has_location = false;
+    for line in head.lines().map(|line| line.trim_end_matches('\r')) {
+        let (name, value) = line
+            .split_once(':')
+            .ok_or_else(|| bad(&format!("header line {line:?} has no colon")))?;
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("status") {
+            let code = value.split_whitespace().next().unwrap_or("");
+            let parsed = code
+                .parse::<u16>()
+                .ok()
+                .and_then(|code| StatusCode::from_u16(code).ok());
+            status = Some(parsed.ok_or_else(|| bad(&format!("Status {value:?} is not an HTTP status")))?);
+            continue;
+        }
+        let name =
+            HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad(&format!("{name:?} is not a header name")))?;
+        let value =
+            HeaderValue::from_str(value).map_err(|_| bad(&format!("the value of {name} is not a header value")))?;
+        has_location |= name == header::LOCATION;
+        response = response.header(name, value);
+    }
+    let status = status.unwrap_or(if has_location {
+        StatusCode::FOUND
+    } else {
+        StatusCode::OK
+    });
+    response
+        .status(status)
+        .body(Body::from(Bytes::copy_from_slice(body)))
+        .map_err(|e| bad(&e.to_string()))
+}
+
+/// Splits at the first empty line (`\n\n` or `\r\n\r\n`).
+fn split_head(output: &[u8]) -> Option<(&[u8], &[u8])> {
+    let mut line_start = 0;
+    for (index, &byte) in output.iter().enumerate() {
+        if byte != b'\n' {
+            continue;
+        }
+        let line = &output[line_start..index];
+        if line.is_empty() || line == b"\r" {
+            return Some((&output[..line_start], &output[index + 1..]));
+        }
+        line_start = index + 1;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn body_text(response: Response<Body>) -> String {
+        String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn status_headers_and_body() {
+        let response =
+            parse_response(b"Status: 201 Created\r\nContent-Type: text/plain\r\nX-A: 1\r\n\r\nhello\n").unwrap();
+        assert_eq!(response.status(), 201);
+        assert_eq!(response.headers()["x-a"], "1");
+        assert_eq!(body_text(response).await, "hello\n");
+    }
+
+    #[tokio::test]
+    async fn defaults_and_redirects() {
+        let plain = parse_response(b"Content-Type: text/plain\n\nok").unwrap();
+        assert_eq!(plain.status(), 200);
+        assert_eq!(body_text(plain).await, "ok");
+        let redirect = parse_response(b"Location: /elsewhere\n\n").unwrap();
+        assert_eq!(redirect.status(), 302);
+        assert_eq!(redirect.headers()["location"], "/elsewhere");
+    }
+
+    #[test]
+    fn malformed_output_is_a_bad_response() {
+        for output in [
+            &b""[..],
+            b"just a body",
+            b"Content-Type text/plain\n\nbody",
+            b"Status: teapot\n\n",
+            b"Bad Name: x\n\n",
+        ] {
+            let failure = parse_response(output).unwrap_err();
+            assert_eq!(
+                failure.status(),
+                StatusCode::BAD_GATEWAY,
+                "{:?}",
+                String::from_utf8_lossy(output)
+            );
+        }
+    }
+
+    #[test]
+    fn environment_follows_rfc_3875() {
+        let request = http::Request::post("/path/x?a=1&b=2")
+            .header("host", "example.com:8080")
+            .header("content-type", "application/json")
+            .header("x-multi", "one")
+            .header("x-multi", "two")
+            .header("authorization", "Bearer t")
+            .header("proxy", "http://evil")
+            .body(())
+            .unwrap();
+        let (parts, ()) = request.into_parts();
+        let connection = Connection {
+            remote: "10.1.2.3:5555".parse().unwrap(),
+            local_port: 8080,
+        };
+        let env: std::collections::HashMap<_, _> = cgi_environment(&parts, 7, connection).into_iter().collect();
+        assert_eq!(env["REQUEST_METHOD"], "POST");
+        assert_eq!(env["REQUEST_URI"], "/path/x?a=1&b=2");
+        assert_eq!(env["PATH_INFO"], "/path/x");
+        assert_eq!(env["QUERY_STRING"], "a=1&b=2");
+        assert_eq!(env["CONTENT_LENGTH"], "7");
+        assert_eq!(env["CONTENT_TYPE"], "application/json");
+        assert_eq!(env["SERVER_NAME"], "example.com");
+        assert_eq!(env["REMOTE_ADDR"], "10.1.2.3");
+        assert_eq!(env["HTTP_X_MULTI"], "one, two");
+        assert_eq!(env["HTTP_AUTHORIZATION"], "Bearer t");
+        assert!(!env.contains_key("HTTP_PROXY"));
+        assert!(!env.contains_key("HTTP_CONTENT_TYPE"));
+    }
+}

@@ -1,0 +1,190 @@
+//! Components exporting `wasi:http/incoming-handler`, served through wasmtime-wasi-http.
+
+use super::{Failure, MAX_HANDLER_OUTPUT, Shared, log_handler_output};
+use crate::engine::deadline_ticks;
+use crate::limits::RequestLimiter;
+use axum::body::Body;
+use bytes::Bytes;
+use http::{Response, header};
+use http_body_util::{BodyExt, Full};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+use tracing::Instrument;
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::{Engine, Store};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::p2::bindings::ProxyPre;
+use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
+
+pub struct HttpHandler {
+    pre: ProxyPre<HttpState>,
+    shared: Arc<Shared>,
+}
+
+struct HttpState {
+    wasi: WasiCtx,
+    http: WasiHttpCtx,
+    table: ResourceTable,
+    hooks: Sandbox,
+    limiter: RequestLimiter,
+}
+
+impl WasiView for HttpState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for HttpState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
+        }
+    }
+}
+
+/// Handlers are sandboxed: an outgoing HTTP request is denied.
+struct Sandbox;
+
+impl WasiHttpHooks for Sandbox {
+    fn send_request(
+        &mut self,
+        _request: http::Request<wasmtime_wasi_http::WasiBody>,
+        _options: Option<wasmtime_wasi_http::RequestOptions>,
+        _fut: Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+    ) -> Box<
+        dyn Future<
+                Output = Result<
+                    (
+                        http::Response<wasmtime_wasi_http::WasiBody>,
+                        Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+                    ),
+                    wasmtime_wasi_http::Error,
+                >,
+            > + Send,
+    > {
+        Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) })
+    }
+}
+
+impl HttpHandler {
+    pub fn new(engine: &Engine, component: &Component, shared: Arc<Shared>) -> wasmtime::Result<Self> {
+        let mut linker = Linker::new(engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+        let pre = ProxyPre::new(linker.instantiate_pre(component)?)?;
+        Ok(Self { pre, shared })
+    }
+
+    pub async fn invoke(
+        &self,
+        request: http::Request<Bytes>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> Result<Response<Body>, Failure> {
+        let stdout = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
+        let stderr = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
+        let wasi = WasiCtxBuilder::new()
+            .args(&[self.shared.function.as_str()])
+            .envs(&self.shared.env)
+            .stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .build();
+        let state = HttpState {
+            wasi,
+            http: WasiHttpCtx::new(),
+            table: ResourceTable::new(),
+            hooks: Sandbox,
+            limiter: RequestLimiter::new(&self.shared.limits),
+        };
+        let mut store = Store::new(self.pre.engine(), state);
+        store.limiter(|state| &mut state.limiter);
+        store.set_epoch_deadline(deadline_ticks(self.shared.limits.timeout));
+        store.epoch_deadline_trap();
+
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        let responded = Arc::new(AtomicBool::new(false));
+        let respond = {
+            let responded = responded.clone();
+            move |response| {
+                responded.store(true, Ordering::SeqCst);
+                let _ = sender.send(response);
+            }
+        };
+        let incoming = store
+            .data_mut()
+            .http()
+            .new_incoming_request(Scheme::Http, with_host(request))
+            .and_then(|incoming| {
+                Ok((
+                    incoming,
+                    store.data_mut().http().new_response_outparam_from_callback(respond)?,
+                ))
+            });
+        let (incoming, outparam) = incoming.map_err(|e| Failure::Trap(format!("{e:?}")))?;
+
+        // The handler runs in a task of its own so that it can go on writing the body
+        // after the response headers have been sent.
+        let pre = self.pre.clone();
+        let shared = self.shared.clone();
+        let task = tokio::spawn(
+            async move {
+                let _permit = permit;
+                let started = Instant::now();
+                let result = match pre.instantiate_async(&mut store).await {
+                    Ok(proxy) => {
+                        shared.metrics.observe_instantiate(started.elapsed());
+                        proxy.wasi_http_incoming_handler().call_handle(&mut store, incoming, outparam).await
+                    }
+                    Err(error) => Err(error),
+                };
+                log_handler_output("stdout", &stdout.contents());
+                log_handler_output("stderr", &stderr.contents());
+                let result = result.map_err(|error| Failure::classify(error, store.data().limiter.memory_exceeded));
+                if let Err(failure) = &result
+                    && responded.load(Ordering::SeqCst)
+                {
+                    // Headers are out: the client sees a cut body, the log and metrics see why.
+                    shared.metrics.count_trap(failure.kind());
+                    tracing::error!(kind = failure.kind(), failure = ?failure, "handler failed after sending its response headers");
+                }
+                result
+            }
+            .in_current_span(),
+        );
+
+        match receiver.await {
+            Ok(Ok(response)) => Ok(response.map(|body| {
+                Body::new(body.map_err(|code| std::io::Error::other(format!("the handler's body failed: {code:?}"))))
+            })),
+            Ok(Err(code)) => Err(Failure::Trap(format!("the handler answered with error {code:?}"))),
+            Err(_) => match task.await {
+                Ok(Err(failure)) => Err(failure),
+                Ok(Ok(())) => Err(Failure::BadResponse(
+                    "the handler returned without setting a response".into(),
+                )),
+                Err(join_error) => Err(Failure::Trap(format!("the handler task failed: {join_error}"))),
+            },
+        }
+    }
+}
+
+/// wasi:http needs an authority; HTTP/1.0 clients may send no Host.
+fn with_host(
+    request: http::Request<Bytes>,
+) -> http::Request<impl http_body::Body<Data = Bytes, Error = wasmtime_wasi_http::Error> + Send + 'static> {
+    let (mut parts, body) = request.into_parts();
+    if !parts.headers.contains_key(header::HOST) && parts.uri.authority().is_none() {
+        parts
+            .headers
+            .insert(header::HOST, http::HeaderValue::from_static("localhost"));
+    }
+    http::Request::from_parts(parts, Full::new(body).map_err(|never| match never {}))
+}

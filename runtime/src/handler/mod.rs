@@ -1,0 +1,159 @@
+//! A loaded module, ready to serve: the pre-instantiated handler for its ABI, and what
+//! one invocation returns.
+
+mod cgi;
+mod http;
+
+use crate::abi::Abi;
+use crate::compile::Compiled;
+use crate::limits::RequestLimits;
+use crate::metrics::Metrics;
+use axum::body::Body;
+use bytes::Bytes;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use wasmless_artifact::Digest;
+use wasmtime::Engine;
+
+/// Output a handler may write to stdout or stderr per request before writes fail.
+const MAX_HANDLER_OUTPUT: usize = 16 << 20;
+/// Handler stderr kept for the log per request.
+const MAX_LOGGED_STDERR: usize = 64 << 10;
+
+/// What every request's store is built from.
+pub struct Shared {
+    pub limits: RequestLimits,
+    pub env: Vec<(String, String)>,
+    pub metrics: Arc<Metrics>,
+    pub function: String,
+}
+
+/// Facts about the connection a request came on.
+#[derive(Debug, Clone, Copy)]
+pub struct Connection {
+    pub remote: SocketAddr,
+    pub local_port: u16,
+}
+
+/// A module compiled and linked once, instantiated afresh for each request.
+pub struct LoadedHandler {
+    pub digest: Digest,
+    pub abi: Abi,
+    kind: Kind,
+}
+
+enum Kind {
+    Http(http::HttpHandler),
+    Cgi(cgi::CgiHandler),
+}
+
+/// Why a request failed inside the handler.
+#[derive(Debug)]
+pub enum Failure {
+    /// Ran past the timeout (504).
+    Timeout,
+    /// Asked for more memory than the limit, and failed for it (500).
+    OutOfMemory(String),
+    /// Trapped or panicked (500).
+    Trap(String),
+    /// A command exited with a non-zero status (500).
+    Exit(i32),
+    /// The handler's response could not be read (502).
+    BadResponse(String),
+}
+
+impl Failure {
+    pub fn status(&self) -> ::http::StatusCode {
+        use ::http::StatusCode;
+        match self {
+            Self::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::BadResponse(_) => StatusCode::BAD_GATEWAY,
+            Self::OutOfMemory(_) | Self::Trap(_) | Self::Exit(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The `kind` label of `wasmless_traps_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::OutOfMemory(_) => "memory",
+            Self::Trap(_) => "trap",
+            Self::Exit(_) => "exit",
+            Self::BadResponse(_) => "bad_response",
+        }
+    }
+
+    /// What the client is told; details go to the log.
+    pub fn public_message(&self) -> String {
+        match self {
+            Self::Timeout => "the handler did not finish within its timeout\n".into(),
+            Self::OutOfMemory(_) => "the handler ran out of memory\n".into(),
+            Self::Trap(_) => "the handler failed\n".into(),
+            Self::Exit(code) => format!("the handler exited with status {code}\n"),
+            Self::BadResponse(why) => format!("the handler's response is malformed: {why}\n"),
+        }
+    }
+
+    fn classify(error: wasmtime::Error, memory_exceeded: bool) -> Self {
+        if matches!(error.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt)) {
+            return Self::Timeout;
+        }
+        if memory_exceeded {
+            return Self::OutOfMemory(format!("{error:?}"));
+        }
+        if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {
+            return Self::Exit(exit.0);
+        }
+        Self::Trap(format!("{error:?}"))
+    }
+}
+
+impl LoadedHandler {
+    pub fn new(
+        engine: &Engine,
+        compiled: Compiled,
+        abi: Abi,
+        digest: Digest,
+        shared: Arc<Shared>,
+    ) -> wasmtime::Result<Self> {
+        let kind = match compiled {
+            Compiled::Component(component) => Kind::Http(http::HttpHandler::new(engine, &component, shared)?),
+            Compiled::Module(module) => Kind::Cgi(cgi::CgiHandler::new(engine, &module, shared)?),
+        };
+        Ok(Self { digest, abi, kind })
+    }
+
+    /// Runs one request in a fresh instance. The permit is held until the instance is
+    /// gone, which for a streamed component response is after the last body byte.
+    pub async fn invoke(
+        &self,
+        request: ::http::Request<Bytes>,
+        connection: Connection,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> Result<::http::Response<Body>, Failure> {
+        match &self.kind {
+            Kind::Http(handler) => handler.invoke(request, permit).await,
+            Kind::Cgi(handler) => {
+                let response = handler.invoke(request, connection).await;
+                drop(permit);
+                response
+            }
+        }
+    }
+}
+
+/// Logs what a handler wrote to stderr (and, for components, stdout), a line per
+/// event, so it is not lost.
+fn log_handler_output(stream: &'static str, output: &[u8]) {
+    if output.is_empty() {
+        return;
+    }
+    let shown = &output[..output.len().min(MAX_LOGGED_STDERR)];
+    let text = String::from_utf8_lossy(shown);
+    for line in text.lines().filter(|line| !line.trim().is_empty()) {
+        tracing::warn!(target: "wasmless::handler", stream, "{line}");
+    }
+    if output.len() > shown.len() {
+        tracing::warn!(target: "wasmless::handler", stream, omitted_bytes = output.len() - shown.len(), "handler output truncated in the log");
+    }
+}

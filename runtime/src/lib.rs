@@ -1,0 +1,147 @@
+//! `wasmless-runtime`: loads one WebAssembly handler, verifies its digest, compiles it
+//! once, and serves each HTTP request from a fresh instance behind axum, with a JSON
+//! log line and Prometheus metrics per request.
+//!
+//! Read top to bottom: [`serve`] loads the module ([`module_source`], [`loader`]),
+//! starts the admin and function servers ([`server`]) and watches for a replaced
+//! module ([`reload`]).
+
+pub mod abi;
+pub mod compile;
+pub mod config;
+pub mod engine;
+pub mod handler;
+pub mod limits;
+pub mod loader;
+pub mod logging;
+pub mod metrics;
+pub mod module_source;
+mod oci;
+mod reload;
+pub mod server;
+
+pub use config::Config;
+
+use loader::{Loader, ModuleError};
+use metrics::Metrics;
+use module_source::{LoadError, ModuleSource};
+use server::{FunctionState, Readiness};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error(transparent)]
+    Module(#[from] ModuleError),
+    #[error("server failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Where the servers listen, known once they are bound (ports may be 0).
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    pub function: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+/// Serves `config` until `shutdown` resolves, then lets requests in flight finish
+/// (for at most `--shutdown-grace`). `on_bound` hears the addresses once serving.
+pub async fn serve(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send,
+    on_bound: impl FnOnce(Bound) + Send,
+) -> Result<(), ServeError> {
+    let metrics = Arc::new(Metrics::new(&config.function));
+    let readiness = Readiness::default();
+
+    // The admin port comes up first, so probes get an answer while the module loads.
+    let admin_listener = bind(config.admin_addr()).await?;
+    let admin_addr = admin_listener.local_addr()?;
+    let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+    let admin = tokio::spawn(
+        axum::serve(admin_listener, server::admin_router(metrics.clone(), readiness.clone()))
+            .with_graceful_shutdown(async {
+                let _ = admin_stopped.await;
+            })
+            .into_future(),
+    );
+
+    let loader = Arc::new(Loader::new(
+        limits::RequestLimits::from_config(&config),
+        config.env.clone(),
+        &config.function,
+        metrics.clone(),
+        config.cache_dir.clone(),
+    )?);
+    let source = ModuleSource::parse(&config.module);
+    let module = source.load(config.module_digest).await?;
+    let handler = loader.load(module).await?;
+
+    let listener = bind(config.listen_addr()).await?;
+    let function_addr = listener.local_addr()?;
+    let state = FunctionState::new(handler, loader, metrics, &config.function, function_addr.port());
+    if !config.watch_interval.is_zero() {
+        tokio::spawn(reload::watch(
+            source,
+            config.module_digest,
+            config.watch_interval,
+            state.clone(),
+        ));
+    }
+    let app = server::function_router(state).into_make_service_with_connect_info::<SocketAddr>();
+    let (draining_tx, draining) = tokio::sync::watch::channel(false);
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let mut draining = draining;
+        let _ = draining.wait_for(|draining| *draining).await;
+    });
+    readiness.set(true);
+    tracing::info!(function = %config.function, address = %function_addr, admin = %admin_addr, "serving");
+    on_bound(Bound {
+        function: function_addr,
+        admin: admin_addr,
+    });
+
+    let mut server = std::pin::pin!(server.into_future());
+    tokio::select! {
+        result = &mut server => result?,
+        () = shutdown => {
+            readiness.set(false);
+            tracing::info!(grace_seconds = config.shutdown_grace.as_secs_f64(), "shutting down: finishing requests in flight");
+            let _ = draining_tx.send(true);
+            match tokio::time::timeout(config.shutdown_grace, server).await {
+                Ok(result) => result?,
+                Err(_) => tracing::warn!("shutdown grace ran out with requests still in flight"),
+            }
+        }
+    }
+    let _ = stop_admin.send(());
+    let _ = admin.await;
+    Ok(())
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })
+}
+
+/// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C.
+pub async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}

@@ -1,0 +1,68 @@
+//! What one request may use, and the store limiter that enforces its memory.
+
+use std::time::Duration;
+
+/// Tables beyond this many elements are refused: no handler needs more, and each
+/// element is host memory.
+const MAX_TABLE_ELEMENTS: usize = 100_000;
+
+#[derive(Debug, Clone)]
+pub struct RequestLimits {
+    pub memory_bytes: usize,
+    pub timeout: Duration,
+    pub max_request_body: usize,
+    pub max_concurrency: u32,
+}
+
+impl RequestLimits {
+    pub fn from_config(config: &crate::Config) -> Self {
+        Self {
+            memory_bytes: usize::try_from(config.memory_limit).unwrap_or(usize::MAX),
+            timeout: config.timeout,
+            max_request_body: usize::try_from(config.max_request_body).unwrap_or(usize::MAX),
+            max_concurrency: config.max_concurrency,
+        }
+    }
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        Self {
+            memory_bytes: 64 << 20,
+            timeout: Duration::from_secs(10),
+            max_request_body: 1 << 20,
+            max_concurrency: 64,
+        }
+    }
+}
+
+/// Refuses memory growth past the request's limit (`memory.grow` returns -1, as the
+/// spec allows) and remembers that it did, so the failure that follows is reported as
+/// out of memory rather than as an anonymous trap.
+pub struct RequestLimiter {
+    memory_bytes: usize,
+    pub memory_exceeded: bool,
+}
+
+impl RequestLimiter {
+    pub fn new(limits: &RequestLimits) -> Self {
+        Self {
+            memory_bytes: limits.memory_bytes,
+            memory_exceeded: false,
+        }
+    }
+}
+
+impl wasmtime::ResourceLimiter for RequestLimiter {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.memory_bytes {
+            self.memory_exceeded = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}

@@ -1,0 +1,10 @@
+use clap::Parser;
+use wasmless_runtime::{Config, logging, serve, shutdown_signal};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    logging::init();
+    let config = Config::parse();
+    serve(config, shutdown_signal(), |_| {}).await?;
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! The runtime's test handler: echoes the request as JSON, and misbehaves on request.
+
+use wasmless_sdk::{Request, Response, http, query, query_pairs};
+
+pub fn handler(request: Request) -> Response {
+    match request.uri().path() {
+        "/panic" => panic!("deliberate panic for the test"),
+        "/loop" => loop {
+            std::hint::black_box(());
+        },
+        "/grow" => {
+            let mut hoard = Vec::new();
+            loop {
+                hoard.push(vec![1u8; 1 << 20]);
+                std::hint::black_box(&hoard);
+            }
+        }
+        "/sleep" => {
+            let millis = query(&request, "ms").and_then(|ms| ms.parse().ok()).unwrap_or(500);
+            std::thread::sleep(std::time::Duration::from_millis(millis));
+            Response::new(b"slept\n".to_vec())
+        }
+        "/stderr" => {
+            eprintln!("a line the handler wrote to stderr");
+            Response::new(b"wrote to stderr\n".to_vec())
+        }
+        _ => echo(&request),
+    }
+}
+
+fn echo(request: &Request) -> Response {
+    let headers: Vec<String> = request
+        .headers()
+        .iter()
+        .map(|(name, value)| format!("{}:{}", json(name.as_str()), json(value.to_str().unwrap_or(""))))
+        .collect();
+    let query: Vec<String> = query_pairs(request)
+        .iter()
+        .map(|(k, v)| format!("{}:{}", json(k), json(v)))
+        .collect();
+    let body = format!(
+        "{{\"method\":{},\"path\":{},\"query\":{{{}}},\"headers\":{{{}}},\"body\":{},\"env\":{}}}\n",
+        json(request.method().as_str()),
+        json(request.uri().path()),
+        query.join(","),
+        headers.join(","),
+        json(&String::from_utf8_lossy(request.body())),
+        json(&std::env::var("GREETING").unwrap_or_default()),
+    );
+    let status = wasmless_sdk::query(request, "status")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
+    http::Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .header("x-echo", "rust")
+        .body(body.into_bytes())
+        .unwrap()
+}
+
+fn json(text: &str) -> String {
+    let mut out = String::from("\"");
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+wasmless_sdk::export!(handler);

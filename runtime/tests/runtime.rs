@@ -1,0 +1,500 @@
+//! The runtime binary, over real HTTP on loopback, serving handlers built with the
+//! real toolchains: a Rust component built with the SDK, Goless handlers built with Go,
+//! and small WAT commands.
+
+mod support;
+
+use serde_json::Value;
+use std::time::Duration;
+use support::*;
+use wasmless_artifact::Digest;
+
+async fn get(url: String) -> (u16, String) {
+    let response = client().get(url).send().await.unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+async fn echo_round_trip(runtime: &Runtime, flavour: &str) {
+    let response = client()
+        .post(runtime.url("/some/path?name=J%C3%BCrgen&status=201"))
+        .header("X-Custom", "custom value")
+        .header("Authorization", "Bearer token")
+        .header("Content-Type", "text/plain")
+        .body("the request body")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201, "status chosen by the handler");
+    assert_eq!(response.headers()["x-echo"], flavour);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let echo: Value = response.json().await.unwrap();
+    assert_eq!(echo["method"], "POST");
+    assert_eq!(echo["path"], "/some/path");
+    assert_eq!(echo["query"]["name"], "Jürgen");
+    assert_eq!(echo["query"]["status"], "201");
+    let header = |name: &str| {
+        let headers = echo["headers"].as_object().unwrap();
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(header("x-custom").unwrap(), "custom value");
+    assert_eq!(header("authorization").unwrap(), "Bearer token");
+    assert_eq!(header("content-type").unwrap(), "text/plain");
+    assert_eq!(echo["body"], "the request body");
+    assert_eq!(echo["env"], "hello from the Function's env");
+
+    let (status, text) = get(runtime.url("/")).await;
+    assert_eq!(status, 200);
+    assert!(text.contains("\"method\":\"GET\""), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rust_component_round_trips_the_request() {
+    let runtime = Runtime::start(
+        rust_echo_with_digest(),
+        &["--env", "GREETING=hello from the Function's env"],
+    );
+    echo_round_trip(&runtime, "rust").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn go_handler_round_trips_the_request() {
+    let runtime = Runtime::start(
+        go_with_digest("go-echo"),
+        &["--env", "GREETING=hello from the Function's env"],
+    );
+    echo_round_trip(&runtime, "go").await;
+    let echo: Value = client()
+        .get(runtime.url("/"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(echo["remoteAddr"].as_str().unwrap().starts_with("127.0.0.1:"), "{echo}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn goless_sample_answers_this_works() {
+    let runtime = Runtime::start(go_with_digest("goless-sample"), &["--function", "hello"]);
+    let (status, text) = get(runtime.url("/")).await;
+    assert_eq!((status, text.as_str()), (200, "This works!"));
+    let (status, text) = get(runtime.url("/any/other/path?x=1")).await;
+    assert_eq!((status, text.as_str()), (200, "This works!"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wat_command_speaks_cgi() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = cgi_wat("Status: 202 Accepted\nContent-Type: text/plain\nX-Wat: yes\n\nhello from wat\n");
+    let (path, digest) = write_module(dir.path(), "hello.wasm", &module);
+    let runtime = Runtime::start(&path, &["--module-digest", &digest.to_string()]);
+    let response = client().get(runtime.url("/")).send().await.unwrap();
+    assert_eq!(response.status(), 202);
+    assert_eq!(response.headers()["x-wat"], "yes");
+    assert_eq!(response.text().await.unwrap(), "hello from wat\n");
+}
+
+/// Path of the Rust handler, with its digest file beside it (the runtime needs one).
+fn rust_echo_with_digest() -> std::path::PathBuf {
+    with_digest_file(rust_echo())
+}
+
+fn go_with_digest(name: &str) -> std::path::PathBuf {
+    with_digest_file(go_handler(name))
+}
+
+fn with_digest_file(module: std::path::PathBuf) -> std::path::PathBuf {
+    let digest = Digest::of(&std::fs::read(&module).unwrap());
+    let mut sidecar = module.clone().into_os_string();
+    sidecar.push(".sha256");
+    std::fs::write(sidecar, digest.to_string()).unwrap();
+    module
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn misbehaving_rust_handler_fails_only_its_own_request() {
+    let runtime = Runtime::start(
+        rust_echo_with_digest(),
+        &["--timeout", "1s", "--memory-limit", "32Mi", "--function", "bad-rust"],
+    );
+    let rss_before = runtime.rss_bytes();
+
+    let (status, text) = get(runtime.url("/panic")).await;
+    assert_eq!(status, 500, "{text}");
+    assert_eq!(get(runtime.url("/")).await.0, 200, "the server serves the next request");
+    runtime.wait_for_log(&["handler panicked"]);
+    runtime.wait_for_log(&["deliberate panic for the test", "\"stream\":\"stderr\""]);
+
+    let cpu_before = runtime.cpu_time();
+    let (status, text) = get(runtime.url("/loop")).await;
+    assert_eq!(status, 504, "{text}");
+    assert_eq!(get(runtime.url("/")).await.0, 200);
+    // The endless loop was stopped, not left spinning on a core.
+    let cpu_after_loop = runtime.cpu_time();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle_cpu = runtime.cpu_time() - cpu_after_loop;
+    assert!(
+        idle_cpu < Duration::from_millis(300),
+        "the process kept burning CPU after the timeout: {idle_cpu:?}"
+    );
+    assert!(
+        cpu_after_loop - cpu_before >= Duration::from_millis(500),
+        "the loop should have run until the timeout"
+    );
+
+    for _ in 0..3 {
+        let (status, text) = get(runtime.url("/grow")).await;
+        assert_eq!(status, 500, "{text}");
+        assert!(text.contains("out of memory"), "{text}");
+    }
+    assert_eq!(get(runtime.url("/")).await.0, 200);
+    let grown = runtime.rss_bytes().saturating_sub(rss_before);
+    assert!(
+        grown < 96 << 20,
+        "RSS grew by {} MiB after three 32 MiB-limited requests",
+        grown >> 20
+    );
+
+    let metrics = get(runtime.admin_url("/metrics")).await.1;
+    for (kind, count) in [("trap", 1.0), ("timeout", 1.0), ("memory", 3.0)] {
+        assert_eq!(
+            sample(
+                &metrics,
+                "wasmless_traps_total",
+                &[("kind", kind), ("function", "bad-rust")]
+            ),
+            Some(count),
+            "{kind}\n{metrics}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn misbehaving_go_handler_fails_only_its_own_request() {
+    let runtime = Runtime::start(
+        go_with_digest("go-echo"),
+        &["--timeout", "5s", "--memory-limit", "64Mi"],
+    );
+    let (status, text) = get(runtime.url("/panic")).await;
+    assert_eq!(status, 500, "{text}");
+    assert_eq!(get(runtime.url("/")).await.0, 200);
+    runtime.wait_for_log(&["deliberate panic for the test"]);
+    let (status, text) = get(runtime.url("/grow")).await;
+    assert_eq!(status, 500, "{text}");
+    assert_eq!(get(runtime.url("/")).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn misbehaving_commands_get_their_status() {
+    let cases: [(&str, Vec<u8>, u16); 5] = [
+        ("trap", command_wat("unreachable"), 500),
+        ("endless loop", command_wat("(loop $forever (br $forever))"), 504),
+        (
+            "memory hog",
+            command_wat("(loop $more (br_if $more (i32.ne (memory.grow (i32.const 16)) (i32.const -1)))) unreachable"),
+            500,
+        ),
+        ("non-zero exit", command_wat("(call $proc_exit (i32.const 3))"), 500),
+        ("malformed CGI output", cgi_wat("this is not a header block"), 502),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (name, module, expected) in cases {
+        let (path, digest) = write_module(dir.path(), &format!("{}.wasm", name.replace(' ', "-")), &module);
+        let runtime = Runtime::start(
+            &path,
+            &[
+                "--module-digest",
+                &digest.to_string(),
+                "--timeout",
+                "500ms",
+                "--memory-limit",
+                "8Mi",
+            ],
+        );
+        for _ in 0..2 {
+            let (status, text) = get(runtime.url("/")).await;
+            assert_eq!(status, expected, "{name}: {text}");
+        }
+        assert_eq!(
+            get(runtime.admin_url("/healthz")).await.0,
+            200,
+            "{name}: the server is still up"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn request_limits_answer_413_and_503() {
+    let runtime = Runtime::start(
+        rust_echo_with_digest(),
+        &["--max-request-body", "1Ki", "--max-concurrency", "1"],
+    );
+    let response = client()
+        .post(runtime.url("/"))
+        .body(vec![b'x'; 2048])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    assert!(response.text().await.unwrap().contains("1024-byte limit"));
+    let response = client()
+        .post(runtime.url("/"))
+        .body(vec![b'x'; 1000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200, "a body under the limit passes");
+
+    let slow = tokio::spawn(get(runtime.url("/sleep?ms=1500")));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, text) = get(runtime.url("/")).await;
+    assert_eq!(status, 503, "{text}");
+    assert_eq!(slow.await.unwrap().0, 200, "the request in flight finishes");
+    assert_eq!(get(runtime.url("/")).await.0, 200, "capacity is back");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn handler_stderr_is_logged_and_requests_are_json_lines() {
+    let runtime = Runtime::start(rust_echo_with_digest(), &["--function", "logger"]);
+    assert_eq!(get(runtime.url("/stderr")).await.0, 200);
+    runtime.wait_for_log(&["a line the handler wrote to stderr"]);
+    let line = runtime.wait_for_log(&["\"message\":\"request\"", "/stderr"]);
+    let entry: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(entry["status"], 200);
+    assert!(entry["latency_ms"].as_f64().is_some(), "{line}");
+    let span = &entry["span"];
+    assert_eq!(span["function"], "logger");
+    assert_eq!(span["method"], "GET");
+    assert_eq!(span["path"], "/stderr");
+    assert!(span["digest"].as_str().unwrap().starts_with("sha256:"), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wrong_digest_and_non_wasm_files_refuse_to_start() {
+    let module = rust_echo();
+    let actual = Digest::of(&std::fs::read(&module).unwrap());
+    let expected = Digest::of(b"something else");
+    let output = start_expecting_failure(&module, &["--module-digest", &expected.to_string()]);
+    assert!(
+        output.contains(&expected.to_string()) && output.contains(&actual.to_string()),
+        "{output}"
+    );
+    assert!(output.contains("mismatch"), "{output}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let (script, digest) = write_module(dir.path(), "script.wasm", b"#!/bin/sh\necho not wasm\n");
+    let output = start_expecting_failure(&script, &["--module-digest", &digest.to_string()]);
+    assert!(output.contains("not a WebAssembly module"), "{output}");
+    assert!(!output.contains("panicked"), "{output}");
+
+    let (text, digest) = write_module(dir.path(), "text.wasm", b"(module)");
+    let output = start_expecting_failure(&text, &["--module-digest", &digest.to_string()]);
+    assert!(output.contains("WebAssembly text"), "{output}");
+
+    let (bare, _) = write_module(dir.path(), "bare.wasm", &cgi_wat("\n\n"));
+    let output = start_expecting_failure(&bare, &[]);
+    assert!(output.contains("--module-digest"), "{output}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_requests() {
+    let runtime = Runtime::start(rust_echo_with_digest(), &["--function", "counted"]);
+    for _ in 0..5 {
+        assert_eq!(get(runtime.url("/")).await.0, 200);
+    }
+    for _ in 0..2 {
+        assert_eq!(get(runtime.url("/?status=404")).await.0, 404);
+    }
+    let response = client().get(runtime.admin_url("/metrics")).send().await.unwrap();
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .contains("openmetrics")
+    );
+    let metrics = response.text().await.unwrap();
+    let labels = |status| [("function", "counted"), ("method", "GET"), ("status", status)];
+    assert_eq!(
+        sample(&metrics, "wasmless_requests_total", &labels("200")),
+        Some(5.0),
+        "{metrics}"
+    );
+    assert_eq!(sample(&metrics, "wasmless_requests_total", &labels("404")), Some(2.0));
+    assert_eq!(
+        sample(&metrics, "wasmless_request_duration_seconds_count", &labels("200")),
+        Some(5.0)
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "wasmless_instantiate_duration_seconds_count",
+            &[("function", "counted")]
+        ),
+        Some(7.0)
+    );
+    assert_eq!(
+        sample(&metrics, "wasmless_requests_in_flight", &[("function", "counted")]),
+        Some(0.0)
+    );
+    assert!(sample(&metrics, "wasmless_module_load_seconds", &[("function", "counted")]).unwrap() > 0.0);
+    let digest = Digest::of(&std::fs::read(rust_echo()).unwrap()).to_string();
+    assert_eq!(
+        sample(
+            &metrics,
+            "wasmless_module_info",
+            &[("digest", &digest), ("abi", "wasi-http")]
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(get(runtime.admin_url("/readyz")).await.0, 200);
+    assert_eq!(get(runtime.admin_url("/healthz")).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prometheus_scrapes_the_admin_port() {
+    let runtime = Runtime::start(rust_echo_with_digest(), &["--function", "scraped"]);
+    assert_eq!(get(runtime.url("/")).await.0, 200);
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: wasmless\n    static_configs:\n      - targets: ['{}']\n",
+            runtime.admin
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let mut prometheus = std::process::Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("prometheus must be installed (the README's test command installs it)");
+    let query =
+        format!("http://127.0.0.1:{port}/api/v1/query?query=wasmless_requests_total%7Bfunction%3D%22scraped%22%7D");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let result = loop {
+        if let Ok(response) = client().get(&query).send().await
+            && let Ok(body) = response.json::<Value>().await
+            && body["data"]["result"].as_array().is_some_and(|r| !r.is_empty())
+        {
+            break body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "prometheus never returned wasmless_requests_total"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let _ = prometheus.kill();
+    let _ = prometheus.wait();
+    let series = &result["data"]["result"][0];
+    assert_eq!(series["metric"]["__name__"], "wasmless_requests_total");
+    assert_eq!(series["metric"]["function"], "scraped");
+    assert_eq!(series["metric"]["status"], "200");
+    assert_eq!(series["value"][1], "1");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chunked_module_loads_and_compiled_code_is_cached() {
+    let module = std::fs::read(go_handler("goless-sample")).unwrap();
+    let digest = Digest::of(&module);
+    let chunks = wasmless_artifact::compress_and_split(&module);
+    let dir = tempfile::tempdir().unwrap();
+    let chunk_dir = dir.path().join("module");
+    std::fs::create_dir(&chunk_dir).unwrap();
+    for (index, chunk) in chunks.iter().enumerate() {
+        std::fs::write(chunk_dir.join(wasmless_artifact::chunk_file_name(index)), chunk).unwrap();
+    }
+    let cache = dir.path().join("cache");
+    let args = [
+        "--module-digest",
+        &digest.to_string(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ];
+
+    let first = Runtime::start(&chunk_dir, &args);
+    first.wait_for_log(&["module loaded", "\"compiled_code_cache\":\"miss\""]);
+    assert_eq!(get(first.url("/")).await.1, "This works!");
+    drop(first);
+
+    let second = Runtime::start(&chunk_dir, &args);
+    second.wait_for_log(&["module loaded", "\"compiled_code_cache\":\"hit\""]);
+    assert_eq!(get(second.url("/")).await.1, "This works!");
+
+    // A missing chunk is named, not a panic.
+    std::fs::remove_file(chunk_dir.join(wasmless_artifact::chunk_file_name(0))).unwrap();
+    let output = start_expecting_failure(&chunk_dir, &args);
+    assert!(output.contains("missing chunk 0"), "{output}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replaced_module_is_swapped_in_without_a_failed_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("module.wasm");
+    let publish = |body: &str| {
+        // As a ConfigMap volume update does: new files renamed into place.
+        let module = cgi_wat(&format!("Content-Type: text/plain\n\n{body}"));
+        let staged = dir.path().join("staged.wasm");
+        std::fs::write(&staged, &module).unwrap();
+        let staged_digest = dir.path().join("staged.sha256");
+        std::fs::write(&staged_digest, Digest::of(&module).to_string()).unwrap();
+        std::fs::rename(&staged, &path).unwrap();
+        std::fs::rename(&staged_digest, dir.path().join("module.wasm.sha256")).unwrap();
+    };
+    publish("version one");
+    let runtime = Runtime::start(&path, &["--watch-interval", "100ms"]);
+    assert_eq!(get(runtime.url("/")).await.1, "version one");
+
+    let hammer = {
+        let url = runtime.url("/");
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while std::time::Instant::now() < deadline {
+                let (status, text) = get(url.clone()).await;
+                assert_eq!(status, 200, "a request failed during the swap: {text}");
+                seen.push(text.clone());
+                if text == "version two" {
+                    break;
+                }
+            }
+            seen
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    publish("version two");
+    let seen = hammer.await.unwrap();
+    assert_eq!(seen.last().map(String::as_str), Some("version two"), "never swapped");
+    runtime.wait_for_log(&["swapped in the module replaced on disk"]);
+
+    // A file that does not match its digest is refused, and the old module keeps serving.
+    std::fs::write(&path, b"garbage").unwrap();
+    runtime.wait_for_log(&["still serving the previous one"]);
+    assert_eq!(get(runtime.url("/")).await.1, "version two");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_lets_requests_in_flight_finish() {
+    let mut runtime = Runtime::start(rust_echo_with_digest(), &[]);
+    let slow = tokio::spawn(get(runtime.url("/sleep?ms=1500")));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    runtime.terminate();
+    let (status, text) = slow.await.unwrap();
+    assert_eq!((status, text.as_str()), (200, "slept\n"));
+    assert!(runtime.wait().success());
+    assert!(
+        client().get(runtime.url("/")).send().await.is_err(),
+        "no longer listening"
+    );
+}

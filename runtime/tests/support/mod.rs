@@ -1,0 +1,339 @@
+//! Building the test handlers with the real toolchains, and running the real
+//! `wasmless-runtime` binary on loopback.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
+use std::time::{Duration, Instant};
+use wasmless_artifact::Digest;
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn handlers_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/handlers")
+}
+
+fn build_dir() -> PathBuf {
+    let dir = workspace_root().join("target/test-handlers");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn run(command: &mut Command) {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The Rust test handler, built with the SDK for wasm32-wasip2.
+pub fn rust_echo() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let target_dir = build_dir().join("rust");
+            run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .args([
+                    "build",
+                    "--release",
+                    "--quiet",
+                    "--target",
+                    "wasm32-wasip2",
+                    "--target-dir",
+                ])
+                .arg(&target_dir)
+                .arg("--manifest-path")
+                .arg(handlers_dir().join("rust-echo/Cargo.toml")));
+            target_dir.join("wasm32-wasip2/release/rust_echo.wasm")
+        })
+        .clone()
+}
+
+/// A Goless handler (`package handlers`, `func Handler`) built as Goless users'
+/// code is: with a generated `main` that calls the Go SDK, `GOOS=wasip1`.
+pub fn go_handler(name: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap();
+    if let Some((_, path)) = built.iter().find(|(n, _)| n == name) {
+        return path.clone();
+    }
+    let project = build_dir().join("go").join(name);
+    std::fs::create_dir_all(project.join("handlers")).unwrap();
+    std::fs::copy(
+        handlers_dir().join(name).join("handler.go"),
+        project.join("handlers/handler.go"),
+    )
+    .unwrap();
+    std::fs::write(
+        project.join("go.mod"),
+        format!(
+            "module function\n\ngo 1.21\n\nrequire wasmless.io/wasmless v0.0.0\n\nreplace wasmless.io/wasmless => {}\n",
+            workspace_root().join("sdk/go").display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        project.join("main.go"),
+        "package main\n\nimport (\n\t\"function/handlers\"\n\t\"wasmless.io/wasmless\"\n)\n\nfunc main() { wasmless.ServeFunc(handlers.Handler) }\n",
+    )
+    .unwrap();
+    let output = project.join("handler.wasm");
+    run(
+        Command::new(std::env::var("WASMLESS_GO").unwrap_or_else(|_| "go".into()))
+            .current_dir(&project)
+            .args(["build", "-trimpath", "-ldflags=-s", "-o"])
+            .arg(&output)
+            .arg(".")
+            .envs([
+                ("GOOS", "wasip1"),
+                ("GOARCH", "wasm"),
+                ("GOFLAGS", "-mod=mod"),
+                ("GOPROXY", "off"),
+                ("GOTOOLCHAIN", "local"),
+                ("GOWORK", "off"),
+            ]),
+    );
+    built.push((name.to_string(), output.clone()));
+    output
+}
+
+/// A WASI command that writes `output` to stdout: a CGI response, or not.
+pub fn cgi_wat(output: &str) -> Vec<u8> {
+    let escaped: String = output.bytes().map(|b| format!("\\{b:02x}")).collect();
+    wat::parse_str(format!(
+        r#"(module
+            (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+            (memory (export "memory") 1)
+            (data (i32.const 64) "{escaped}")
+            (func (export "_start")
+                (i32.store (i32.const 0) (i32.const 64))
+                (i32.store (i32.const 4) (i32.const {len}))
+                (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#,
+        len = output.len()
+    ))
+    .unwrap()
+}
+
+/// A WASI command whose `_start` body is `body`.
+pub fn command_wat(body: &str) -> Vec<u8> {
+    wat::parse_str(format!(
+        r#"(module
+            (import "wasi_snapshot_preview1" "proc_exit" (func $proc_exit (param i32)))
+            (memory (export "memory") 1)
+            (func (export "_start") {body}))"#
+    ))
+    .unwrap()
+}
+
+/// Writes a module into `dir` with its `.sha256` beside it.
+pub fn write_module(dir: &Path, name: &str, bytes: &[u8]) -> (PathBuf, Digest) {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    let digest = Digest::of(bytes);
+    (path, digest)
+}
+
+pub struct Runtime {
+    child: Child,
+    pub function: SocketAddr,
+    pub admin: SocketAddr,
+    logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl Runtime {
+    /// Starts the runtime on loopback with ports chosen by the OS, and waits until it
+    /// says it is serving.
+    pub fn start(module: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Self {
+        let mut child = runtime_command(module, args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (serving_tx, serving_rx) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        for (stream, is_stdout) in [
+            (Box::new(stdout) as Box<dyn Read + Send>, true),
+            (Box::new(stderr), false),
+        ] {
+            let logs = logs.clone();
+            let serving_tx = serving_tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if is_stdout
+                        && let Ok(json) = serde_json::from_str::<serde_json::Value>(&line)
+                        && json["message"] == "serving"
+                    {
+                        let addr = |key: &str| json[key].as_str().unwrap().parse::<SocketAddr>().unwrap();
+                        let _ = serving_tx.send((addr("address"), addr("admin")));
+                    }
+                    logs.lock().unwrap().push(line);
+                }
+            });
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Ok((function, admin)) = serving_rx.recv_timeout(Duration::from_millis(100)) {
+                return Self {
+                    child,
+                    function,
+                    admin,
+                    logs,
+                };
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                std::thread::sleep(Duration::from_millis(100));
+                panic!(
+                    "runtime exited with {status} before serving:\n{}",
+                    logs.lock().unwrap().join("\n")
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "runtime did not start serving:\n{}",
+                logs.lock().unwrap().join("\n")
+            );
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.function)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn logs(&self) -> Vec<String> {
+        self.logs.lock().unwrap().clone()
+    }
+
+    /// Waits for a log line containing every one of `needles`.
+    pub fn wait_for_log(&self, needles: &[&str]) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(line) = self
+                .logs()
+                .into_iter()
+                .find(|line| needles.iter().all(|n| line.contains(n)))
+            {
+                return line;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no log line with {needles:?} in:\n{}",
+                self.logs().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn terminate(&mut self) {
+        send_signal(self.child.id(), "TERM");
+    }
+
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "runtime did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Resident memory of the process, from /proc.
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    }
+
+    /// CPU time (user + system) the process has used, from /proc.
+    pub fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
+        let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+        let fields: Vec<&str> = after_name.split_whitespace().collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        Duration::from_millis(ticks * 10)
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn send_signal(pid: u32, signal: &str) {
+    run(Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()));
+}
+
+pub fn runtime_command(module: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_wasmless-runtime"));
+    command
+        .arg("--module")
+        .arg(module)
+        .args(["--bind", "127.0.0.1", "--port", "0", "--admin-port", "0"])
+        .args(args)
+        .env("RUST_LOG", "info");
+    command
+}
+
+/// Runs the runtime expecting it to refuse to start; returns what it printed.
+pub fn start_expecting_failure(module: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> String {
+    let output = runtime_command(module, args).output().unwrap();
+    assert!(!output.status.success(), "the runtime started but should have refused");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// Value of one sample in Prometheus text, e.g.
+/// `sample(&text, "wasmless_requests_total", &[("status", "200")])`.
+pub fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    metrics.lines().filter(|line| !line.starts_with('#')).find_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        let (series_name, series_labels) = series.split_once('{').unwrap_or((series, ""));
+        if series_name != name {
+            return None;
+        }
+        labels
+            .iter()
+            .all(|(key, val)| series_labels.contains(&format!("{key}=\"{val}\"")))
+            .then(|| value.parse().ok())?
+    })
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

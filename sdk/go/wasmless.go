@@ -1,0 +1,83 @@
+// Package wasmless runs a Goless handler — func Handler(w http.ResponseWriter, r *http.Request)
+// in package handlers — unchanged inside the Wasmless runtime.
+//
+// A handler built with GOOS=wasip1 GOARCH=wasm is a WASI command started once per
+// request. The runtime hands it the request as CGI (RFC 3875): meta-variables in the
+// environment, the body on stdin. Serve reads that request with net/http/cgi, calls
+// the handler, and writes the response back on stdout. The handler sees an ordinary
+// *http.Request (method, URL with query, headers, body, RemoteAddr) and writes to an
+// ordinary http.ResponseWriter; the Function's env is the process environment.
+//
+//	package main
+//
+//	import (
+//		"function/handlers"
+//		"wasmless.io/wasmless"
+//	)
+//
+//	func main() { wasmless.ServeFunc(handlers.Handler) }
+package wasmless
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/cgi"
+	"os"
+	"runtime/debug"
+)
+
+// Serve answers the request this process was started for with handler.
+func Serve(handler http.Handler) {
+	if err := cgi.Serve(recoverPanics{handler}); err != nil {
+		fmt.Fprintf(os.Stderr, "wasmless: cannot serve the request: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// ServeFunc is Serve for a Goless-style handler function.
+func ServeFunc(handler func(http.ResponseWriter, *http.Request)) {
+	Serve(http.HandlerFunc(handler))
+}
+
+// recoverPanics turns a panic into a 500 while the status can still be chosen, and
+// into a failed exit (which the runtime also answers with a 500) once it cannot.
+type recoverPanics struct{ next http.Handler }
+
+func (h recoverPanics) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	tracked := &trackingWriter{ResponseWriter: w}
+	defer func() {
+		recovered := recover()
+		if recovered == nil {
+			return
+		}
+		fmt.Fprintf(os.Stderr, "handler panicked: %v\n%s", recovered, debug.Stack())
+		if tracked.wrote {
+			os.Exit(2)
+		}
+		http.Error(w, "the handler panicked", http.StatusInternalServerError)
+	}()
+	h.next.ServeHTTP(tracked, r)
+}
+
+type trackingWriter struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (w *trackingWriter) WriteHeader(status int) {
+	w.wrote = true
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *trackingWriter) Write(p []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(p)
+}
+
+// Flush lets handlers that flush keep doing so; the response is sent whole when the
+// handler returns.
+func (w *trackingWriter) Flush() {
+	if flusher, ok := w.ResponseWriter.(http.Flusher); ok {
+		flusher.Flush()
+	}
+}
