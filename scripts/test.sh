@@ -16,7 +16,7 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "gofmt and go vet (sdk/go)"
-unformatted=$(gofmt -l sdk/go)
+unformatted=$("$(go env GOROOT)/bin/gofmt" -l sdk/go runtime/tests/handlers)
 [[ -z $unformatted ]] || { echo "gofmt would change: $unformatted"; exit 1; }
 (cd sdk/go && GOOS=wasip1 GOARCH=wasm GOFLAGS=-mod=mod GOPROXY=off go vet ./...)
 

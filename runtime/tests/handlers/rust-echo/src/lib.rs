@@ -20,6 +20,7 @@ pub fn handler(request: Request) -> Response {
             std::thread::sleep(std::time::Duration::from_millis(millis));
             Response::new(b"slept\n".to_vec())
         }
+        "/hello" => Response::new(b"Hello, world!\n".to_vec()),
         "/stderr" => {
             eprintln!("a line the handler wrote to stderr");
             Response::new(b"wrote to stderr\n".to_vec())
