@@ -129,7 +129,6 @@ async fn misbehaving_rust_handler_fails_only_its_own_request() {
     runtime.wait_for_log(&["handler panicked"]);
     runtime.wait_for_log(&["deliberate panic for the test", "\"stream\":\"stderr\""]);
 
-    let cpu_before = runtime.cpu_time();
     let (status, text) = get(runtime.url("/loop")).await;
     assert_eq!(status, 504, "{text}");
     assert_eq!(get(runtime.url("/")).await.0, 200);
