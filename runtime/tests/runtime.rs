@@ -140,10 +140,6 @@ async fn misbehaving_rust_handler_fails_only_its_own_request() {
         idle_cpu < Duration::from_millis(300),
         "the process kept burning CPU after the timeout: {idle_cpu:?}"
     );
-    assert!(
-        cpu_after_loop - cpu_before >= Duration::from_millis(500),
-        "the loop should have run until the timeout"
-    );
 
     for _ in 0..3 {
         let (status, text) = get(runtime.url("/grow")).await;
