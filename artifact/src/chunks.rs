@@ -62,6 +62,13 @@ pub fn configmap_name(function: &str, source_digest: &crate::Digest, index: usiz
     format!("{function}-module-{}-{index}", source_digest.short())
 }
 
+/// Names of all `count` chunk ConfigMaps of a function's module, in order.
+pub fn chunks_configmap_names(function: &str, source_digest: &crate::Digest, count: usize) -> Vec<String> {
+    (0..count)
+        .map(|index| configmap_name(function, source_digest, index))
+        .collect()
+}
+
 /// File name of chunk `index` in a directory of chunks (how the operator projects the
 /// chunk ConfigMaps into one volume).
 pub fn chunk_file_name(index: usize) -> String {

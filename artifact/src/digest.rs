@@ -20,6 +20,19 @@ impl Digest {
         Self(Sha256::digest(bytes).into())
     }
 
+    /// The `sourceDigest` of DESIGN.md: what a build depends on (the language, the
+    /// builder's version and the source), so equal digests mean equal modules and a
+    /// build can be skipped. For a directory of sources, `source` is the files joined by
+    /// the builder in a canonical order.
+    pub fn of_source(language: &str, builder_version: &str, source: &[u8]) -> Self {
+        let mut hasher = Sha256::new();
+        for part in [language.as_bytes(), builder_version.as_bytes(), source] {
+            hasher.update((part.len() as u64).to_le_bytes());
+            hasher.update(part);
+        }
+        Self(hasher.finalize().into())
+    }
+
     /// The 64 hex digits, without the algorithm.
     pub fn hex(&self) -> String {
         hex::encode(self.0)
@@ -71,6 +84,20 @@ mod tests {
         );
         assert_eq!(text.parse::<Digest>().unwrap(), digest);
         assert_eq!(digest.short(), "2cf24dba5f");
+    }
+
+    #[test]
+    fn source_digest_depends_on_every_input() {
+        let base = Digest::of_source("go", "0.1.0", b"package handlers");
+        assert_eq!(base, Digest::of_source("go", "0.1.0", b"package handlers"));
+        assert_ne!(base, Digest::of_source("rust", "0.1.0", b"package handlers"));
+        assert_ne!(base, Digest::of_source("go", "0.2.0", b"package handlers"));
+        assert_ne!(base, Digest::of_source("go", "0.1.0", b"package handlers "));
+        // Length prefixes keep the boundaries: moving bytes between parts changes it.
+        assert_ne!(
+            Digest::of_source("go", "0.1.0x", b""),
+            Digest::of_source("go", "0.1.0", b"x")
+        );
     }
 
     #[test]

@@ -8,8 +8,8 @@ mod chunks;
 mod digest;
 
 pub use chunks::{
-    ChunkError, MAX_CHUNK_BYTES, MAX_MODULE_BYTES, chunk_file_name, compress_and_split, configmap_name,
-    parse_chunk_file_name, reassemble,
+    ChunkError, MAX_CHUNK_BYTES, MAX_MODULE_BYTES, chunk_file_name, chunks_configmap_names, compress_and_split,
+    configmap_name, parse_chunk_file_name, reassemble,
 };
 pub use digest::{Digest, DigestError};
 

@@ -4,7 +4,7 @@
 //! command (CGI without a language runtime).
 
 #[path = "../tests/support/mod.rs"]
-#[allow(dead_code)]
+#[allow(dead_code, unused_imports)]
 mod support;
 
 use bytes::Bytes;

@@ -16,7 +16,7 @@ pub mod loader;
 pub mod logging;
 pub mod metrics;
 pub mod module_source;
-mod oci;
+pub mod oci;
 mod reload;
 pub mod server;
 

@@ -59,7 +59,7 @@ pub async fn pull(reference: &str, pinned: Option<Digest>) -> Result<(Vec<u8>, D
 /// Registries on loopback (the tests', a developer's) speak plain HTTP; so does any
 /// registry named in `WASMLESS_OCI_PLAIN_HTTP` (comma-separated), as in-cluster
 /// registries often do. Everything else is HTTPS.
-fn protocol_for(registry: &str) -> ClientProtocol {
+pub fn protocol_for(registry: &str) -> ClientProtocol {
     let host = registry.rsplit_once(':').map_or(registry, |(host, _)| host);
     let loopback = host == "localhost" || host.starts_with("127.") || host == "[::1]";
     let listed = std::env::var("WASMLESS_OCI_PLAIN_HTTP")
@@ -72,7 +72,7 @@ fn protocol_for(registry: &str) -> ClientProtocol {
     }
 }
 
-fn registry_auth() -> RegistryAuth {
+pub fn registry_auth() -> RegistryAuth {
     match (
         std::env::var("WASMLESS_OCI_USERNAME"),
         std::env::var("WASMLESS_OCI_PASSWORD"),

@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 use wasmless_artifact::Digest;
+pub use wasmless_testkit::{Registry, free_port};
 
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
@@ -328,83 +329,4 @@ pub fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64>
             .all(|(key, val)| series_labels.contains(&format!("{key}=\"{val}\"")))
             .then(|| value.parse().ok())?
     })
-}
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Debian's `docker-registry` (the CNCF distribution registry) on a loopback port.
-pub struct Registry {
-    child: Child,
-    pub address: String,
-    _storage: tempfile::TempDir,
-}
-
-impl Registry {
-    pub fn start() -> Self {
-        let storage = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let config = storage.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
-                storage.path().join("data").display()
-            ),
-        )
-        .unwrap();
-        let child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("docker-registry must be installed (the README's test command installs it)");
-        let address = format!("127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(&address).is_err() {
-            assert!(Instant::now() < deadline, "docker-registry did not start listening");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Self {
-            child,
-            address,
-            _storage: storage,
-        }
-    }
-
-    /// Pushes `wasm` as a Wasm OCI artifact; returns the manifest's digest.
-    pub async fn push_wasm(&self, repository_and_tag: &str, wasm: &[u8]) -> String {
-        use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
-        let client = oci_client::Client::new(ClientConfig {
-            protocol: ClientProtocol::Http,
-            ..Default::default()
-        });
-        let reference: oci_client::Reference = format!("{}/{repository_and_tag}", self.address).parse().unwrap();
-        let auth = oci_client::secrets::RegistryAuth::Anonymous;
-        let layer = ImageLayer::new(
-            wasm.to_vec(),
-            wasmless_artifact::oci::LAYER_MEDIA_TYPE.to_string(),
-            None,
-        );
-        let config = Config::new(
-            b"{}".to_vec(),
-            wasmless_artifact::oci::CONFIG_MEDIA_TYPE.to_string(),
-            None,
-        );
-        client.push(&reference, &[layer], config, &auth, None).await.unwrap();
-        client.fetch_manifest_digest(&reference, &auth).await.unwrap()
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }

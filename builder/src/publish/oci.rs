@@ -1,0 +1,50 @@
+//! The Wasm OCI artifact layout: a `application/vnd.wasm.config.v0+json` config and one
+//! `application/wasm` layer holding the module, pushed with `oci-client`.
+
+use super::{PublishError, Published};
+use oci_client::client::{ClientConfig, Config, ImageLayer};
+use oci_client::{Client, Reference};
+use wasmless_artifact::oci::{CONFIG_MEDIA_TYPE, LAYER_MEDIA_TYPE, SCHEME};
+use wasmless_runtime::oci::{protocol_for, registry_auth};
+
+pub async fn publish(reference: &str, wasm: &[u8]) -> Result<Published, PublishError> {
+    let error = |message: String| PublishError::Oci {
+        reference: reference.to_string(),
+        message,
+    };
+    let parsed: Reference = reference.parse().map_err(|e| error(format!("{e}")))?;
+    let client = Client::new(ClientConfig {
+        protocol: protocol_for(parsed.registry()),
+        ..Default::default()
+    });
+    let auth = registry_auth();
+    let layer = ImageLayer::new(wasm.to_vec(), LAYER_MEDIA_TYPE.to_string(), None);
+    let config = Config::new(config_json(wasm.len()), CONFIG_MEDIA_TYPE.to_string(), None);
+    client
+        .push(&parsed, &[layer], config, &auth, None)
+        .await
+        .map_err(|e| error(e.to_string()))?;
+    let manifest = client
+        .fetch_manifest_digest(&parsed, &auth)
+        .await
+        .map_err(|e| error(e.to_string()))?;
+    let repository = format!("{}/{}", parsed.resolve_registry(), parsed.repository());
+    Ok(Published {
+        location: format!("{SCHEME}{repository}@{manifest}"),
+        config_maps: Vec::new(),
+    })
+}
+
+/// The config blob of the Wasm OCI artifact layout (wasm-pkg-tools' `vnd.wasm.config.v0`).
+fn config_json(layer_size: usize) -> Vec<u8> {
+    serde_json::json!({
+        "created": null,
+        "architecture": "wasm",
+        "os": "wasip1",
+        "layerDigests": [],
+        "component": null,
+        "size": layer_size,
+    })
+    .to_string()
+    .into_bytes()
+}

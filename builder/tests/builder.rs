@@ -1,0 +1,321 @@
+//! The builder binary with the real toolchains: every example builds and serves, the
+//! cache holds, broken sources fail with the compiler's words, and modules publish to
+//! ConfigMaps (an in-memory Kubernetes API, or a real one) and to a real OCI registry.
+
+mod support;
+
+use serde_json::Value;
+use std::path::Path;
+use support::*;
+
+fn write_example_source(dir: &Path, name: &str) -> (Example, std::path::PathBuf) {
+    let example = example(name);
+    let extension = match example.language.as_str() {
+        "rust" => "rs",
+        other => other,
+    };
+    let path = dir.join(format!("{name}.{extension}"));
+    std::fs::write(&path, &example.source).unwrap();
+    (example, path)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_example_builds_serves_and_rebuilds_from_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let checks: [(&str, &str, &str); 5] = [
+        ("hello-go", "/", "This works!"),
+        ("hello-rust", "/", "Hello from Rust!\n"),
+        ("env-go", "/?name=tester", "Hello from the Function's env, tester!\n"),
+        ("echo-go", "/echo/path?color=blue", "\"color\":\"blue\""),
+        ("echo-rust", "/echo/path?color=blue", "\"color\":\"blue\""),
+    ];
+    for (name, path, expected) in checks {
+        let (example, source) = write_example_source(dir.path(), name);
+        let output = dir.path().join(format!("{name}.wasm"));
+        let first = result(&build(&example.language, &source, &output, &cache, &[]));
+        assert_eq!(first["cached"], false, "{name}");
+        let digest = first["digest"].as_str().unwrap();
+        assert_eq!(
+            wasmless_artifact::Digest::of(&std::fs::read(&output).unwrap()).to_string(),
+            digest
+        );
+        assert_eq!(
+            first["size"].as_u64().unwrap(),
+            std::fs::metadata(&output).unwrap().len()
+        );
+
+        let served = Served::start(output.to_str().unwrap(), digest, &example.env).await;
+        let (status, text) = if name.starts_with("echo") {
+            served.post(path, "the body").await
+        } else {
+            served.get(path).await
+        };
+        assert_eq!(status, 200, "{name}: {text}");
+        assert!(text.contains(expected), "{name}: {text}");
+        if name.starts_with("echo") {
+            let echo: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(echo["method"], "POST");
+            assert_eq!(echo["path"], "/echo/path");
+            assert_eq!(echo["body"], "the body");
+            let headers = echo["headers"].as_object().unwrap();
+            assert!(
+                headers
+                    .iter()
+                    .any(|(k, v)| k.eq_ignore_ascii_case("x-example") && v == "yes"),
+                "{text}"
+            );
+        }
+
+        let second = result(&build(&example.language, &source, &output, &cache, &[]));
+        assert_eq!(
+            second["cached"], true,
+            "{name}: the same source twice does not compile twice"
+        );
+        assert_eq!(second["digest"], first["digest"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn configmap_publishing_chunks_a_go_module_that_the_runtime_reassembles() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, source) = write_example_source(dir.path(), "hello-go");
+    let output = dir.path().join("hello.wasm");
+    let kube = FakeKube::start().await;
+    let built = result(
+        &builder()
+            .args([
+                "build",
+                "--language",
+                "go",
+                "--publish",
+                "configmap://default/hello",
+                "--source",
+            ])
+            .arg(&source)
+            .arg("--output")
+            .arg(&output)
+            .arg("--cache-dir")
+            .arg(dir.path().join("cache"))
+            .env("KUBECONFIG", kube.kubeconfig.path())
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(built["published"], "configmap://default/hello");
+    let digest: wasmless_artifact::Digest = built["digest"].as_str().unwrap().parse().unwrap();
+    let source_digest: wasmless_artifact::Digest = built["sourceDigest"].as_str().unwrap().parse().unwrap();
+    let size = built["size"].as_u64().unwrap();
+    assert!(size > 5_000_000, "a Go module is several MB: {size}");
+
+    let stored = kube.state.config_maps.lock().unwrap().clone();
+    let names: Vec<String> = built["configMaps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap().to_string())
+        .collect();
+    assert!(names.len() >= 2, "a {size}-byte module needs several chunks: {names:?}");
+    assert_eq!(
+        names,
+        wasmless_artifact::chunks_configmap_names("hello", &source_digest, names.len())
+    );
+    let chunk_dir = dir.path().join("volume");
+    std::fs::create_dir(&chunk_dir).unwrap();
+    for (index, name) in names.iter().enumerate() {
+        let object = &stored[&("default".to_string(), name.clone())];
+        let labels = &object["metadata"]["labels"];
+        assert_eq!(labels["wasmless.io/function"], "hello");
+        assert_eq!(labels["wasmless.io/source-digest"], source_digest.hex());
+        assert_eq!(labels["wasmless.io/module-digest"], digest.hex());
+        let annotations = &object["metadata"]["annotations"];
+        assert_eq!(annotations["wasmless.io/module-digest"], digest.to_string());
+        assert_eq!(annotations["wasmless.io/chunk-count"], names.len().to_string());
+        assert_eq!(annotations["wasmless.io/chunk-index"], index.to_string());
+        let chunk = base64_decode(object["binaryData"]["module.wasm.zst"].as_str().unwrap());
+        assert!(chunk.len() <= wasmless_artifact::MAX_CHUNK_BYTES);
+        // What the kubelet does with the operator's projected volume.
+        std::fs::write(chunk_dir.join(wasmless_artifact::chunk_file_name(index)), chunk).unwrap();
+    }
+    let served = Served::start(chunk_dir.to_str().unwrap(), &digest.to_string(), &[]).await;
+    assert_eq!(served.get("/").await, (200, "This works!".to_string()));
+
+    match std::env::var("WASMLESS_TEST_KUBECONFIG") {
+        Ok(real) => {
+            let namespace = std::env::var("WASMLESS_TEST_NAMESPACE").unwrap_or_else(|_| "default".into());
+            let published = result(
+                &builder()
+                    .args(["build", "--language", "go", "--source"])
+                    .arg(&source)
+                    .arg("--output")
+                    .arg(&output)
+                    .arg("--cache-dir")
+                    .arg(dir.path().join("cache"))
+                    .arg("--publish")
+                    .arg(format!("configmap://{namespace}/hello"))
+                    .env("KUBECONFIG", &real)
+                    .output()
+                    .unwrap(),
+            );
+            assert_eq!(
+                published["configMaps"], built["configMaps"],
+                "a real API server stores the same chunks"
+            );
+        }
+        Err(_) => println!("skipped the real API server part: set WASMLESS_TEST_KUBECONFIG to a kubeconfig to run it"),
+    }
+}
+
+fn base64_decode(text: &str) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut buffer, mut bits) = (0u32, 0);
+    for byte in text.bytes().filter(|&b| b != b'=') {
+        buffer = (buffer << 6) | ALPHABET.iter().position(|&a| a == byte).unwrap() as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((buffer >> bits) as u8);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oci_publishing_pushes_an_artifact_the_runtime_pulls_by_digest() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (_, source) = write_example_source(dir.path(), "hello-rust");
+    let output = dir.path().join("hello.wasm");
+    let target = format!("oci://{}/functions/hello-rust:v1", registry.address);
+    let built = result(&build(
+        "rust",
+        &source,
+        &output,
+        &dir.path().join("cache"),
+        &["--publish", &target],
+    ));
+    let location = built["published"].as_str().unwrap();
+    assert!(
+        location.starts_with(&format!("oci://{}/functions/hello-rust@sha256:", registry.address)),
+        "{location}"
+    );
+    let served = Served::start(location, built["digest"].as_str().unwrap(), &[]).await;
+    assert_eq!(served.get("/").await, (200, "Hello from Rust!\n".to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn broken_sources_fail_with_the_compilers_message_and_publish_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let kube = FakeKube::start().await;
+    let cases = [
+        (
+            "go",
+            "broken.go",
+            "package handlers\n\nimport \"net/http\"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {\n\tw.Write([]byte(\"x\")\n}\n",
+            "syntax error",
+        ),
+        (
+            "rust",
+            "broken.rs",
+            "use wasmless_sdk::{Request, Response};\n\npub fn handler(_request: Request) -> Response {\n    \"not a response\"\n}\n",
+            "mismatched types",
+        ),
+    ];
+    for (language, file, text, expected) in cases {
+        let source = dir.path().join(file);
+        std::fs::write(&source, text).unwrap();
+        let output = dir.path().join(format!("{file}.wasm"));
+        let termination_log = dir.path().join("termination-log");
+        std::fs::write(&termination_log, "").unwrap();
+        let result = builder()
+            .args([
+                "build",
+                "--language",
+                language,
+                "--publish",
+                "configmap://default/broken",
+                "--source",
+            ])
+            .arg(&source)
+            .arg("--output")
+            .arg(&output)
+            .arg("--cache-dir")
+            .arg(dir.path().join("cache"))
+            .arg("--termination-log")
+            .arg(&termination_log)
+            .env("KUBECONFIG", kube.kubeconfig.path())
+            .output()
+            .unwrap();
+        assert_eq!(result.status.code(), Some(1), "{language}");
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert!(stderr.contains(expected), "{language}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{file}:")),
+            "{language}: the user's file is named: {stderr}"
+        );
+        let message = std::fs::read_to_string(&termination_log).unwrap();
+        assert!(
+            message.contains(expected) && message.len() <= 4096,
+            "{language}: {message}"
+        );
+        assert!(!output.exists(), "{language}: no module written");
+        assert!(
+            kube.state.config_maps.lock().unwrap().is_empty(),
+            "{language}: nothing published"
+        );
+    }
+}
+
+#[test]
+fn bad_sources_get_a_one_line_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let goless_main =
+        "package main\n\nimport \"net/http\"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {}\n";
+    let oversized = format!("package handlers\n//{}\n", "x".repeat(600 * 1024));
+    let cases: [(&str, &str, String, &str); 4] = [
+        ("go", "main.go", goless_main.into(), "`package main`"),
+        ("go", "big.go", oversized, "over the 524288-byte limit"),
+        ("rust", "nohandler.rs", "pub fn greet() {}\n".into(), "pub fn handler"),
+        ("cobol", "x.cob", "DISPLAY 'HI'.".into(), "invalid value 'cobol'"),
+    ];
+    for (language, file, text, expected) in cases {
+        let source = dir.path().join(file);
+        std::fs::write(&source, text).unwrap();
+        let output = build(language, &source, &dir.path().join("out.wasm"), &cache, &[]);
+        assert!(!output.status.success(), "{language} {file}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let error_line = stderr
+            .lines()
+            .find(|l| l.starts_with("error"))
+            .unwrap_or_else(|| panic!("{stderr}"));
+        assert!(error_line.contains(expected), "{file}: {stderr}");
+    }
+}
+
+#[test]
+fn rust_handlers_build_offline_from_a_vendor_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let vendor = dir.path().join("vendor");
+    let status = builder().arg("vendor").arg(&vendor).status().unwrap();
+    assert!(status.success());
+    let (_, source) = write_example_source(dir.path(), "hello-rust");
+    // An empty CARGO_HOME: no registry index, no downloaded crates, only the vendor dir.
+    let empty_home = dir.path().join("cargo-home");
+    std::fs::create_dir(&empty_home).unwrap();
+    let output = builder()
+        .args(["build", "--language", "rust", "--source"])
+        .arg(&source)
+        .arg("--output")
+        .arg(dir.path().join("hello.wasm"))
+        .arg("--cache-dir")
+        .arg(dir.path().join("cache"))
+        .arg("--vendor-dir")
+        .arg(&vendor)
+        .env("CARGO_HOME", &empty_home)
+        .env("CARGO_NET_OFFLINE", "true")
+        .output()
+        .unwrap();
+    let built = result(&output);
+    assert_eq!(built["cached"], false);
+}

@@ -1,0 +1,162 @@
+//! Running the builder binary, reading the examples, serving modules in-process with
+//! the runtime library.
+
+pub use wasmless_testkit::{FakeKube, Registry};
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// An example's function.yaml: its language, inline source and env.
+pub struct Example {
+    pub language: String,
+    pub source: String,
+    pub env: Vec<(String, String)>,
+}
+
+pub fn example(name: &str) -> Example {
+    let path = workspace_root().join("examples").join(name).join("function.yaml");
+    let yaml: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let spec = &yaml["spec"];
+    let source = spec["source"]
+        .as_str()
+        .or_else(|| spec["function"].as_str())
+        .expect("inline source");
+    let env = spec["env"]
+        .as_sequence()
+        .map(|list| {
+            list.iter()
+                .map(|e| {
+                    (
+                        e["name"].as_str().unwrap().to_string(),
+                        e["value"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Example {
+        language: spec["language"].as_str().unwrap_or("go").to_string(),
+        source: source.to_string(),
+        env,
+    }
+}
+
+pub fn builder() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_wasmless-builder"));
+    command
+        .env_remove("WASMLESS_SOURCE_DIGEST")
+        .env("WASMLESS_TERMINATION_LOG", "/nonexistent/termination-log");
+    command
+}
+
+/// Runs `wasmless-builder build`; returns its output.
+pub fn build(language: &str, source: &Path, output: &Path, cache: &Path, extra: &[&str]) -> Output {
+    builder()
+        .args(["build", "--language", language, "--source"])
+        .arg(source)
+        .arg("--output")
+        .arg(output)
+        .arg("--cache-dir")
+        .arg(cache)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// The JSON result line of a successful build.
+pub fn result(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "build failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+}
+
+/// The runtime library serving one module on loopback until dropped.
+pub struct Served {
+    pub address: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Served {
+    pub async fn start(module: &str, digest: &str, env: &[(String, String)]) -> Self {
+        let mut args: Vec<String> = [
+            "wasmless-runtime",
+            "--module",
+            module,
+            "--module-digest",
+            digest,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--admin-port",
+            "0",
+            "--watch-interval",
+            "0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        for (key, value) in env {
+            args.push("--env".into());
+            args.push(format!("{key}={value}"));
+        }
+        let config = <wasmless_runtime::Config as clap::Parser>::parse_from(args);
+        let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            if let Err(error) = wasmless_runtime::serve(config, shutdown, |bound| {
+                let _ = bound_tx.send(bound);
+            })
+            .await
+            {
+                panic!("the runtime failed: {error}");
+            }
+        });
+        let bound = tokio::time::timeout(Duration::from_secs(120), bound_rx)
+            .await
+            .expect("runtime started")
+            .unwrap();
+        Self {
+            address: bound.function,
+            stop: Some(stop),
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let response = reqwest::get(format!("http://{}{path}", self.address)).await.unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    }
+
+    pub async fn post(&self, path: &str, body: &str) -> (u16, String) {
+        let response = reqwest::Client::new()
+            .post(format!("http://{}{path}", self.address))
+            .header("x-example", "yes")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
