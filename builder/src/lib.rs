@@ -7,6 +7,7 @@
 //! the output for the ABI the runtime needs. [`publish`] ships the result.
 
 pub mod cache;
+pub mod command;
 pub mod publish;
 pub mod source;
 pub mod toolchain;

@@ -3,13 +3,15 @@
 //! with, the next ones get the new one, and a module that fails to load or verify
 //! leaves the old one serving.
 
-use crate::module_source::ModuleSource;
+use crate::module_source::{LoadError, ModuleSource, VerifiedModule};
 use crate::server::FunctionState;
 use std::hash::{Hash, Hasher};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use wasmless_artifact::Digest;
+
+const SETTLE_TIME: Duration = Duration::from_millis(200);
 
 pub async fn watch(source: ModuleSource, pinned: Option<Digest>, interval: Duration, state: FunctionState) {
     let Some(path) = source.watched_path().map(Path::to_path_buf) else {
@@ -23,7 +25,7 @@ pub async fn watch(source: ModuleSource, pinned: Option<Digest>, interval: Durat
             continue;
         }
         last = now;
-        let module = match source.load(pinned).await {
+        let module = match load_settled(&source, pinned).await {
             Ok(module) => module,
             Err(error) => {
                 tracing::warn!(%error, "module changed on disk but cannot be used; still serving the previous one");
@@ -43,6 +45,18 @@ pub async fn watch(source: ModuleSource, pinned: Option<Digest>, interval: Durat
                 tracing::warn!(%error, "module changed on disk but does not load; still serving the previous one")
             }
         }
+    }
+}
+
+/// A module and its digest file are two files written one after the other: a digest
+/// mismatch gets one more look once the writer is likely done.
+async fn load_settled(source: &ModuleSource, pinned: Option<Digest>) -> Result<VerifiedModule, LoadError> {
+    match source.load(pinned).await {
+        Err(LoadError::DigestMismatch { .. }) => {
+            tokio::time::sleep(SETTLE_TIME).await;
+            source.load(pinned).await
+        }
+        other => other,
     }
 }
 

@@ -1,0 +1,118 @@
+//! `build` as a command: the flags, the JSON result line, the termination message.
+//! Shared by `wasmless-builder build` and `wasmless build`.
+
+use crate::publish::{self, Destination};
+use crate::{BuildOptions, Language, Source};
+use anyhow::Context;
+use std::path::{Path, PathBuf};
+use wasmless_artifact::Digest;
+
+#[derive(clap::Args)]
+pub struct BuildArgs {
+    #[arg(long, env = "WASMLESS_LANGUAGE", value_enum)]
+    pub language: Language,
+    /// A source file, or a directory of source files.
+    #[arg(long, env = "WASMLESS_SOURCE")]
+    pub source: PathBuf,
+    /// Where to write the `.wasm`.
+    #[arg(long, env = "WASMLESS_OUTPUT")]
+    pub output: PathBuf,
+    /// `configmap://<namespace>/<function>` or `oci://<registry>/<repo>:<tag>`.
+    #[arg(long, env = "WASMLESS_PUBLISH")]
+    pub publish: Option<Destination>,
+    /// Built modules and compiler caches [default: ~/.cache/wasmless/builder].
+    #[arg(long, env = "WASMLESS_BUILD_CACHE")]
+    pub cache_dir: Option<PathBuf>,
+    /// Build Rust handlers offline from this `wasmless-builder vendor` directory.
+    #[arg(long, env = "WASMLESS_VENDOR_DIR")]
+    pub vendor_dir: Option<PathBuf>,
+    /// The operator's source digest, used in the published labels.
+    #[arg(long, env = "WASMLESS_SOURCE_DIGEST")]
+    pub source_digest: Option<Digest>,
+    /// Where Kubernetes reads a container's result; written when it exists.
+    #[arg(long, env = "WASMLESS_TERMINATION_LOG", default_value = "/dev/termination-log")]
+    pub termination_log: PathBuf,
+}
+
+/// Runs a build as the command does: prints progress and the JSON result line, writes
+/// the termination message; returns whether it succeeded.
+pub async fn run(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> bool {
+    let termination_log = args.termination_log.clone();
+    match build(args, progress).await {
+        Ok(result) => {
+            println!("{result}");
+            write_termination_log(&termination_log, &result);
+            true
+        }
+        Err(message) => {
+            eprintln!("error: {message}");
+            write_termination_log(&termination_log, &message);
+            false
+        }
+    }
+}
+
+/// Returns the JSON result line, or the message to fail with.
+async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<String, String> {
+    let source = Source::read(args.language, &args.source).map_err(|e| e.to_string())?;
+    let options = BuildOptions {
+        cache_dir: args.cache_dir.unwrap_or_else(default_cache_dir),
+        vendor_dir: args.vendor_dir,
+    };
+    let language = args.language;
+    let built =
+        tokio::task::block_in_place(|| crate::build(&source, &options, &|step| progress(&step.describe(language))))
+            .map_err(|e| e.status_message())?;
+    write_atomically(&args.output, &built.wasm)
+        .with_context(|| format!("cannot write {}", args.output.display()))
+        .map_err(|e| format!("{e:#}"))?;
+    let source_digest = args.source_digest.unwrap_or(built.source_digest);
+    let published = match &args.publish {
+        Some(destination) => {
+            progress("publishing");
+            Some(
+                publish::publish(destination, &built.wasm, &built.digest, &source_digest)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            )
+        }
+        None => None,
+    };
+    let mut result = serde_json::json!({
+        "digest": built.digest.to_string(),
+        "size": built.wasm.len(),
+        "sourceDigest": source_digest.to_string(),
+        "cached": built.cached,
+        "output": args.output,
+        "published": published.as_ref().map(|p| p.location.clone()),
+    });
+    if let Some(published) = published.filter(|p| !p.config_maps.is_empty()) {
+        result["configMaps"] = serde_json::json!(published.config_maps);
+    }
+    Ok(result.to_string())
+}
+
+/// `WASMLESS_BUILD_CACHE`, else `~/.cache/wasmless/builder`.
+pub fn default_cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("WASMLESS_BUILD_CACHE") {
+        return dir.into();
+    }
+    match std::env::var_os("HOME") {
+        Some(home) => Path::new(&home).join(".cache/wasmless/builder"),
+        None => std::env::temp_dir().join("wasmless-builder"),
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let staging = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&staging, bytes)?;
+    std::fs::rename(&staging, path)
+}
+
+/// Kubernetes shows at most 4 KiB of a termination message.
+fn write_termination_log(path: &Path, text: &str) {
+    if path.exists() {
+        let cut = &text[..text.floor_char_boundary(4096)];
+        let _ = std::fs::write(path, cut);
+    }
+}

@@ -1,0 +1,56 @@
+mod dev;
+mod function_file;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "wasmless", version, about = "Build and run HTTP functions as WebAssembly")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build a function and serve it on localhost, rebuilding when its source changes.
+    Dev(dev::DevArgs),
+    /// Compile a handler to a validated module, and optionally publish it (wasmless-builder build).
+    Build(wasmless_builder::command::BuildArgs),
+    /// Serve a module (wasmless-runtime).
+    Serve(Box<wasmless_runtime::Config>),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Dev(args) => {
+            init_readable_logs();
+            dev::run(args).await
+        }
+        Command::Build(args) => {
+            if !wasmless_builder::command::run(args, &|step| eprintln!("{step}...")).await {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Command::Serve(config) => {
+            wasmless_runtime::logging::init();
+            wasmless_runtime::serve(*config, wasmless_runtime::shutdown_signal(), |_| {}).await?;
+            Ok(())
+        }
+    }
+}
+
+/// `dev` is read by a person: compact lines rather than JSON.
+fn init_readable_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    tracing_subscriber::fmt()
+        .compact()
+        .with_target(false)
+        .with_ansi(ansi)
+        .with_env_filter(filter)
+        .init();
+}

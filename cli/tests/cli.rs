@@ -1,0 +1,214 @@
+//! The `wasmless` binary as a person uses it: `dev` on an example, editing the source
+//! while requests keep coming; `build` and `serve` as front ends.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn wasmless() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_wasmless"))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A child process whose stderr is collected, killed when dropped.
+struct Running {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Running {
+    fn spawn(command: &mut Command) -> Self {
+        let mut child = command.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let collected = stderr.clone();
+        let pipe = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                let mut text = collected.lock().unwrap();
+                text.push_str(&line);
+                text.push('\n');
+            }
+        });
+        Self { child, stderr }
+    }
+
+    fn wait_for_stderr(&self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !self.stderr.lock().unwrap().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} in:\n{}",
+                self.stderr.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn get(url: &str) -> Result<(u16, String), reqwest::Error> {
+    let response = reqwest::get(url).await?;
+    Ok((response.status().as_u16(), response.text().await?))
+}
+
+async fn wait_for_body(url: &str, expected: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok((200, body)) = get(url).await
+            && body == expected
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{url} never answered {expected:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn copy_example(name: &str, to: &Path) {
+    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name);
+    std::fs::create_dir_all(to).unwrap();
+    std::fs::copy(from.join("function.yaml"), to.join("function.yaml")).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dev_serves_an_example_and_swaps_in_each_edit() {
+    let dir = tempfile::tempdir().unwrap();
+    let function = dir.path().join("hello-go");
+    copy_example("hello-go", &function);
+    let (port, admin_port) = (free_port(), free_port());
+    let dev = Running::spawn(
+        wasmless()
+            .args([
+                "dev",
+                "--port",
+                &port.to_string(),
+                "--admin-port",
+                &admin_port.to_string(),
+            ])
+            .arg(&function)
+            .env("WASMLESS_BUILD_CACHE", dir.path().join("cache")),
+    );
+    let url = format!("http://127.0.0.1:{port}/");
+    wait_for_body(&url, "This works!").await;
+    dev.wait_for_stderr("serving hello on");
+    let (status, metrics) = get(&format!("http://127.0.0.1:{admin_port}/metrics")).await.unwrap();
+    assert_eq!(status, 200);
+    assert!(metrics.contains("wasmless_requests_total{"), "{metrics}");
+
+    // Requests keep coming while the source changes: none fails.
+    let hammer = {
+        let url = url.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                let (status, body) = get(&url).await.expect("the server keeps answering");
+                assert_eq!(status, 200, "{body}");
+                if body == "Edited!" {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "the edit was never served");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let yaml = function.join("function.yaml");
+    let text = std::fs::read_to_string(&yaml).unwrap();
+    std::fs::write(&yaml, text.replace("This works!", "Edited!")).unwrap();
+    hammer.await.unwrap();
+
+    // A broken edit is reported with the compiler's words; the last good version serves on.
+    let text = std::fs::read_to_string(&yaml).unwrap();
+    std::fs::write(
+        &yaml,
+        text.replace("w.Write([]byte(\"Edited!\"))", "w.Write([]byte(\"Edited!\")"),
+    )
+    .unwrap();
+    dev.wait_for_stderr("syntax error");
+    dev.wait_for_stderr("still serving the previous version");
+    assert_eq!(get(&url).await.unwrap(), (200, "Edited!".to_string()));
+}
+
+#[test]
+fn dev_explains_what_it_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = wasmless().arg("dev").arg(dir.path()).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no function.yaml"), "{stderr}");
+
+    let yaml = dir.path().join("function.yaml");
+    std::fs::write(
+        &yaml,
+        "apiVersion: wasmless.io/v1alpha1\nkind: Function\nmetadata: {name: x}\nspec: {language: go}\n",
+    )
+    .unwrap();
+    let output = wasmless().arg("dev").arg(&yaml).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("spec.source"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn build_and_serve_are_the_builder_and_the_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("hello.wat");
+    std::fs::write(
+        &source,
+        r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "Content-Type: text/plain\n\nhello from wat\n")
+  (func (export "_start")
+    (i32.store (i32.const 0) (i32.const 16))
+    (i32.store (i32.const 4) (i32.const 41))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))
+"#,
+    )
+    .unwrap();
+    let module = dir.path().join("hello.wasm");
+    let output = wasmless()
+        .args(["build", "--language", "wat", "--source"])
+        .arg(&source)
+        .arg("--output")
+        .arg(&module)
+        .arg("--cache-dir")
+        .arg(dir.path().join("cache"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let digest = result["digest"].as_str().unwrap();
+
+    let port = free_port();
+    let _serve = Running::spawn(
+        wasmless()
+            .args([
+                "serve",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--admin-port",
+                "0",
+            ])
+            .arg("--module")
+            .arg(&module)
+            .args(["--module-digest", digest]),
+    );
+    wait_for_body(&format!("http://127.0.0.1:{port}/"), "hello from wat\n").await;
+}
