@@ -1,0 +1,42 @@
+//! The benchmark suite: one run measures Wasmless against compile-at-startup (Goless),
+//! `wasmtime serve` and native servers, side by side, and writes docs/benchmarks.md
+//! with a table, a plot and the machine it ran on. Ratios taken in the same run are
+//! what count; absolute numbers drift on a shared 2-core machine.
+//!
+//! Run it with `bench/run.sh [--quick]`, which installs wrk and wasmtime-cli and builds
+//! everything in release mode first.
+
+mod measure;
+mod report;
+mod scenarios;
+
+use clap::Parser;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+struct Args {
+    /// Shorter load runs and fewer repetitions (under 3 minutes).
+    #[arg(long)]
+    quick: bool,
+    /// The workspace root.
+    #[arg(long, default_value = ".")]
+    root: PathBuf,
+    /// Directory of the release binaries.
+    #[arg(long)]
+    bin_dir: PathBuf,
+    /// `wasmtime` 48.x, for the `wasmtime serve` row; skipped when absent.
+    #[arg(long)]
+    wasmtime: Option<PathBuf>,
+    /// Where to write the report.
+    #[arg(long, default_value = "docs/benchmarks.md")]
+    output: PathBuf,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let settings = scenarios::Settings::new(args.root, args.bin_dir, args.wasmtime, args.quick)?;
+    let results = scenarios::run_all(&settings)?;
+    report::write(&args.output, &settings, &results)?;
+    eprintln!("wrote {}", args.output.display());
+    Ok(())
+}
