@@ -35,7 +35,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve(config) => {
-            wasmless_runtime::logging::init();
+            let _logs = wasmless_runtime::logging::init();
             wasmless_runtime::serve(*config, wasmless_runtime::shutdown_signal(), |_| {}).await?;
             Ok(())
         }

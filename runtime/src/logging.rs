@@ -2,13 +2,26 @@
 
 use tracing_subscriber::EnvFilter;
 
-pub fn init() {
+/// Keeps the log writer's thread alive; dropping it flushes what is queued.
+#[must_use = "logs written after the guard is dropped are lost"]
+pub struct LogGuard(#[allow(dead_code)] Option<tracing_appender::non_blocking::WorkerGuard>);
+
+/// Lines are written by a thread of their own, so a request does not wait on a
+/// `write` to stdout (measured: a fifth of the throughput of a hello handler). The
+/// queue never drops lines: when it is full, requests wait, as they would without it.
+pub fn init() -> LogGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .thread_name("wasmless-log")
+        .finish(std::io::stdout());
+    let installed = tracing_subscriber::fmt()
         .json()
         .flatten_event(true)
         .with_current_span(true)
         .with_span_list(false)
         .with_env_filter(filter)
+        .with_writer(writer)
         .try_init();
+    LogGuard(installed.is_ok().then_some(guard))
 }

@@ -3,7 +3,7 @@ use wasmless_runtime::{Config, logging, serve, shutdown_signal};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    logging::init();
+    let _logs = logging::init();
     let config = Config::parse();
     serve(config, shutdown_signal(), |_| {}).await?;
     Ok(())
