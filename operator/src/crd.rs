@@ -16,6 +16,11 @@ use serde::{Deserialize, Serialize};
 pub const MAX_SOURCE_BYTES: usize = 512 * 1024;
 
 /// A function: handler source (or a prebuilt module) served over HTTP by the Wasmless runtime.
+///
+/// `function` is a reserved word in CEL, so the rules name that field `__function__`, as
+/// Kubernetes escapes it.
+// One `printcolumn(...)` per column is kube's syntax, which clippy takes for duplicates.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "wasmless.io",
@@ -32,10 +37,10 @@ pub const MAX_SOURCE_BYTES: usize = 512 * 1024;
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[x_kube(validation = Rule::new(
-    "[has(self.source), has(self.function), has(self.module)].filter(x, x).size() == 1"
+    "(has(self.source) ? 1 : 0) + (has(self.__function__) ? 1 : 0) + (has(self.module) ? 1 : 0) == 1"
 ).message("exactly one of source, function (the Goless field) or module must be set"))]
 #[x_kube(validation = Rule::new("!has(self.source) || size(self.source) <= 524288").message("source is over 512 KiB"))]
-#[x_kube(validation = Rule::new("!has(self.function) || size(self.function) <= 524288").message("function is over 512 KiB"))]
+#[x_kube(validation = Rule::new("!has(self.__function__) || size(self.__function__) <= 524288").message("function is over 512 KiB"))]
 #[x_kube(validation = Rule::new("!has(self.module) || self.language == 'wasm'")
     .message("module is a prebuilt WebAssembly image: set language: wasm"))]
 #[x_kube(validation = Rule::new("self.language != 'wasm' || has(self.module)")
