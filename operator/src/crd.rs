@@ -113,6 +113,12 @@ pub enum Language {
     Rust,
     Wat,
     Wasm,
+    /// A language this operator does not know. The CRD's enum refuses it; this variant
+    /// exists so that a Function admitted by an older CRD is reported on its status
+    /// instead of failing to deserialize (which would stall the watch of every Function).
+    #[serde(other)]
+    #[schemars(skip)]
+    Unknown,
 }
 
 impl Language {
@@ -122,6 +128,7 @@ impl Language {
             Language::Rust => "rust",
             Language::Wat => "wat",
             Language::Wasm => "wasm",
+            Language::Unknown => "unknown",
         }
     }
 
@@ -132,7 +139,7 @@ impl Language {
             Language::Go => "handler.go",
             Language::Rust => "lib.rs",
             Language::Wat => "module.wat",
-            Language::Wasm => "module.wasm",
+            Language::Wasm | Language::Unknown => "module.wasm",
         }
     }
 }
@@ -282,6 +289,9 @@ impl FunctionSpec {
     /// words for status. Empty when the spec can be built.
     pub fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
+        if self.language == Language::Unknown {
+            problems.push("language is not one of go, rust, wat, wasm".to_string());
+        }
         let sources = [self.source.is_some(), self.function.is_some(), self.module.is_some()];
         if sources.iter().filter(|set| **set).count() != 1 {
             problems.push("exactly one of source, function (the Goless field) or module must be set".to_string());

@@ -862,6 +862,128 @@ async fn prebuilt_module_is_served_without_a_build() {
     );
 }
 
+#[tokio::test]
+async fn oci_storage_publishes_to_the_registry_and_serves_by_reference() {
+    let fake = FakeApiServer::new();
+    let client = fake.client();
+    let mut settings = settings();
+    settings.oci_registry = Some("registry.local:5000/fns".into());
+    let h = Harness {
+        ctx: Arc::new(Context::new(client.clone(), settings, Metrics::default(), None)),
+        client,
+        fake: Some(fake),
+        ns: "default".into(),
+    };
+    h.create("hello", json!({"source": HELLO, "storage": "oci"})).await;
+    let func = h.reconciled("hello").await;
+    let digest = Harness::status_source_digest(&func);
+    let job = &h.jobs("hello").await[0];
+    let args = job.spec.clone().unwrap().template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    let target = format!("oci://registry.local:5000/fns/default/hello:{}", digest.short());
+    assert!(
+        args.windows(2).any(|w| w[0] == "--publish" && w[1] == target),
+        "{args:?}"
+    );
+
+    // The builder's result line is the only record of where an OCI build went.
+    let module = Digest::of(b"oci module");
+    let reference = format!(
+        "registry.local:5000/fns/default/hello@sha256:{}",
+        Digest::of(b"manifest").hex()
+    );
+    let result = format!(r#"{{"digest":"{module}","size":10,"published":"oci://{reference}"}}"#);
+    h.fail_build("hello", &result).await; // the pod and its termination message …
+    h.api::<Job>() // … but the Job succeeded
+        .patch_status(
+            &resources::job_name("hello", &digest),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"failed": null, "succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}})),
+        )
+        .await
+        .unwrap();
+    let func = h.reconciled("hello").await;
+    assert_eq!(status(&func).module_digest, Some(module.to_string()));
+    assert_eq!(status(&func).module_ref, Some(format!("oci://{reference}")));
+    let deployment = h.deployment("hello").await.unwrap();
+    let args = deployment.spec.unwrap().template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert!(
+        args.windows(2)
+            .any(|w| w[0] == "--module" && w[1] == format!("oci://{reference}")),
+        "{args:?}"
+    );
+    // Later reconciles find the module from status, without the Job's pod.
+    let pods: Api<Pod> = h.api();
+    pods.delete(
+        &format!("{}-x7k2p", resources::job_name("hello", &digest)),
+        &DeleteParams::default(),
+    )
+    .await
+    .unwrap();
+    let func = h.reconciled("hello").await;
+    assert_eq!(status(&func).module_digest, Some(module.to_string()));
+}
+
+#[tokio::test]
+async fn only_one_replica_holds_the_lease_until_it_expires() {
+    use wasmless_operator::leader::LeaseLock;
+    let fake = FakeApiServer::new();
+    let lease = |who: &str| {
+        LeaseLock::new(
+            fake.client(),
+            "wasmless-system",
+            "wasmless-operator",
+            who,
+            Duration::from_secs(1),
+        )
+    };
+    let (a, b) = (lease("a"), lease("b"));
+    assert!(a.try_acquire_or_renew().await.unwrap(), "a takes the free lease");
+    assert!(!b.try_acquire_or_renew().await.unwrap(), "b waits while a holds it");
+    assert!(a.try_acquire_or_renew().await.unwrap(), "a renews");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(b.try_acquire_or_renew().await.unwrap(), "b takes the expired lease");
+    assert!(!a.try_acquire_or_renew().await.unwrap(), "a has lost it");
+    let leases = fake.objects("/leases/");
+    assert_eq!(leases[0]["spec"]["holderIdentity"], "b");
+    assert_eq!(leases[0]["spec"]["leaseTransitions"], 1);
+}
+
+#[tokio::test]
+async fn reconciles_and_errors_are_counted() {
+    let fake = FakeApiServer::new();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Metrics::default().register(&mut registry);
+    let ctx = Arc::new(Context::new(fake.client(), settings(), metrics, None));
+    let h = Harness {
+        ctx,
+        client: fake.client(),
+        fake: Some(fake.clone()),
+        ns: "default".into(),
+    };
+    h.create("hello", json!({"source": HELLO})).await;
+    fake.fail(http::Method::PATCH, "/jobs/", 1);
+    let error = h.reconcile("hello").await.unwrap_err();
+    error_policy(Arc::new(h.function("hello").await), &error, h.ctx.clone());
+    h.reconcile("hello").await.unwrap();
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(text.contains("wasmless_operator_reconciles_total 2"), "{text}");
+    assert!(
+        text.contains(r#"wasmless_operator_reconcile_errors_total{error="kube"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("wasmless_operator_reconcile_duration_seconds_count 2"),
+        "{text}"
+    );
+}
+
 // ---- the CRD ----
 
 #[test]
