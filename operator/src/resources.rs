@@ -346,6 +346,10 @@ pub fn deployment(func: &Function, settings: &Settings, module: &Module) -> Depl
         spec.limits.max_request_body.clone(),
         "--cache-dir".into(),
         "/cache".into(),
+        // The module is pinned by digest and its ConfigMaps are never rewritten (their names
+        // carry the source digest): there is nothing to watch for.
+        "--watch-interval".into(),
+        "0".into(),
     ];
     for var in &spec.env {
         args.push("--env".into());

@@ -92,6 +92,14 @@ impl Harness {
         })
     }
 
+    async fn delete_namespace(&self) {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        namespaces
+            .delete(&self.ns, &DeleteParams::background())
+            .await
+            .expect("deleting the test namespace");
+    }
+
     fn api<K>(&self) -> Api<K>
     where
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
@@ -475,6 +483,7 @@ async fn finished_build_rolls_out_and_becomes_ready(h: &Harness) {
     assert_eq!(flag("--function"), "hello");
     assert_eq!(flag("--env"), "GREETING=hi");
     assert_eq!(flag("--cache-dir"), "/cache");
+    assert_eq!(flag("--watch-interval"), "0", "a pinned module is not polled");
     assert_eq!(
         runtime
             .readiness_probe
@@ -760,6 +769,8 @@ macro_rules! scenarios {
                 async fn $name() {
                     if let Some(h) = super::Harness::real(stringify!($name)).await {
                         super::$name(&h).await;
+                        // Kept when the scenario fails, to look at.
+                        h.delete_namespace().await;
                     }
                 }
             )*
