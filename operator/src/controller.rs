@@ -407,7 +407,10 @@ async fn termination_message(ctx: &Context, ns: &str, job_name: &str) -> Result<
     let list = pods
         .list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job_name}")))
         .await?;
-    Ok(list.items.iter().find_map(|pod| {
+    // The newest pod is the build's last attempt.
+    let mut pods = list.items;
+    pods.sort_by_key(|pod| std::cmp::Reverse(pod.metadata.creation_timestamp.clone().map(|t| t.0)));
+    Ok(pods.iter().find_map(|pod| {
         let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
         statuses.iter().find_map(|status| {
             let terminated = status

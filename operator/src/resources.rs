@@ -4,7 +4,10 @@
 use crate::crd::{Function, Language, Storage};
 use crate::settings::Settings;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
-use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::batch::v1::{
+    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyOnPodConditionsPattern,
+    PodFailurePolicyRule,
+};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort,
     EmptyDirVolumeSource, EnvVar, HTTPGetAction, KeyToPath, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
@@ -271,8 +274,31 @@ pub fn build_job(func: &Function, settings: &Settings, digest: &Digest, publish:
     Job {
         metadata: meta(func, job_name(&name, digest), labels.clone()),
         spec: Some(JobSpec {
-            // Compilers are deterministic: a failed build fails again, so no retries.
-            backoff_limit: Some(0),
+            // A compile error (the builder's exit 1) fails again if retried: it ends the Job at
+            // once. A pod lost to an eviction or a preemption does not count; anything else
+            // (out of memory, a node failing) is retried twice.
+            backoff_limit: Some(2),
+            pod_failure_policy: Some(PodFailurePolicy {
+                rules: vec![
+                    PodFailurePolicyRule {
+                        action: "FailJob".into(),
+                        on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                            container_name: Some("builder".into()),
+                            operator: "In".into(),
+                            values: vec![1],
+                        }),
+                        ..Default::default()
+                    },
+                    PodFailurePolicyRule {
+                        action: "Ignore".into(),
+                        on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
+                            type_: "DisruptionTarget".into(),
+                            status: "True".into(),
+                        }]),
+                        ..Default::default()
+                    },
+                ],
+            }),
             // A hung compiler fails the build instead of blocking it forever.
             active_deadline_seconds: Some(900),
             template: PodTemplateSpec {

@@ -403,6 +403,11 @@ async fn new_function_starts_one_content_addressed_build(h: &Harness) {
         .collect();
     assert_eq!(env["WASMLESS_SOURCE_DIGEST"], Some(digest.to_string()));
     assert_eq!(pod.service_account_name.as_deref(), Some(resources::BUILDER_ACCOUNT));
+    // A compile error ends the build at once; an evicted pod is not a failed build.
+    let rules = job.spec.as_ref().unwrap().pod_failure_policy.clone().unwrap().rules;
+    assert_eq!(rules[0].action, "FailJob");
+    assert_eq!(rules[0].on_exit_codes.as_ref().unwrap().values, vec![1]);
+    assert_eq!(rules[1].action, "Ignore");
     let security = builder.security_context.as_ref().unwrap();
     assert_eq!(security.read_only_root_filesystem, Some(true));
     assert_eq!(security.run_as_non_root, Some(true));
