@@ -114,7 +114,9 @@ pub async fn reconcile(func: Arc<Function>, ctx: Arc<Context>) -> Result<Action,
         let desired = resources::deployment(&func, &ctx.settings, module);
         rolled = apply_if_changed_with(&deployments, existing.as_ref(), &desired).await?;
         let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
-        apply_if_changed(&services, &resources::service(&func)).await?;
+        let service = resources::service(&func);
+        apply_if_changed(&services, &service).await?;
+        remove_renamed_services(&services, &func, &service.name_any()).await?;
     }
 
     // 5. Status and events.
@@ -654,6 +656,19 @@ async fn publish_transitions(ctx: &Context, func: &Function, old: &FunctionStatu
             tracing::warn!(function = %func.name_any(), %error, "could not publish event");
         }
     }
+}
+
+/// Deletes this Function's Services under another name than `spec.service` now gives.
+async fn remove_renamed_services(services: &Api<Service>, func: &Function, current: &str) -> Result<(), Error> {
+    let selector = format!("{}={}", labels::FUNCTION, func.name_any());
+    let uid = func.uid();
+    for service in services.list(&ListParams::default().labels(&selector)).await?.items {
+        let owned = service.owner_references().iter().any(|o| Some(&o.uid) == uid.as_ref());
+        if owned && service.name_any() != current {
+            services.delete(&service.name_any(), &DeleteParams::default()).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Deletes the Jobs, source and chunk ConfigMaps of this Function's older sources.

@@ -852,6 +852,24 @@ async fn goless_function_field_is_accepted_as_source() {
 }
 
 #[tokio::test]
+async fn renamed_service_replaces_the_old_one() {
+    let h = Harness::fake();
+    ready_function(&h, "hello", json!({"source": HELLO})).await;
+    h.update_spec("hello", json!({"service": "greeter"})).await;
+    let func = h.reconciled("hello").await;
+    let services: Api<Service> = h.api();
+    assert!(services.get_opt("greeter").await.unwrap().is_some());
+    assert!(
+        services.get_opt("hello").await.unwrap().is_none(),
+        "the old Service is removed"
+    );
+    assert_eq!(
+        status(&func).url.as_deref(),
+        Some("http://greeter.default.svc.cluster.local:8080")
+    );
+}
+
+#[tokio::test]
 async fn prebuilt_module_is_served_without_a_build() {
     let h = Harness::fake();
     let digest = Digest::of(b"prebuilt");
