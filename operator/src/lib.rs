@@ -1,6 +1,7 @@
 //! The Wasmless operator: reconciles `Function`s into a source ConfigMap, a content-addressed
 //! build Job, a runtime Deployment and a Service. See docs/operator.md.
 
+pub mod admin;
 pub mod controller;
 pub mod crd;
 pub mod leader;

@@ -2,17 +2,12 @@
 //! and (by default) reconciles only while holding the leader Lease.
 
 use anyhow::Context as _;
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use clap::Parser;
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use wasmless_operator::admin::AdminState;
 use wasmless_operator::crd::Storage;
 use wasmless_operator::leader::LeaseLock;
 use wasmless_operator::{Context, Metrics, Settings};
@@ -62,11 +57,6 @@ fn parse_storage(value: &str) -> Result<Storage, String> {
     }
 }
 
-struct AppState {
-    registry: Registry,
-    ready: AtomicBool,
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -96,18 +86,11 @@ async fn main() -> anyhow::Result<()> {
         .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
     let mut registry = Registry::default();
     let metrics = Metrics::default().register(&mut registry);
-    let state = Arc::new(AppState {
-        registry,
-        ready: AtomicBool::new(false),
-    });
+    let state = AdminState::new(registry);
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
         .with_context(|| format!("binding {}", args.metrics_addr))?;
-    let app = Router::new()
-        .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .with_state(state.clone());
+    let app = wasmless_operator::admin::router(state.clone());
     tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).await {
             tracing::error!(%error, "metrics server stopped");
@@ -124,11 +107,11 @@ async fn main() -> anyhow::Result<()> {
     );
     if args.leader_election {
         // A standby replica is healthy and ready: it is waiting, as it should.
-        state.ready.store(true, Ordering::Relaxed);
+        state.set_ready();
         tracing::info!(lease = %args.lease_name, %identity, "waiting for the leader lease");
         lease.acquire().await.context("acquiring the leader lease")?;
     }
-    state.ready.store(true, Ordering::Relaxed);
+    state.set_ready();
     tracing::info!(namespace = ?args.watch_namespace, "starting the Function controller");
     let controller = wasmless_operator::run(ctx, args.watch_namespace.as_deref(), shutdown_signal());
     if args.leader_election {
@@ -148,32 +131,5 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {},
         _ = term.recv() => {},
-    }
-}
-
-async fn metrics_handler(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
-        Ok(()) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            body,
-        ),
-        Err(_) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            [(header::CONTENT_TYPE, "text/plain")],
-            "encoding metrics failed".into(),
-        ),
-    }
-}
-
-async fn readyz(State(state): State<Arc<AppState>>) -> StatusCode {
-    if state.ready.load(Ordering::Relaxed) {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
     }
 }

@@ -1018,6 +1018,59 @@ async fn reconciles_and_errors_are_counted() {
     );
 }
 
+/// GET `path` over plain HTTP/1.1; the status code and the body.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: operator\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test]
+async fn admin_endpoints_serve_metrics_health_and_readiness() {
+    use wasmless_operator::admin::{AdminState, router};
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Metrics::default().register(&mut registry);
+    let state = AdminState::new(registry);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(axum::serve(listener, router(state.clone())).into_future());
+
+    assert_eq!(http_get(addr, "/healthz").await.0, 200);
+    assert_eq!(
+        http_get(addr, "/readyz").await.0,
+        503,
+        "not ready before the controller can run"
+    );
+    state.set_ready();
+    assert_eq!(http_get(addr, "/readyz").await.0, 200);
+
+    let fake = FakeApiServer::new();
+    let h = Harness {
+        ctx: Arc::new(Context::new(fake.client(), settings(), metrics, None)),
+        client: fake.client(),
+        fake: Some(fake.clone()),
+        ns: "default".into(),
+    };
+    h.create("hello", json!({"source": HELLO})).await;
+    h.reconcile("hello").await.unwrap();
+    let (status, body) = http_get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("wasmless_operator_reconciles_total 1"), "{body}");
+    assert!(
+        body.contains("wasmless_operator_reconcile_duration_seconds_bucket"),
+        "{body}"
+    );
+}
+
 // ---- the CRD ----
 
 #[test]
