@@ -82,6 +82,7 @@ pub async fn reconcile(func: Arc<Function>, ctx: Arc<Context>) -> Result<Action,
 
     // 1. The source digest, and the source in its ConfigMap. 2-3. The build.
     let mut problems = func.spec.problems();
+    problems.extend(crate::crd::name_problem(&name));
     if storage == Storage::Oci && ctx.settings.oci_registry.is_none() && func.spec.module.is_none() {
         problems.push("storage oci needs the operator's --oci-registry setting".into());
     }

@@ -11,6 +11,25 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// Longest Function name: `<name>-build-<10 hex>` names a Job, whose pods carry it as a
+/// label value (at most 63 characters).
+pub const MAX_NAME_LEN: usize = 46;
+
+/// Whether `name` can name a Function: a DNS-1035 label (it is the default Service name)
+/// of at most [`MAX_NAME_LEN`] characters.
+pub fn name_problem(name: &str) -> Option<String> {
+    let dns_label = name.starts_with(|c: char| c.is_ascii_lowercase())
+        && !name.ends_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    (!dns_label || name.len() > MAX_NAME_LEN).then(|| {
+        format!(
+            "name {name:?} must be a DNS label of at most {MAX_NAME_LEN} characters: it names the Service and the build Jobs"
+        )
+    })
+}
+
 /// Largest inline source accepted, in bytes (a ConfigMap holds 1 MiB, and a handler
 /// bigger than this belongs in a prebuilt module).
 pub const MAX_SOURCE_BYTES: usize = 512 * 1024;
@@ -34,7 +53,9 @@ pub const MAX_SOURCE_BYTES: usize = 512 * 1024;
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Digest", type_ = "string", json_path = ".status.moduleDigestShort"),
     printcolumn(name = "URL", type_ = "string", json_path = ".status.url"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 46")
+        .message("a Function's name must be a DNS label of at most 46 characters: it names the Service and the build Jobs (<name>-build-<10 hex>, at most 63)")
 )]
 #[x_kube(validation = Rule::new(
     "(has(self.source) ? 1 : 0) + (has(self.__function__) ? 1 : 0) + (has(self.module) ? 1 : 0) == 1"

@@ -736,6 +736,16 @@ async fn bad_functions_are_reported_not_fatal(h: &Harness) {
             json!({"source": HELLO, "serverPort": 70000}),
             "serverPort 70000",
         ),
+        (
+            "cobol",
+            json!({"language": "cobol", "source": HELLO}),
+            "language is not one of",
+        ),
+        (
+            "a-name-far-too-long-for-its-build-job-name-to-be-a-label",
+            json!({"source": HELLO}),
+            "at most 46 characters",
+        ),
     ];
     for (name, spec, expected) in cases {
         if h.fake.is_none() && name != "empty" && name != "main" {
@@ -1090,8 +1100,12 @@ fn spec_schema() -> Value {
 
 /// Runs the CRD's CEL rules on a Function the way the API server does on create.
 fn cel_errors(spec: Value) -> Vec<String> {
+    cel_errors_named("hello", spec)
+}
+
+fn cel_errors_named(name: &str, spec: Value) -> Vec<String> {
     let object =
-        json!({"apiVersion": "wasmless.io/v1alpha1", "kind": "Function", "metadata": {"name": "f"}, "spec": spec});
+        json!({"apiVersion": "wasmless.io/v1alpha1", "kind": "Function", "metadata": {"name": name}, "spec": spec});
     match kube::core::cel::Validator::new().validate(&spec_schema(), &object, None) {
         Ok(()) => Vec::new(),
         Err(errors) => errors.into_iter().map(|e| e.message).collect(),
@@ -1192,6 +1206,19 @@ fn crd_refuses_bad_functions() {
         assert!(
             errors.iter().any(|e| e.contains(expected)),
             "{spec:.80}: expected {expected:?}, got {errors:?}"
+        );
+    }
+}
+
+#[test]
+fn crd_refuses_names_that_cannot_name_a_build_job() {
+    let spec = json!({"source": HELLO});
+    assert_eq!(cel_errors_named(&"a".repeat(46), spec.clone()), Vec::<String>::new());
+    for name in ["a".repeat(47), "9lives".to_string(), "dotted.name".to_string()] {
+        let errors = cel_errors_named(&name, spec.clone());
+        assert!(
+            errors.iter().any(|e| e.contains("at most 46 characters")),
+            "{name}: {errors:?}"
         );
     }
 }
