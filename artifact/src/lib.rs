@@ -25,6 +25,14 @@ pub mod labels {
     pub const FUNCTION: &str = "wasmless.io/function";
     pub const SOURCE_DIGEST: &str = "wasmless.io/source-digest";
     pub const MODULE_DIGEST: &str = "wasmless.io/module-digest";
+
+    /// The value of a digest label. A label value holds at most 63 characters, so the
+    /// full `sha256:<64 hex>` cannot be one; the 10 hex digits of [`crate::Digest::short`]
+    /// (the same as in the chunk ConfigMap names) are used, and the full digests are in
+    /// the annotations.
+    pub fn digest_value(digest: &crate::Digest) -> String {
+        digest.short()
+    }
 }
 
 /// Annotations on every module ConfigMap.

@@ -32,8 +32,8 @@ pub async fn publish(
                 namespace: Some(namespace.to_string()),
                 labels: Some(BTreeMap::from([
                     (labels::FUNCTION.to_string(), function.to_string()),
-                    (labels::SOURCE_DIGEST.to_string(), source_digest.hex()),
-                    (labels::MODULE_DIGEST.to_string(), digest.hex()),
+                    (labels::SOURCE_DIGEST.to_string(), labels::digest_value(source_digest)),
+                    (labels::MODULE_DIGEST.to_string(), labels::digest_value(digest)),
                 ])),
                 annotations: Some(BTreeMap::from([
                     (annotations::MODULE_DIGEST.to_string(), digest.to_string()),

@@ -1,0 +1,37 @@
+# The builder image: `wasmless-builder` with the compilers it drives, all offline.
+#   - Go (GOOS=wasip1) for Goless handlers, with the Go SDK (standard library only);
+#   - Rust with wasm32-wasip2, with wasmless-sdk and its dependencies vendored, so a
+#     build Job never reaches a registry.
+#   buildah bud -f Dockerfile.builder -t wasmless/builder:0.1.0 .
+# Not built in this repository's CI (it needs base images from a container registry).
+
+FROM docker.io/library/rust:1.95-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked -p wasmless-builder --bin wasmless-builder \
+ && install -m 0555 target/release/wasmless-builder /usr/local/bin/wasmless-builder
+# Vendor the Rust SDK's dependencies for offline handler builds.
+RUN mkdir -p /opt/wasmless/vendor \
+ && cd sdk/rust && cargo vendor --locked /opt/wasmless/vendor > /opt/wasmless/vendor-config.toml \
+ && cp -r /src/sdk /opt/wasmless/sdk
+
+FROM docker.io/library/golang:1.24-bookworm AS go
+
+FROM docker.io/library/rust:1.95-slim-bookworm
+RUN rustup target add wasm32-wasip2 wasm32-wasip1 \
+ && rm -rf /usr/local/rustup/toolchains/*/share/doc
+COPY --from=go /usr/local/go /usr/local/go
+COPY --from=build /usr/local/bin/wasmless-builder /usr/local/bin/wasmless-builder
+COPY --from=build /opt/wasmless /opt/wasmless
+ENV PATH=/usr/local/go/bin:/usr/local/cargo/bin:$PATH \
+    GOFLAGS=-mod=mod \
+    GOPROXY=off \
+    GOTOOLCHAIN=local \
+    CARGO_NET_OFFLINE=true \
+    WASMLESS_SDK_DIR=/opt/wasmless/sdk \
+    WASMLESS_VENDOR_DIR=/opt/wasmless/vendor \
+    HOME=/tmp
+# The Job mounts writable emptyDirs at /tmp and /work; the root filesystem stays read-only.
+USER 65532:65532
+WORKDIR /work
+ENTRYPOINT ["/usr/local/bin/wasmless-builder"]

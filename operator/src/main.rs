@@ -1,0 +1,135 @@
+//! `wasmless-operator`: runs the Function controller, serves /metrics, /healthz and /readyz,
+//! and (by default) reconciles only while holding the leader Lease.
+
+use anyhow::Context as _;
+use clap::Parser;
+use prometheus_client::registry::Registry;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use wasmless_operator::admin::AdminState;
+use wasmless_operator::crd::Storage;
+use wasmless_operator::leader::LeaseLock;
+use wasmless_operator::{Context, Metrics, Settings};
+
+#[derive(Parser, Debug)]
+#[command(version, about = "Kubernetes operator for Wasmless Functions")]
+struct Args {
+    /// Image of wasmless-runtime for the function pods.
+    #[arg(long, env = "WASMLESS_RUNTIME_IMAGE")]
+    runtime_image: String,
+    /// Image of wasmless-builder for the build Jobs.
+    #[arg(long, env = "WASMLESS_BUILDER_IMAGE")]
+    builder_image: String,
+    /// Part of every source digest; defaults to the builder image, so a new builder rebuilds once.
+    #[arg(long, env = "WASMLESS_BUILDER_VERSION")]
+    builder_version: Option<String>,
+    /// Module storage of Functions that do not choose: configMap or oci.
+    #[arg(long, env = "WASMLESS_DEFAULT_STORAGE", default_value = "configMap", value_parser = parse_storage)]
+    default_storage: Storage,
+    /// Registry for OCI storage: host[:port][/prefix].
+    #[arg(long, env = "WASMLESS_OCI_REGISTRY")]
+    oci_registry: Option<String>,
+    /// Watch only this namespace (default: all).
+    #[arg(long, env = "WASMLESS_WATCH_NAMESPACE")]
+    watch_namespace: Option<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "WASMLESS_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Reconcile only while holding the Lease (needed with more than one replica).
+    #[arg(long, env = "WASMLESS_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    #[arg(long, env = "WASMLESS_LEASE_NAME", default_value = "wasmless-operator")]
+    lease_name: String,
+    /// Namespace of the Lease: the operator's own.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "wasmless-system")]
+    lease_namespace: String,
+    /// This replica's identity in the Lease and in Events.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+}
+
+fn parse_storage(value: &str) -> Result<Storage, String> {
+    match value {
+        "configMap" | "configmap" => Ok(Storage::ConfigMap),
+        "oci" => Ok(Storage::Oci),
+        other => Err(format!("storage {other:?} is not configMap or oci")),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into()),
+        )
+        .init();
+    let args = Args::parse();
+    if args.default_storage == Storage::Oci && args.oci_registry.is_none() {
+        anyhow::bail!("--default-storage oci needs --oci-registry");
+    }
+    let identity = args
+        .identity
+        .clone()
+        .unwrap_or_else(|| format!("wasmless-operator-{}", std::process::id()));
+    let mut settings = Settings::new(&args.runtime_image, &args.builder_image);
+    settings.builder_version = args
+        .builder_version
+        .clone()
+        .unwrap_or_else(|| args.builder_image.clone());
+    settings.default_storage = args.default_storage;
+    settings.oci_registry = args.oci_registry.clone();
+
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let mut registry = Registry::default();
+    let metrics = Metrics::default().register(&mut registry);
+    let state = AdminState::new(registry);
+    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .with_context(|| format!("binding {}", args.metrics_addr))?;
+    let app = wasmless_operator::admin::router(state.clone());
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::error!(%error, "metrics server stopped");
+        }
+    });
+
+    let ctx = Arc::new(Context::new(client.clone(), settings, metrics, Some(identity.clone())));
+    let lease = LeaseLock::new(
+        client,
+        &args.lease_namespace,
+        &args.lease_name,
+        &identity,
+        Duration::from_secs(15),
+    );
+    if args.leader_election {
+        // A standby replica is healthy and ready: it is waiting, as it should.
+        state.set_ready();
+        tracing::info!(lease = %args.lease_name, %identity, "waiting for the leader lease");
+        lease.acquire().await.context("acquiring the leader lease")?;
+    }
+    state.set_ready();
+    tracing::info!(namespace = ?args.watch_namespace, "starting the Function controller");
+    let controller = wasmless_operator::run(ctx, args.watch_namespace.as_deref(), shutdown_signal());
+    if args.leader_election {
+        tokio::select! {
+            () = controller => Ok(()),
+            // Exiting lets the Deployment restart this replica as a standby.
+            lost = lease.keep() => anyhow::bail!("stopped leading: {lost}"),
+        }
+    } else {
+        controller.await;
+        Ok(())
+    }
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+}

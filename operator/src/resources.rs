@@ -1,0 +1,586 @@
+//! The objects the operator writes for a Function, as pure functions of the Function,
+//! the operator's settings and the module being served. Nothing here talks to the API.
+
+use crate::crd::{Function, Language, Storage};
+use crate::settings::Settings;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
+use k8s_openapi::api::batch::v1::{
+    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyOnPodConditionsPattern,
+    PodFailurePolicyRule,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort,
+    EmptyDirVolumeSource, EnvVar, HTTPGetAction, KeyToPath, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ProjectedVolumeSource, SeccompProfile, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Volume,
+    VolumeMount, VolumeProjection,
+};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use std::collections::BTreeMap;
+use wasmless_artifact::{CHUNK_KEY, Digest, annotations, chunk_file_name, configmap_name, labels};
+
+/// Field manager of every server-side apply.
+pub const MANAGER: &str = "wasmless-operator";
+/// ServiceAccount (and Role, RoleBinding) the build Jobs run as, one per namespace.
+pub const BUILDER_ACCOUNT: &str = "wasmless-builder";
+/// Which part of a function an object belongs to: `runtime`, `builder` or `source`.
+pub const COMPONENT_LABEL: &str = "wasmless.io/component";
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Pod template annotations that record which module a Deployment serves, so a
+/// failed or running build can keep serving it.
+pub const CHUNK_COUNT_ANNOTATION: &str = annotations::CHUNK_COUNT;
+pub const SOURCE_DIGEST_ANNOTATION: &str = "wasmless.io/source-digest";
+pub const MODULE_REF_ANNOTATION: &str = "wasmless.io/module-ref";
+/// Key of the source in the source ConfigMap.
+pub const SOURCE_KEY: &str = "source";
+
+pub const HTTP_PORT: i32 = 8080;
+pub const ADMIN_PORT: i32 = 9090;
+/// The UID the images run as (distroless's `nonroot`).
+pub const NON_ROOT_UID: i64 = 65532;
+/// Compiler output kept on status: the start of it, where the first error is.
+pub const MAX_BUILD_MESSAGE_BYTES: usize = 4096;
+
+/// A built module and where the runtime finds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Module {
+    pub digest: Digest,
+    pub size: Option<u64>,
+    /// The source it was built from (names the chunk ConfigMaps).
+    pub source_digest: Digest,
+    pub location: ModuleLocation,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModuleLocation {
+    /// `count` chunk ConfigMaps `<fn>-module-<10 hex of source digest>-<i>`.
+    ConfigMaps { count: usize },
+    /// An OCI reference the runtime pulls (`registry/repo@sha256:...`, without `oci://`).
+    Oci { reference: String },
+}
+
+impl Module {
+    /// What status.moduleRef says about it.
+    pub fn reference(&self, function: &str) -> String {
+        match &self.location {
+            ModuleLocation::ConfigMaps { count } => format!(
+                "configmap://{}-module-{}-{{0..{}}}",
+                function,
+                self.source_digest.short(),
+                count.saturating_sub(1)
+            ),
+            ModuleLocation::Oci { reference } => format!("{}{reference}", wasmless_artifact::oci::SCHEME),
+        }
+    }
+}
+
+/// sha256 over what determines the module: language, builder version and source.
+pub fn source_digest(language: Language, builder_version: &str, source: &str) -> Digest {
+    // Length-prefixed so that no two different triples hash the same bytes.
+    let mut bytes = Vec::with_capacity(source.len() + 64);
+    for part in [language.as_str(), builder_version, source] {
+        bytes.extend_from_slice(&(part.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(part.as_bytes());
+    }
+    Digest::of(&bytes)
+}
+
+pub fn source_configmap_name(function: &str, source_digest: &Digest) -> String {
+    format!("{function}-source-{}", source_digest.short())
+}
+
+pub fn job_name(function: &str, source_digest: &Digest) -> String {
+    format!("{function}-build-{}", source_digest.short())
+}
+
+pub fn service_name(func: &Function) -> String {
+    func.spec.service.clone().unwrap_or_else(|| func.name_any())
+}
+
+pub fn url(func: &Function) -> String {
+    format!(
+        "http://{}.{}.svc.cluster.local:{}",
+        service_name(func),
+        func.namespace().unwrap_or_default(),
+        func.spec.server_port
+    )
+}
+
+fn owner(func: &Function) -> Vec<OwnerReference> {
+    use kube::Resource;
+    func.controller_owner_ref(&()).into_iter().collect()
+}
+
+fn labels_for(func: &Function, component: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (labels::FUNCTION.to_string(), func.name_any()),
+        (COMPONENT_LABEL.to_string(), component.to_string()),
+        (MANAGED_BY_LABEL.to_string(), MANAGER.to_string()),
+    ])
+}
+
+fn meta(func: &Function, name: String, labels: BTreeMap<String, String>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: func.namespace(),
+        labels: Some(labels),
+        owner_references: Some(owner(func)),
+        ..Default::default()
+    }
+}
+
+/// The source of one digest, immutable: a build Job pending while the source changes
+/// must never read the newer source and label its module with the older digest.
+pub fn source_configmap(func: &Function, source: &str, digest: &Digest) -> ConfigMap {
+    let mut labels = labels_for(func, "source");
+    labels.insert(labels::SOURCE_DIGEST.into(), labels::digest_value(digest));
+    let mut meta = meta(func, source_configmap_name(&func.name_any(), digest), labels);
+    meta.annotations = Some(BTreeMap::from([(SOURCE_DIGEST_ANNOTATION.into(), digest.to_string())]));
+    ConfigMap {
+        metadata: meta,
+        data: Some(BTreeMap::from([(SOURCE_KEY.into(), source.to_string())])),
+        immutable: Some(true),
+        ..Default::default()
+    }
+}
+
+fn restricted_container_security() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(NON_ROOT_UID),
+        run_as_group: Some(NON_ROOT_UID),
+        read_only_root_filesystem: Some(true),
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        seccomp_profile: Some(runtime_default_seccomp()),
+        ..Default::default()
+    }
+}
+
+fn runtime_default_seccomp() -> SeccompProfile {
+    SeccompProfile {
+        type_: "RuntimeDefault".into(),
+        ..Default::default()
+    }
+}
+
+fn restricted_pod_security() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(NON_ROOT_UID),
+        run_as_group: Some(NON_ROOT_UID),
+        fs_group: Some(NON_ROOT_UID),
+        seccomp_profile: Some(runtime_default_seccomp()),
+        ..Default::default()
+    }
+}
+
+fn empty_dir(name: &str, size_limit: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity(size_limit.into())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: Some(read_only),
+        ..Default::default()
+    }
+}
+
+/// Where the build publishes: `configmap://<ns>/<fn>` or `oci://<registry>/<ns>/<fn>:<10 hex>`.
+pub fn publish_target(func: &Function, storage: Storage, settings: &Settings, digest: &Digest) -> Option<String> {
+    let ns = func.namespace().unwrap_or_default();
+    match storage {
+        Storage::ConfigMap => Some(format!("configmap://{ns}/{}", func.name_any())),
+        Storage::Oci => settings.oci_registry.as_ref().map(|registry| {
+            format!(
+                "oci://{}/{ns}/{}:{}",
+                registry.trim_end_matches('/'),
+                func.name_any(),
+                digest.short()
+            )
+        }),
+    }
+}
+
+/// The build Job of one source digest. Its name is deterministic, so an operator restart
+/// or a repeated reconcile finds it instead of building again.
+pub fn build_job(func: &Function, settings: &Settings, digest: &Digest, publish: &str) -> Job {
+    let name = func.name_any();
+    let source_file = func.spec.language.source_file_name();
+    let mut labels = labels_for(func, "builder");
+    labels.insert(labels::SOURCE_DIGEST.into(), labels::digest_value(digest));
+    let env = |name: &str, value: String| EnvVar {
+        name: name.into(),
+        value: Some(value),
+        ..Default::default()
+    };
+    let container = Container {
+        name: "builder".into(),
+        image: Some(settings.builder_image.clone()),
+        args: Some(vec![
+            "build".into(),
+            "--language".into(),
+            func.spec.language.as_str().into(),
+            "--source".into(),
+            format!("/src/{source_file}"),
+            "--output".into(),
+            "/work/module.wasm".into(),
+            "--publish".into(),
+            publish.into(),
+        ]),
+        env: Some(vec![
+            // The builder labels the chunks with the operator's digest (over language,
+            // builder version and source), which it cannot compute itself.
+            env("WASMLESS_SOURCE_DIGEST", digest.to_string()),
+            env("HOME", "/tmp".into()),
+            env("GOCACHE", "/tmp/go-cache".into()),
+            env("CARGO_TARGET_DIR", "/tmp/target".into()),
+        ]),
+        security_context: Some(restricted_container_security()),
+        // The compiler's output reaches status even if the builder dies before writing
+        // /dev/termination-log.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        volume_mounts: Some(vec![
+            mount("source", "/src", true),
+            mount("work", "/work", false),
+            mount("tmp", "/tmp", false),
+        ]),
+        resources: Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".into(), Quantity("500m".into())),
+                ("memory".into(), Quantity("512Mi".into())),
+            ])),
+            limits: Some(BTreeMap::from([("memory".into(), Quantity("2Gi".into()))])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Job {
+        metadata: meta(func, job_name(&name, digest), labels.clone()),
+        spec: Some(JobSpec {
+            // A compile error (the builder's exit 1) fails again if retried: it ends the Job at
+            // once. A pod lost to an eviction or a preemption does not count; anything else
+            // (out of memory, a node failing) is retried twice.
+            backoff_limit: Some(2),
+            pod_failure_policy: Some(PodFailurePolicy {
+                rules: vec![
+                    PodFailurePolicyRule {
+                        action: "FailJob".into(),
+                        on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                            container_name: Some("builder".into()),
+                            operator: "In".into(),
+                            values: vec![1],
+                        }),
+                        ..Default::default()
+                    },
+                    PodFailurePolicyRule {
+                        action: "Ignore".into(),
+                        on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
+                            type_: "DisruptionTarget".into(),
+                            status: "True".into(),
+                        }]),
+                        ..Default::default()
+                    },
+                ],
+            }),
+            // A hung compiler fails the build instead of blocking it forever.
+            active_deadline_seconds: Some(900),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    service_account_name: Some(BUILDER_ACCOUNT.into()),
+                    // The builder writes the chunk ConfigMaps with this token.
+                    automount_service_account_token: Some(true),
+                    enable_service_links: Some(false),
+                    security_context: Some(restricted_pod_security()),
+                    containers: vec![container],
+                    volumes: Some(vec![
+                        Volume {
+                            name: "source".into(),
+                            config_map: Some(ConfigMapVolumeSource {
+                                name: source_configmap_name(&name, digest),
+                                items: Some(vec![KeyToPath {
+                                    key: SOURCE_KEY.into(),
+                                    path: source_file.into(),
+                                    ..Default::default()
+                                }]),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        },
+                        empty_dir("work", "1Gi"),
+                        empty_dir("tmp", "4Gi"),
+                    ]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The runtime Deployment serving `module`. Everything in the pod template is a function
+/// of the spec and the module digest, so an unchanged module applies an identical
+/// template and restarts nothing.
+pub fn deployment(func: &Function, settings: &Settings, module: &Module) -> Deployment {
+    let name = func.name_any();
+    let spec = &func.spec;
+    let labels = labels_for(func, "runtime");
+    let module_arg = match &module.location {
+        ModuleLocation::ConfigMaps { .. } => "/module".to_string(),
+        ModuleLocation::Oci { reference } => format!("{}{reference}", wasmless_artifact::oci::SCHEME),
+    };
+    let mut args = vec![
+        "--module".to_string(),
+        module_arg,
+        "--module-digest".into(),
+        module.digest.to_string(),
+        "--function".into(),
+        name.clone(),
+        "--port".into(),
+        HTTP_PORT.to_string(),
+        "--admin-port".into(),
+        ADMIN_PORT.to_string(),
+        "--memory-limit".into(),
+        spec.limits.memory.clone(),
+        "--timeout".into(),
+        spec.limits.timeout.clone(),
+        "--max-concurrency".into(),
+        spec.limits.max_concurrency.to_string(),
+        "--max-request-body".into(),
+        spec.limits.max_request_body.clone(),
+        "--cache-dir".into(),
+        "/cache".into(),
+        // The module is pinned by digest and its ConfigMaps are never rewritten (their names
+        // carry the source digest): there is nothing to watch for.
+        "--watch-interval".into(),
+        "0".into(),
+    ];
+    for var in &spec.env {
+        args.push("--env".into());
+        args.push(format!("{}={}", var.name, var.value));
+    }
+    let mut annotations = prometheus_annotations();
+    annotations.insert(annotations::MODULE_DIGEST.into(), module.digest.to_string());
+    annotations.insert(SOURCE_DIGEST_ANNOTATION.into(), module.source_digest.to_string());
+    if let Some(size) = module.size {
+        annotations.insert(annotations::MODULE_SIZE.into(), size.to_string());
+    }
+    let mut volumes = vec![empty_dir("cache", "512Mi")];
+    let mut mounts = vec![mount("cache", "/cache", false)];
+    match &module.location {
+        ModuleLocation::ConfigMaps { count } => {
+            annotations.insert(CHUNK_COUNT_ANNOTATION.into(), count.to_string());
+            // One projected volume: the runtime reads a directory of NNNN.wasm.zst chunks.
+            let sources = (0..*count)
+                .map(|index| VolumeProjection {
+                    config_map: Some(ConfigMapProjection {
+                        name: configmap_name(&name, &module.source_digest, index),
+                        items: Some(vec![KeyToPath {
+                            key: CHUNK_KEY.into(),
+                            path: chunk_file_name(index),
+                            ..Default::default()
+                        }]),
+                        optional: Some(false),
+                    }),
+                    ..Default::default()
+                })
+                .collect();
+            volumes.push(Volume {
+                name: "module".into(),
+                projected: Some(ProjectedVolumeSource {
+                    sources: Some(sources),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            mounts.push(mount("module", "/module", true));
+        }
+        ModuleLocation::Oci { reference } => {
+            annotations.insert(MODULE_REF_ANNOTATION.into(), reference.clone());
+        }
+    }
+    let probe = |path: &str, period: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("metrics".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(3),
+        ..Default::default()
+    };
+    let container = Container {
+        name: "runtime".into(),
+        image: Some(settings.runtime_image.clone()),
+        args: Some(args),
+        ports: Some(vec![
+            container_port("http", HTTP_PORT),
+            container_port("metrics", ADMIN_PORT),
+        ]),
+        readiness_probe: Some(probe("/readyz", 2)),
+        liveness_probe: Some(probe("/healthz", 10)),
+        resources: spec.resources.clone(),
+        security_context: Some(restricted_container_security()),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    };
+    Deployment {
+        metadata: meta(func, name, labels.clone()),
+        spec: Some(DeploymentSpec {
+            replicas: Some(spec.replicas),
+            revision_history_limit: Some(3),
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..Default::default()
+            },
+            // Keep every old pod serving until its replacement is ready.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(0)),
+                    max_surge: Some(IntOrString::Int(1)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    annotations: Some(annotations),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    // A handler has no business with the Kubernetes API.
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    security_context: Some(restricted_pod_security()),
+                    containers: vec![container],
+                    volumes: Some(volumes),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn container_port(name: &str, port: i32) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.into()),
+        container_port: port,
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    }
+}
+
+fn prometheus_annotations() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("prometheus.io/scrape".into(), "true".into()),
+        ("prometheus.io/port".into(), ADMIN_PORT.to_string()),
+        ("prometheus.io/path".into(), "/metrics".into()),
+    ])
+}
+
+pub fn service(func: &Function) -> Service {
+    let labels = labels_for(func, "runtime");
+    let mut meta = meta(func, service_name(func), labels.clone());
+    meta.annotations = Some(prometheus_annotations());
+    let port = |name: &str, port: i32, target: &str| ServicePort {
+        name: Some(name.into()),
+        port,
+        target_port: Some(IntOrString::String(target.into())),
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    };
+    Service {
+        metadata: meta,
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            selector: Some(labels),
+            ports: Some(vec![
+                port("http", func.spec.server_port, "http"),
+                port("metrics", ADMIN_PORT, "metrics"),
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn builder_meta(namespace: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(BUILDER_ACCOUNT.into()),
+        namespace: Some(namespace.into()),
+        labels: Some(BTreeMap::from([(MANAGED_BY_LABEL.to_string(), MANAGER.to_string())])),
+        ..Default::default()
+    }
+}
+
+/// The build Jobs' identity in a namespace: it may write ConfigMaps there and nothing else.
+/// Shared by the namespace's Functions, so it carries no owner reference.
+pub fn builder_rbac(namespace: &str) -> (ServiceAccount, Role, RoleBinding) {
+    let account = ServiceAccount {
+        metadata: builder_meta(namespace),
+        ..Default::default()
+    };
+    let role = Role {
+        metadata: builder_meta(namespace),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["".into()]),
+            resources: Some(vec!["configmaps".into()]),
+            verbs: ["get", "list", "create", "update", "patch"].map(String::from).to_vec(),
+            ..Default::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: builder_meta(namespace),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: BUILDER_ACCOUNT.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: BUILDER_ACCOUNT.into(),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        }]),
+    };
+    (account, role, binding)
+}
+
+/// The start of a compiler's output, at most [`MAX_BUILD_MESSAGE_BYTES`], cut on a
+/// character boundary.
+pub fn cut_message(message: &str) -> String {
+    const MARK: &str = "\n… (cut to 4 KiB)";
+    let message = message.trim_end();
+    if message.len() <= MAX_BUILD_MESSAGE_BYTES {
+        return message.to_string();
+    }
+    let mut end = MAX_BUILD_MESSAGE_BYTES - MARK.len();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{MARK}", &message[..end])
+}

@@ -1,0 +1,467 @@
+//! An in-memory Kubernetes API server for tests: a `tower::Service` that a `kube::Client`
+//! talks to. It stores objects by path, answers GET, LIST (with label selectors), POST,
+//! PUT, DELETE, server-side apply and merge patches (of objects and their status), records
+//! every request, and can fail chosen requests, so reconcile tests assert on the objects
+//! the operator writes rather than on a scripted sequence of calls.
+
+use http::{Method, Request, Response, StatusCode};
+use kube::client::Body;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+/// One request the fake answered.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    pub method: Method,
+    pub path: String,
+    pub query: String,
+    pub content_type: String,
+    pub body: Option<Value>,
+}
+
+impl Recorded {
+    pub fn is_write(&self) -> bool {
+        self.method != Method::GET
+    }
+
+    /// The resource (plural) the request is about: `configmaps`, `jobs`, `functions`, ….
+    pub fn resource(&self) -> &str {
+        parse(&self.path).map(|p| p.resource).unwrap_or_default()
+    }
+
+    pub fn is_status(&self) -> bool {
+        self.path.ends_with("/status")
+    }
+}
+
+struct Fault {
+    method: Method,
+    path_contains: String,
+    remaining: usize,
+}
+
+#[derive(Default)]
+struct State {
+    objects: BTreeMap<String, Value>,
+    log: Vec<Recorded>,
+    faults: Vec<Fault>,
+    version: u64,
+}
+
+#[derive(Clone, Default)]
+pub struct FakeApiServer {
+    state: Arc<Mutex<State>>,
+}
+
+struct ParsedPath<'a> {
+    collection: String,
+    resource: &'a str,
+    name: Option<&'a str>,
+    subresource: Option<&'a str>,
+}
+
+fn parse(path: &str) -> Option<ParsedPath<'_>> {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let at = segments.iter().position(|s| *s == "namespaces")?;
+    let resource = *segments.get(at + 2)?;
+    Some(ParsedPath {
+        collection: segments[..at + 3].join("/"),
+        resource,
+        name: segments.get(at + 3).copied(),
+        subresource: segments.get(at + 4).copied(),
+    })
+}
+
+fn status_body(code: StatusCode, reason: &str, message: String) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Status",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code.as_u16(),
+    })
+}
+
+fn respond(code: StatusCode, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(body).expect("json")))
+        .expect("response")
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(byte) => {
+                        out.push(byte);
+                        i += 3;
+                    }
+                    Err(_) => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                }
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            byte => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn query_param(query: &str, key: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == key).then(|| percent_decode(v))
+    })
+}
+
+/// Whether an object's labels satisfy a selector of `k=v`, `k!=v` and `k` terms.
+fn matches_selector(object: &Value, selector: &str) -> bool {
+    let labels = object.pointer("/metadata/labels").and_then(Value::as_object);
+    let label = |key: &str| labels.and_then(|l| l.get(key)).and_then(Value::as_str);
+    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
+        if let Some((key, value)) = term.split_once("!=") {
+            label(key.trim()) != Some(value.trim())
+        } else if let Some((key, value)) = term.split_once('=') {
+            label(key.trim().trim_end_matches('=')) == Some(value.trim())
+        } else {
+            label(term.trim()).is_some()
+        }
+    })
+}
+
+/// Maps merge key by key; anything else is replaced.
+fn deep_merge(base: &mut Value, patch: &Value) {
+    match (base, patch) {
+        (Value::Object(base), Value::Object(patch)) => {
+            for (key, value) in patch {
+                match base.get_mut(key) {
+                    Some(existing) if existing.is_object() && value.is_object() => deep_merge(existing, value),
+                    _ => {
+                        base.insert(key.clone(), value.clone());
+                    }
+                }
+            }
+        }
+        (base, patch) => *base = patch.clone(),
+    }
+}
+
+/// RFC 7386 JSON merge patch.
+fn merge_patch(base: &mut Value, patch: &Value) {
+    if let Value::Object(patch) = patch {
+        if !base.is_object() {
+            *base = json!({});
+        }
+        let map = base.as_object_mut().expect("object");
+        for (key, value) in patch {
+            if value.is_null() {
+                map.remove(key);
+            } else {
+                merge_patch(map.entry(key.clone()).or_insert(Value::Null), value);
+            }
+        }
+    } else {
+        *base = patch.clone();
+    }
+}
+
+impl FakeApiServer {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A client whose every request this fake answers.
+    pub fn client(&self) -> kube::Client {
+        kube::Client::new(self.clone(), "default")
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state.lock().expect("state").log.clone()
+    }
+
+    /// Every request other than a GET.
+    pub fn writes(&self) -> Vec<Recorded> {
+        self.requests().into_iter().filter(Recorded::is_write).collect()
+    }
+
+    pub fn clear_requests(&self) {
+        self.state.lock().expect("state").log.clear();
+    }
+
+    /// Fails the next `times` requests of `method` whose path contains `path_contains`
+    /// with a 500, as an API server under trouble would.
+    pub fn fail(&self, method: Method, path_contains: &str, times: usize) {
+        self.state.lock().expect("state").faults.push(Fault {
+            method,
+            path_contains: path_contains.into(),
+            remaining: times,
+        });
+    }
+
+    /// All stored objects whose path contains `fragment`.
+    pub fn objects(&self, fragment: &str) -> Vec<Value> {
+        let state = self.state.lock().expect("state");
+        state
+            .objects
+            .iter()
+            .filter(|(path, _)| path.contains(fragment))
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    fn next_version(state: &mut State) -> String {
+        state.version += 1;
+        state.version.to_string()
+    }
+
+    fn handle(
+        &self,
+        method: Method,
+        path: String,
+        query: String,
+        content_type: String,
+        body: Option<Value>,
+    ) -> Response<Body> {
+        let mut state = self.state.lock().expect("state");
+        state.log.push(Recorded {
+            method: method.clone(),
+            path: path.clone(),
+            query: query.clone(),
+            content_type: content_type.clone(),
+            body: body.clone(),
+        });
+        if let Some(fault) = state
+            .faults
+            .iter_mut()
+            .find(|f| f.remaining > 0 && f.method == method && path.contains(&f.path_contains))
+        {
+            fault.remaining -= 1;
+            return respond(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &status_body(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalError",
+                    "injected failure".into(),
+                ),
+            );
+        }
+        let Some(parsed) = parse(&path) else {
+            return respond(
+                StatusCode::NOT_FOUND,
+                &status_body(StatusCode::NOT_FOUND, "NotFound", format!("no route {path}")),
+            );
+        };
+        let not_found = |name: &str| {
+            respond(
+                StatusCode::NOT_FOUND,
+                &status_body(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("{} {name} not found", parsed.resource),
+                ),
+            )
+        };
+        match (method.clone(), parsed.name) {
+            (Method::GET, None) => {
+                let selector = query_param(&query, "labelSelector").unwrap_or_default();
+                let prefix = format!("{}/", parsed.collection);
+                let items: Vec<Value> = state
+                    .objects
+                    .iter()
+                    .filter(|(p, _)| p.starts_with(&prefix) && !p[prefix.len()..].contains('/'))
+                    .map(|(_, v)| v.clone())
+                    .filter(|v| matches_selector(v, &selector))
+                    .collect();
+                let version = state.version.to_string();
+                respond(
+                    StatusCode::OK,
+                    &json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": version}, "items": items}),
+                )
+            }
+            (Method::GET, Some(name)) => match state.objects.get(&format!("{}/{name}", parsed.collection)) {
+                Some(object) => respond(StatusCode::OK, object),
+                None => not_found(name),
+            },
+            (Method::POST, None) => {
+                let mut object = body.unwrap_or_default();
+                let name = match object.pointer("/metadata/name").and_then(Value::as_str) {
+                    Some(name) => name.to_string(),
+                    None => {
+                        let prefix = object
+                            .pointer("/metadata/generateName")
+                            .and_then(Value::as_str)
+                            .unwrap_or("object-")
+                            .to_string();
+                        format!("{prefix}{}", state.version + 1)
+                    }
+                };
+                let key = format!("{}/{name}", parsed.collection);
+                if state.objects.contains_key(&key) {
+                    return respond(
+                        StatusCode::CONFLICT,
+                        &status_body(StatusCode::CONFLICT, "AlreadyExists", format!("{name} already exists")),
+                    );
+                }
+                let version = Self::next_version(&mut state);
+                deep_merge(
+                    &mut object,
+                    &json!({"metadata": {"name": name, "uid": format!("uid-{version}"), "resourceVersion": version, "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z"}}),
+                );
+                state.objects.insert(key, object.clone());
+                respond(StatusCode::CREATED, &object)
+            }
+            (Method::PUT, Some(name)) => {
+                let key = format!("{}/{name}", parsed.collection);
+                let mut object = body.unwrap_or_default();
+                let Some(existing) = state.objects.get(&key) else {
+                    return not_found(name);
+                };
+                if object.pointer("/metadata/resourceVersion") != existing.pointer("/metadata/resourceVersion") {
+                    return respond(
+                        StatusCode::CONFLICT,
+                        &status_body(StatusCode::CONFLICT, "Conflict", "the object has been modified".into()),
+                    );
+                }
+                let version = Self::next_version(&mut state);
+                deep_merge(&mut object, &json!({"metadata": {"resourceVersion": version}}));
+                state.objects.insert(key, object.clone());
+                respond(StatusCode::OK, &object)
+            }
+            (Method::PATCH, Some(name)) => {
+                let key = format!("{}/{name}", parsed.collection);
+                let patch = body.unwrap_or_default();
+                let apply = content_type.contains("apply-patch");
+                let existing = state.objects.get(&key).cloned();
+                let version = Self::next_version(&mut state);
+                let object = match (existing, parsed.subresource) {
+                    (None, Some(_)) => return not_found(name),
+                    (None, None) if !apply => return not_found(name),
+                    (None, None) => {
+                        let mut object = patch;
+                        deep_merge(
+                            &mut object,
+                            &json!({"metadata": {"uid": format!("uid-{version}"), "resourceVersion": version, "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z"}}),
+                        );
+                        object
+                    }
+                    (Some(mut object), Some("status")) => {
+                        let status = patch.get("status").cloned().unwrap_or(Value::Null);
+                        if apply {
+                            object["status"] = status;
+                        } else {
+                            merge_patch(&mut object, &json!({"status": status}));
+                        }
+                        object["metadata"]["resourceVersion"] = json!(version);
+                        object
+                    }
+                    (Some(mut object), _) => {
+                        let old_spec = object.get("spec").cloned();
+                        let mut patch = patch;
+                        if let Some(map) = patch.as_object_mut() {
+                            // The status subresource is written only through /status.
+                            map.remove("status");
+                        }
+                        if apply {
+                            deep_merge(&mut object, &patch);
+                        } else {
+                            merge_patch(&mut object, &patch);
+                        }
+                        if object.get("spec").cloned() != old_spec {
+                            let generation = object
+                                .pointer("/metadata/generation")
+                                .and_then(Value::as_i64)
+                                .unwrap_or(1);
+                            object["metadata"]["generation"] = json!(generation + 1);
+                        }
+                        object["metadata"]["resourceVersion"] = json!(version);
+                        object
+                    }
+                };
+                state.objects.insert(key, object.clone());
+                respond(StatusCode::OK, &object)
+            }
+            (Method::DELETE, Some(name)) => match state.objects.remove(&format!("{}/{name}", parsed.collection)) {
+                Some(object) => respond(StatusCode::OK, &object),
+                None => not_found(name),
+            },
+            _ => respond(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &status_body(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "MethodNotAllowed",
+                    format!("{method} {path}"),
+                ),
+            ),
+        }
+    }
+}
+
+impl tower_service::Service<Request<Body>> for FakeApiServer {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let bytes = body.collect_bytes().await.unwrap_or_default();
+            let body = (!bytes.is_empty()).then(|| serde_json::from_slice(&bytes).unwrap_or(Value::Null));
+            let content_type = parts
+                .headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
+            Ok(this.handle(
+                parts.method,
+                parts.uri.path().to_string(),
+                parts.uri.query().unwrap_or_default().to_string(),
+                content_type,
+                body,
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors_and_decoding() {
+        let object = json!({"metadata": {"labels": {"a": "1", "b": "2"}}});
+        assert!(matches_selector(&object, "a=1,b"));
+        assert!(matches_selector(&object, "a=1,b!=3"));
+        assert!(!matches_selector(&object, "a=1,b!=2"));
+        assert!(!matches_selector(&object, "c"));
+        assert_eq!(percent_decode("a%3D1%2Cb"), "a=1,b");
+    }
+}
