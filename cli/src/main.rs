@@ -18,6 +18,8 @@ enum Command {
     Build(wasmless_builder::command::BuildArgs),
     /// Serve a module (wasmless-runtime).
     Serve(Box<wasmless_runtime::Config>),
+    /// Print the Function CustomResourceDefinition (`wasmless crd | kubectl apply -f -`).
+    Crd,
 }
 
 #[tokio::main]
@@ -32,6 +34,10 @@ async fn main() -> anyhow::Result<()> {
             if !wasmless_builder::command::run(args, &|step| eprintln!("{step}...")).await {
                 std::process::exit(1);
             }
+            Ok(())
+        }
+        Command::Crd => {
+            print!("{}", wasmless_operator::crd_yaml());
             Ok(())
         }
         Command::Serve(config) => {

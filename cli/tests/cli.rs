@@ -212,3 +212,17 @@ async fn build_and_serve_are_the_builder_and_the_runtime() {
     );
     wait_for_body(&format!("http://127.0.0.1:{port}/"), "hello from wat\n").await;
 }
+
+#[test]
+fn crd_prints_the_committed_function_crd() {
+    let output = wasmless().arg("crd").output().unwrap();
+    assert!(output.status.success());
+    let printed = String::from_utf8(output.stdout).unwrap();
+    let committed =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds/function.yaml")).unwrap();
+    assert_eq!(
+        printed, committed,
+        "`wasmless crd` prints what crds/function.yaml holds"
+    );
+    assert!(printed.contains("kind: CustomResourceDefinition") && printed.contains("shortNames:"));
+}

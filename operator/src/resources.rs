@@ -77,15 +77,10 @@ impl Module {
     }
 }
 
-/// sha256 over what determines the module: language, builder version and source.
+/// sha256 over what determines the module: language, builder version and source —
+/// the same digest the builder computes for a single-file source.
 pub fn source_digest(language: Language, builder_version: &str, source: &str) -> Digest {
-    // Length-prefixed so that no two different triples hash the same bytes.
-    let mut bytes = Vec::with_capacity(source.len() + 64);
-    for part in [language.as_str(), builder_version, source] {
-        bytes.extend_from_slice(&(part.len() as u64).to_le_bytes());
-        bytes.extend_from_slice(part.as_bytes());
-    }
-    Digest::of(&bytes)
+    Digest::of_source(language.as_str(), builder_version, source.as_bytes())
 }
 
 pub fn source_configmap_name(function: &str, source_digest: &Digest) -> String {
