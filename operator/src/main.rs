@@ -59,6 +59,9 @@ fn parse_storage(value: &str) -> Result<Storage, String> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // The workspace links two rustls providers (kube's ring, reqwest's aws-lc-rs):
+    // rustls panics on the first TLS connection unless one is chosen.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     tracing_subscriber::fmt()
         .json()
         .with_env_filter(

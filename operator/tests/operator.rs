@@ -1180,6 +1180,28 @@ fn crd_accepts_goless_and_rust_functions() {
 }
 
 #[test]
+fn every_example_function_is_accepted() {
+    let examples = std::fs::read_dir(repo_root().join("examples")).unwrap();
+    let mut checked = 0;
+    for example in examples.flatten() {
+        let path = example.path().join("function.yaml");
+        let yaml: Value = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(yaml["apiVersion"], "wasmless.io/v1alpha1", "{}", path.display());
+        assert_eq!(yaml["kind"], "Function", "{}", path.display());
+        assert_eq!(
+            refused(yaml["spec"].clone()),
+            Vec::<String>::new(),
+            "{}",
+            path.display()
+        );
+        serde_json::from_value::<wasmless_operator::Function>(yaml.clone())
+            .unwrap_or_else(|e| panic!("{} does not parse as a Function: {e}", path.display()));
+        checked += 1;
+    }
+    assert!(checked >= 5, "the examples are there: {checked}");
+}
+
+#[test]
 fn crd_refuses_bad_functions() {
     let digest = Digest::of(b"m").to_string();
     let cases = [

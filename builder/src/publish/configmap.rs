@@ -18,6 +18,9 @@ pub async fn publish(
     digest: &Digest,
     source_digest: &Digest,
 ) -> Result<Published, PublishError> {
+    // kube and the OCI client bring two TLS providers (ring and aws-lc-rs); rustls then
+    // needs to be told which one, or it panics. Another caller may have chosen already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let client = kube::Client::try_default()
         .await
         .map_err(|e| PublishError::KubeConfig(e.to_string()))?;
