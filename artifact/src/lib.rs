@@ -6,12 +6,14 @@
 
 mod chunks;
 mod digest;
+mod go_source;
 
 pub use chunks::{
     ChunkError, MAX_CHUNK_BYTES, MAX_MODULE_BYTES, chunk_file_name, chunks_configmap_names, compress_and_split,
     configmap_name, parse_chunk_file_name, reassemble,
 };
 pub use digest::{Digest, DigestError};
+pub use go_source::go_package;
 
 /// ConfigMap key that holds one chunk of the zstd-compressed module.
 pub const CHUNK_KEY: &str = "module.wasm.zst";

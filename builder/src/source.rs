@@ -187,7 +187,7 @@ impl Source {
     fn check_go(&self) -> Result<(), SourceError> {
         for file in &self.files {
             let text = String::from_utf8_lossy(&file.bytes);
-            match go_package(&text) {
+            match wasmless_artifact::go_package(&text) {
                 Some("handlers") => {}
                 Some(found) => {
                     return Err(SourceError::WrongPackage {
@@ -233,42 +233,6 @@ impl Source {
             Err(SourceError::NoRustHandler)
         }
     }
-}
-
-/// The package name of a Go file: the first `package` clause outside comments.
-fn go_package(text: &str) -> Option<&str> {
-    let mut in_block_comment = false;
-    for line in text.lines() {
-        let mut line = line.trim();
-        if in_block_comment {
-            match line.find("*/") {
-                Some(end) => {
-                    in_block_comment = false;
-                    line = line[end + 2..].trim();
-                }
-                None => continue,
-            }
-        }
-        if line.starts_with("/*") {
-            match line.find("*/") {
-                Some(end) => line = line[end + 2..].trim(),
-                None => {
-                    in_block_comment = true;
-                    continue;
-                }
-            }
-        }
-        if line.is_empty() || line.starts_with("//") {
-            continue;
-        }
-        let name = line.strip_prefix("package")?.trim();
-        return Some(
-            name.split(|c: char| c.is_whitespace() || c == ';' || c == '/')
-                .next()
-                .unwrap_or(""),
-        );
-    }
-    None
 }
 
 #[cfg(test)]

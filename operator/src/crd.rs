@@ -326,7 +326,7 @@ impl FunctionSpec {
                     source.len()
                 ));
             } else if self.language == Language::Go {
-                match go_package(source) {
+                match wasmless_artifact::go_package(source) {
                     Some("handlers") => {}
                     Some(other) => problems.push(format!(
                         "Go source must be `package handlers` (the Goless convention; Wasmless generates main), not `package {other}`"
@@ -354,52 +354,5 @@ impl FunctionSpec {
             problems.push(format!("replicas {} is negative", self.replicas));
         }
         problems
-    }
-}
-
-/// The package name of Go source: the first `package` clause outside comments.
-fn go_package(source: &str) -> Option<&str> {
-    let mut in_block_comment = false;
-    for line in source.lines() {
-        let mut line = line.trim();
-        if in_block_comment {
-            match line.find("*/") {
-                Some(end) => {
-                    in_block_comment = false;
-                    line = line[end + 2..].trim();
-                }
-                None => continue,
-            }
-        }
-        if let Some(rest) = line.strip_prefix("/*") {
-            match rest.find("*/") {
-                Some(end) => line = rest[end + 2..].trim(),
-                None => {
-                    in_block_comment = true;
-                    continue;
-                }
-            }
-        }
-        if line.is_empty() || line.starts_with("//") {
-            continue;
-        }
-        let name = line.strip_prefix("package")?.trim_start();
-        return name.split(|c: char| c.is_whitespace() || c == ';' || c == '/').next();
-    }
-    None
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn go_package_reads_past_comments() {
-        assert_eq!(
-            go_package("// Package x\n/* a\nb */\npackage handlers\n"),
-            Some("handlers")
-        );
-        assert_eq!(go_package("package main\nfunc main() {}"), Some("main"));
-        assert_eq!(go_package("func Handler() {}"), None);
     }
 }
