@@ -1,12 +1,13 @@
 //! What is measured, each comparison a function: cold start, throughput and tail
 //! latency, memory, build times, and the per-request cost of each ABI.
 
-use crate::measure::{Load, Server, free_port, rss_mib, time_command, until_first_200, wrk};
+use crate::measure::{Load, Server, rss_mib, time_command, until_first_200, wrk};
 use anyhow::{Context, bail};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use wasmless_artifact::Digest;
+use wasmless_testkit::free_port;
 
 pub struct Settings {
     pub root: PathBuf,
