@@ -130,48 +130,69 @@ impl HttpHandler {
             });
         let (incoming, outparam) = incoming.map_err(|e| Failure::Trap(format!("{e:?}")))?;
 
-        // The handler runs in a task of its own so that it can go on writing the body
-        // after the response headers have been sent.
         let pre = self.pre.clone();
         let shared = self.shared.clone();
-        let task = tokio::spawn(
-            async move {
-                let _permit = permit;
-                let started = Instant::now();
-                let result = match pre.instantiate_async(&mut store).await {
-                    Ok(proxy) => {
-                        shared.metrics.observe_instantiate(started.elapsed());
-                        proxy.wasi_http_incoming_handler().call_handle(&mut store, incoming, outparam).await
-                    }
-                    Err(error) => Err(error),
-                };
-                log_handler_output("stdout", &stdout.contents());
-                log_handler_output("stderr", &stderr.contents());
-                let result = result.map_err(|error| Failure::classify(error, store.data().limiter.memory_exceeded));
-                if let Err(failure) = &result
-                    && responded.load(Ordering::SeqCst)
-                {
-                    // Headers are out: the client sees a cut body, the log and metrics see why.
-                    shared.metrics.count_trap(failure.kind());
-                    tracing::error!(kind = failure.kind(), failure = ?failure, "handler failed after sending its response headers");
+        let run = async move {
+            let _permit = permit;
+            let started = Instant::now();
+            let result = match pre.instantiate_async(&mut store).await {
+                Ok(proxy) => {
+                    shared.metrics.observe_instantiate(started.elapsed());
+                    proxy
+                        .wasi_http_incoming_handler()
+                        .call_handle(&mut store, incoming, outparam)
+                        .await
                 }
-                result
+                Err(error) => Err(error),
+            };
+            log_handler_output("stdout", &stdout.contents());
+            log_handler_output("stderr", &stderr.contents());
+            let result = result.map_err(|error| Failure::classify(error, store.data().limiter.memory_exceeded));
+            if let Err(failure) = &result
+                && responded.load(Ordering::SeqCst)
+            {
+                // Headers are out: the client sees a cut body, the log and metrics see why.
+                shared.metrics.count_trap(failure.kind());
+                tracing::error!(kind = failure.kind(), failure = ?failure, "handler failed after sending its response headers");
             }
-            .in_current_span(),
-        );
+            result
+        }
+        .in_current_span();
 
-        match receiver.await {
-            Ok(Ok(response)) => Ok(response.map(|body| {
+        // The handler runs here, on the connection's task, until it answers. Most finish
+        // in that one go; only one still writing its body gets a task of its own.
+        // Spawning every request instead wakes a parked worker thread each time, which
+        // costs more than the instance itself.
+        let mut run = Box::pin(run);
+        let mut receiver = receiver;
+        let answer = tokio::select! {
+            biased;
+            finished = &mut run => match receiver.try_recv() {
+                Ok(answer) => answer,
+                Err(_) => return Err(finished.err().unwrap_or_else(|| {
+                    Failure::BadResponse("the handler returned without setting a response".into())
+                })),
+            },
+            answer = &mut receiver => {
+                match answer {
+                    Ok(answer) => {
+                        tokio::spawn(run);
+                        answer
+                    }
+                    // The handler dropped its response-outparam: its own result says why.
+                    Err(_) => {
+                        return Err(run.await.err().unwrap_or_else(|| {
+                            Failure::BadResponse("the handler returned without setting a response".into())
+                        }));
+                    }
+                }
+            }
+        };
+        match answer {
+            Ok(response) => Ok(response.map(|body| {
                 Body::new(body.map_err(|code| std::io::Error::other(format!("the handler's body failed: {code:?}"))))
             })),
-            Ok(Err(code)) => Err(Failure::Trap(format!("the handler answered with error {code:?}"))),
-            Err(_) => match task.await {
-                Ok(Err(failure)) => Err(failure),
-                Ok(Ok(())) => Err(Failure::BadResponse(
-                    "the handler returned without setting a response".into(),
-                )),
-                Err(join_error) => Err(Failure::Trap(format!("the handler task failed: {join_error}"))),
-            },
+            Err(code) => Err(Failure::Trap(format!("the handler answered with error {code:?}"))),
         }
     }
 }
