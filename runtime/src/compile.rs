@@ -4,8 +4,8 @@ use crate::abi::Abi;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use wasmless_artifact::Digest;
-use wasmtime::Engine;
 use wasmtime::component::Component;
+use wasmtime::{Engine, Precompiled};
 
 /// Compiled code for either contract.
 #[derive(Clone)]
@@ -41,13 +41,8 @@ pub fn compile(
         return Ok((compile_fresh(engine, abi, bytes)?, CacheOutcome::Disabled));
     };
     let path = cache_path(engine, cache_dir, digest);
-    if path.exists() {
-        match deserialize(engine, abi, &path) {
-            Ok(compiled) => return Ok((compiled, CacheOutcome::Hit)),
-            Err(err) => {
-                tracing::warn!(path = %path.display(), error = %err, "ignoring unusable compiled-code cache entry")
-            }
-        }
+    if let Some((compiled, _)) = load_entry(engine, &path) {
+        return Ok((compiled, CacheOutcome::Hit));
     }
     let serialized = match abi {
         Abi::HttpComponent => engine.precompile_component(bytes),
@@ -66,6 +61,34 @@ pub fn compile(
     }
     .map_err(|e| CompileError(format!("{e:?}")))?;
     Ok((compiled, CacheOutcome::Miss))
+}
+
+/// The code a previous process compiled for `digest`, found without the module's
+/// bytes: entries are written only for modules that passed the digest check, under
+/// that digest, so a hit needs neither reading nor hashing the module again.
+pub fn load_cached(engine: &Engine, digest: &Digest, cache_dir: &Path) -> Option<(Compiled, Abi)> {
+    load_entry(engine, &cache_path(engine, cache_dir, digest))
+}
+
+fn load_entry(engine: &Engine, path: &Path) -> Option<(Compiled, Abi)> {
+    if !path.exists() {
+        return None;
+    }
+    let loaded = Engine::detect_precompiled_file(path).and_then(|kind| {
+        let abi = match kind {
+            Some(Precompiled::Component) => Abi::HttpComponent,
+            Some(Precompiled::Module) => Abi::CgiCommand,
+            None => wasmtime::bail!("not compiled code"),
+        };
+        Ok((deserialize(engine, abi, path)?, abi))
+    });
+    match loaded {
+        Ok(loaded) => Some(loaded),
+        Err(err) => {
+            tracing::warn!(path = %path.display(), error = %err, "ignoring unusable compiled-code cache entry");
+            None
+        }
+    }
 }
 
 fn compile_fresh(engine: &Engine, abi: Abi, bytes: &[u8]) -> Result<Compiled, CompileError> {

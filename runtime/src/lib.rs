@@ -79,8 +79,14 @@ pub async fn serve(
         config.cache_dir.clone(),
     )?);
     let source = ModuleSource::parse(&config.module);
-    let module = source.load(config.module_digest).await?;
-    let handler = loader.load(module).await?;
+    let cached = match source.known_digest(config.module_digest).await {
+        Some(digest) => loader.load_cached(digest).await,
+        None => None,
+    };
+    let handler = match cached {
+        Some(handler) => handler,
+        None => loader.load(source.load(config.module_digest).await?).await?,
+    };
 
     let listener = bind(config.listen_addr()).await?;
     let function_addr = listener.local_addr()?;

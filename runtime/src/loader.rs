@@ -2,8 +2,8 @@
 //! (or the compiled-code cache), linking. The engine is built once and shared by every
 //! module the process loads.
 
-use crate::abi::{self, AbiError};
-use crate::compile::{self, CacheOutcome, CompileError};
+use crate::abi::{self, Abi, AbiError};
+use crate::compile::{self, CacheOutcome, CompileError, Compiled};
 use crate::handler::{LoadedHandler, Shared};
 use crate::limits::RequestLimits;
 use crate::metrics::Metrics;
@@ -11,6 +11,7 @@ use crate::module_source::VerifiedModule;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+use wasmless_artifact::Digest;
 use wasmtime::Engine;
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +70,36 @@ impl Loader {
         })
         .await
         .map_err(|e| ModuleError::Engine(e.to_string()))??;
+        self.link(compiled, abi, digest, cache, started)
+    }
+
+    /// Links the code the compiled-code cache holds for `digest`, if it holds any,
+    /// without reading the module: a restart then needs neither the module's source
+    /// (a registry, say) nor the time to read and hash it.
+    pub async fn load_cached(&self, digest: Digest) -> Option<LoadedHandler> {
+        let started = Instant::now();
+        let engine = self.engine.clone();
+        let cache_dir = self.cache_dir.clone()?;
+        let (compiled, abi) = tokio::task::spawn_blocking(move || compile::load_cached(&engine, &digest, &cache_dir))
+            .await
+            .ok()??;
+        match self.link(compiled, abi, digest, CacheOutcome::Hit, started) {
+            Ok(handler) => Some(handler),
+            Err(error) => {
+                tracing::warn!(%error, "compiled-code cache entry does not link; loading the module instead");
+                None
+            }
+        }
+    }
+
+    fn link(
+        &self,
+        compiled: Compiled,
+        abi: Abi,
+        digest: Digest,
+        cache: CacheOutcome,
+        started: Instant,
+    ) -> Result<LoadedHandler, ModuleError> {
         let handler = LoadedHandler::new(&self.engine, compiled, abi, digest, self.shared.clone())
             .map_err(|e| ModuleError::Link(format!("{e:#}")))?;
         let elapsed = started.elapsed();

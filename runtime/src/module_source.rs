@@ -70,6 +70,20 @@ impl ModuleSource {
         }
     }
 
+    /// The digest the module must have, when it is known without reading the module:
+    /// pinned, or in the digest file beside it. `None` leaves the reason to [`Self::load`].
+    pub async fn known_digest(&self, pinned: Option<Digest>) -> Option<Digest> {
+        if pinned.is_some() {
+            return pinned;
+        }
+        let digest_file = match self {
+            Self::File(path) => sidecar_digest_path(path),
+            Self::ChunkDir(dir) => dir.join(DIGEST_FILE_NAME),
+            Self::Oci(_) => return None,
+        };
+        tokio::fs::read_to_string(digest_file).await.ok()?.parse().ok()
+    }
+
     /// Reads the module and checks it against `pinned`, or, when nothing is pinned,
     /// against the digest file beside it.
     pub async fn load(&self, pinned: Option<Digest>) -> Result<VerifiedModule, LoadError> {

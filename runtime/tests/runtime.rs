@@ -427,9 +427,18 @@ async fn chunked_module_loads_and_compiled_code_is_cached() {
     second.wait_for_log(&["module loaded", "\"compiled_code_cache\":\"hit\""]);
     assert_eq!(get(second.url("/")).await.1, "This works!");
 
-    // A missing chunk is named, not a panic.
+    // A missing chunk is named, not a panic, when the module has to be read.
     std::fs::remove_file(chunk_dir.join(wasmless_artifact::chunk_file_name(0))).unwrap();
-    let output = start_expecting_failure(&chunk_dir, &args);
+    let fresh_cache = dir.path().join("fresh-cache");
+    let output = start_expecting_failure(
+        &chunk_dir,
+        &[
+            "--module-digest",
+            &digest.to_string(),
+            "--cache-dir",
+            fresh_cache.to_str().unwrap(),
+        ],
+    );
     assert!(output.contains("missing chunk 0"), "{output}");
 }
 
@@ -520,4 +529,24 @@ async fn module_is_pulled_from_an_oci_registry_by_digest() {
         output.contains(&wrong.to_string()) && output.contains(&digest.to_string()),
         "{output}"
     );
+
+    // A restart with the compiled code cached needs no registry: one that is down
+    // does not keep the function from coming back.
+    let cache = tempfile::tempdir().unwrap();
+    let cached = [
+        "--module-digest",
+        &digest.to_string(),
+        "--cache-dir",
+        cache.path().to_str().unwrap(),
+    ];
+    drop(Runtime::start(&by_manifest, &cached));
+    let address = registry.address.clone();
+    drop(registry);
+    assert!(
+        std::net::TcpStream::connect(&address).is_err(),
+        "the registry should be down"
+    );
+    let runtime = Runtime::start(&by_manifest, &cached);
+    runtime.wait_for_log(&["module loaded", "\"compiled_code_cache\":\"hit\""]);
+    assert_eq!(get(runtime.url("/")).await.1, "from the registry\n");
 }
