@@ -271,6 +271,9 @@ fn cold_starts(settings: &Settings, go: &Module, rust: &Module) -> anyhow::Resul
     Ok(rows)
 }
 
+/// Busy time per request for the yardstick rows of `throughput`.
+pub const BUSY_MICROS: [u32; 2] = [10, 20];
+
 fn throughput(settings: &Settings, go: &Module, rust: &Module) -> anyhow::Result<Vec<Throughput>> {
     let mut rows = Vec::new();
     let mut measure = |name: &str, command: &mut Command, port: u16, ours: bool| -> anyhow::Result<()> {
@@ -298,6 +301,18 @@ fn throughput(settings: &Settings, go: &Module, rust: &Module) -> anyhow::Result
         port,
         false,
     )?;
+
+    // What a fixed cost per request does to a native server on this machine: the
+    // yardstick for the per-request cost of a fresh instance (see `criterion_estimates`).
+    for busy_micros in BUSY_MICROS {
+        let port = free_port();
+        measure(
+            &format!("native axum hello + {busy_micros} µs of work per request"),
+            Command::new(settings.bin("axum-hello")).args([port.to_string(), busy_micros.to_string()]),
+            port,
+            false,
+        )?;
+    }
 
     let dir = settings.work("goless-native");
     goless_project(&dir)?;
