@@ -103,7 +103,7 @@ fn cgi_environment(
             uri.path_and_query().map_or("/", |pq| pq.as_str()).to_string(),
         ),
         ("SCRIPT_NAME".into(), String::new()),
-        ("PATH_INFO".into(), uri.path().to_string()),
+        ("PATH_INFO".into(), path_info(uri.path())),
         ("QUERY_STRING".into(), uri.query().unwrap_or("").to_string()),
         ("REMOTE_ADDR".into(), connection.remote.ip().to_string()),
         ("REMOTE_PORT".into(), connection.remote.port().to_string()),
@@ -189,6 +189,15 @@ fn split_head(output: &[u8]) -> Option<(&[u8], &[u8])> {
     None
 }
 
+/// RFC 3875 §4.1.5: PATH_INFO is the decoded path (REQUEST_URI keeps it as sent).
+/// WASI environment values are UTF-8, so a path that decodes to anything else is
+/// passed as sent.
+fn path_info(path: &str) -> String {
+    percent_encoding::percent_decode_str(path)
+        .decode_utf8()
+        .map_or_else(|_| path.to_string(), |decoded| decoded.into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,5 +274,26 @@ mod tests {
         assert_eq!(env["HTTP_AUTHORIZATION"], "Bearer t");
         assert!(!env.contains_key("HTTP_PROXY"));
         assert!(!env.contains_key("HTTP_CONTENT_TYPE"));
+    }
+
+    #[test]
+    fn path_info_is_decoded_and_request_uri_is_not() {
+        let (parts, ()) = http::Request::get("/caf%C3%A9/a%20b?q=%20")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let connection = Connection {
+            remote: "10.1.2.3:5555".parse().unwrap(),
+            local_port: 8080,
+        };
+        let env: std::collections::HashMap<_, _> = cgi_environment(&parts, 0, connection).into_iter().collect();
+        assert_eq!(env["PATH_INFO"], "/café/a b");
+        assert_eq!(env["REQUEST_URI"], "/caf%C3%A9/a%20b?q=%20");
+        assert_eq!(env["QUERY_STRING"], "q=%20");
+        assert_eq!(
+            path_info("/bad%FF"),
+            "/bad%FF",
+            "not UTF-8 once decoded: passed as sent"
+        );
     }
 }
