@@ -174,9 +174,10 @@ fn markdown(settings: &Settings, results: &Results, plot_name: &str) -> String {
             let _ = writeln!(
                 md,
                 "- the same axum server spending a fixed time on each request, against itself without it: {}. \
-                 A fresh component instance costs {} per request in-process (the per-request table below), so on \
-                 these 2 shared cores half of native axum's rate is out of reach of any runtime that keeps a fresh \
-                 instance per request at that cost.",
+                 Half of native axum's rate leaves about 10 µs per request for all a fresh instance costs. The hello \
+                 component's costs {} in-process, in a hot loop (the per-request table below), and more under wrk, \
+                 where it shares the two cores and their caches with the kernel's network path and with wrk. Half \
+                 of axum is out of reach of a fresh wasmtime instance per request on this machine.",
                 yardsticks.join(", "),
                 component.unwrap_or_else(|| "the criterion figure (full run only)".into())
             );
