@@ -278,16 +278,16 @@ initialisation and the handler, and drop the store, which resets the dirty pages
 single hot spot: about a quarter of the runtime's CPU goes to writing responses on loopback (the kernel waking \
 wrk), a quarter to the instance (dropping the store alone is as much as instantiating), and the rest to hyper, \
 tokio and the scheduler. Per request, the runtime makes three system calls: `recvfrom`, `writev` and that \
-ioctl (`strace -c -f`). The handler runs on the connection's task until it answers; spawning a task per \
-request woke a second worker thread every time (criterion: 68 µs per hello request before, 22 µs after).\n\
+ioctl (`strace -c -f`). The handler runs on the connection's task until it answers: a task spawned per \
+request woke a second worker thread every time, which cost more than the instance.\n\
 - **Go requests** pay for Go's runtime starting inside the module on every request (heap, goroutine scheduler, \
 package initialisers of `net/http`): the breakdown above. A fresh instance per request is the isolation we keep; \
 snapshotting the initialised Go heap (Wizer-style pre-initialisation) is the step that would remove it.\n\
 - **Cold start** with a compiled-code cache hit is an `mmap` of the compiled code: the cache entry is named by \
 the digest the module must have, and is written only after a module passed that check, so a hit reads neither \
 the module nor its source (a registry may be down). A miss adds reading and verifying the module and Cranelift \
-compiling it (seconds for a 5.8 MB Go module on 2 cores). The runtime's own start is about 2 ms \
-(`hyperfine -N 'wasmless-runtime --help'`); it was 3.7 ms while the log queue was allocated at 128,000 lines.\n";
+compiling it (seconds for a 5.8 MB Go module on 2 cores). What is left of a hit is mostly the process itself \
+starting (a 180 MB binary: its relocations and page faults) and, for Go, the first request's Go start-up.\n";
 
 /// A horizontal bar chart of requests per second.
 fn throughput_svg(results: &Results) -> String {
