@@ -174,8 +174,9 @@ fn runtime_with_admin(settings: &Settings, module: &Module, port: u16, admin: u1
             "--watch-interval",
             "0",
         ])
+        // `--max-concurrency` stays at its default, 64: wrk keeps 16 requests in flight,
+        // and the pool is sized from it, which every start pays for.
         .args(["--port", &port.to_string(), "--admin-port", &admin.to_string()])
-        .args(["--max-concurrency", "256"])
         .env("RUST_LOG", "warn");
     if let Some(cache) = cache {
         command.arg("--cache-dir").arg(cache);
