@@ -224,7 +224,7 @@ fn markdown(settings: &Settings, results: &Results, plot_name: &str) -> String {
     if let Some(go) = &results.go_breakdown {
         let _ = writeln!(
             md,
-            "The Go path, per request (means over 300 sequential requests, from the runtime's own histograms):\n"
+            "The Go path, per request (from the runtime's own histograms: the least of three means over 300 sequential requests, the first request left out):\n"
         );
         let _ = writeln!(md, "| part | time |\n|---|---|");
         let _ = writeln!(md, "| instantiate (pooling allocator) | {:.0} µs |", go.instantiate_us);
