@@ -245,6 +245,18 @@ mod tests {
         }
     }
 
+    /// The CGI environment for `request`, as from a client at 10.1.2.3 to port 8080.
+    fn environment_of(request: http::Request<()>, content_length: usize) -> std::collections::HashMap<String, String> {
+        let (parts, ()) = request.into_parts();
+        let connection = Connection {
+            remote: "10.1.2.3:5555".parse().unwrap(),
+            local_port: 8080,
+        };
+        cgi_environment(&parts, content_length, connection)
+            .into_iter()
+            .collect()
+    }
+
     #[test]
     fn environment_follows_rfc_3875() {
         let request = http::Request::post("/path/x?a=1&b=2")
@@ -256,12 +268,7 @@ mod tests {
             .header("proxy", "http://evil")
             .body(())
             .unwrap();
-        let (parts, ()) = request.into_parts();
-        let connection = Connection {
-            remote: "10.1.2.3:5555".parse().unwrap(),
-            local_port: 8080,
-        };
-        let env: std::collections::HashMap<_, _> = cgi_environment(&parts, 7, connection).into_iter().collect();
+        let env = environment_of(request, 7);
         assert_eq!(env["REQUEST_METHOD"], "POST");
         assert_eq!(env["REQUEST_URI"], "/path/x?a=1&b=2");
         assert_eq!(env["PATH_INFO"], "/path/x");
@@ -278,15 +285,7 @@ mod tests {
 
     #[test]
     fn path_info_is_decoded_and_request_uri_is_not() {
-        let (parts, ()) = http::Request::get("/caf%C3%A9/a%20b?q=%20")
-            .body(())
-            .unwrap()
-            .into_parts();
-        let connection = Connection {
-            remote: "10.1.2.3:5555".parse().unwrap(),
-            local_port: 8080,
-        };
-        let env: std::collections::HashMap<_, _> = cgi_environment(&parts, 0, connection).into_iter().collect();
+        let env = environment_of(http::Request::get("/caf%C3%A9/a%20b?q=%20").body(()).unwrap(), 0);
         assert_eq!(env["PATH_INFO"], "/café/a b");
         assert_eq!(env["REQUEST_URI"], "/caf%C3%A9/a%20b?q=%20");
         assert_eq!(env["QUERY_STRING"], "q=%20");
