@@ -79,13 +79,15 @@ pub async fn serve(
         config.cache_dir.clone(),
     )?);
     let source = ModuleSource::parse(&config.module);
-    let cached = match source.known_digest(config.module_digest).await {
+    let expected = source.known_digest(config.module_digest).await;
+    let cached = match expected {
         Some(digest) => loader.load_cached(digest).await,
         None => None,
     };
     let handler = match cached {
         Some(handler) => handler,
-        None => loader.load(source.load(config.module_digest).await?).await?,
+        // The digest read above is the one to check against; no second read of the digest file.
+        None => loader.load(source.load(expected).await?).await?,
     };
 
     let listener = bind(config.listen_addr()).await?;
