@@ -341,6 +341,16 @@ fn template_annotation(deployment: &Deployment, key: &str) -> String {
 }
 
 /// A "module": any bytes do, the runtime is not involved.
+/// The first container's arguments in a pod template.
+fn first_container_args(template: k8s_openapi::api::core::v1::PodTemplateSpec) -> Vec<String> {
+    template.spec.unwrap().containers[0].args.clone().unwrap()
+}
+
+/// Whether `flag` is followed by `value` in `args`.
+fn has_flag(args: &[String], flag: &str, value: &str) -> bool {
+    args.windows(2).any(|w| w[0] == flag && w[1] == value)
+}
+
 fn wasm(tag: &str) -> Vec<u8> {
     let mut bytes = b"\0asm\x01\0\0\0".to_vec();
     bytes.extend(tag.as_bytes());
@@ -891,19 +901,9 @@ async fn prebuilt_module_is_served_without_a_build() {
     h.reconcile("pre").await.unwrap();
     assert!(h.jobs("pre").await.is_empty());
     let deployment = h.deployment("pre").await.unwrap();
-    let args = deployment.spec.unwrap().template.spec.unwrap().containers[0]
-        .args
-        .clone()
-        .unwrap();
-    assert!(
-        args.windows(2)
-            .any(|w| w[0] == "--module" && w[1] == "oci://registry.local/fns/pre"),
-        "{args:?}"
-    );
-    assert!(
-        args.windows(2)
-            .any(|w| w[0] == "--module-digest" && w[1] == digest.to_string())
-    );
+    let args = first_container_args(deployment.spec.unwrap().template);
+    assert!(has_flag(&args, "--module", "oci://registry.local/fns/pre"), "{args:?}");
+    assert!(has_flag(&args, "--module-digest", &digest.to_string()));
 }
 
 #[tokio::test]
@@ -922,15 +922,9 @@ async fn oci_storage_publishes_to_the_registry_and_serves_by_reference() {
     let func = h.reconciled("hello").await;
     let digest = Harness::status_source_digest(&func);
     let job = &h.jobs("hello").await[0];
-    let args = job.spec.clone().unwrap().template.spec.unwrap().containers[0]
-        .args
-        .clone()
-        .unwrap();
+    let args = first_container_args(job.spec.clone().unwrap().template);
     let target = format!("oci://registry.local:5000/fns/default/hello:{}", digest.short());
-    assert!(
-        args.windows(2).any(|w| w[0] == "--publish" && w[1] == target),
-        "{args:?}"
-    );
+    assert!(has_flag(&args, "--publish", &target), "{args:?}");
 
     // The builder's result line is the only record of where an OCI build went.
     let module = Digest::of(b"oci module");
@@ -952,15 +946,8 @@ async fn oci_storage_publishes_to_the_registry_and_serves_by_reference() {
     assert_eq!(status(&func).module_digest, Some(module.to_string()));
     assert_eq!(status(&func).module_ref, Some(format!("oci://{reference}")));
     let deployment = h.deployment("hello").await.unwrap();
-    let args = deployment.spec.unwrap().template.spec.unwrap().containers[0]
-        .args
-        .clone()
-        .unwrap();
-    assert!(
-        args.windows(2)
-            .any(|w| w[0] == "--module" && w[1] == format!("oci://{reference}")),
-        "{args:?}"
-    );
+    let args = first_container_args(deployment.spec.unwrap().template);
+    assert!(has_flag(&args, "--module", &format!("oci://{reference}")), "{args:?}");
     // Later reconciles find the module from status, without the Job's pod.
     let pods: Api<Pod> = h.api();
     pods.delete(
