@@ -83,20 +83,8 @@ async fn configmap_publishing_chunks_a_go_module_that_the_runtime_reassembles() 
     let output = dir.path().join("hello.wasm");
     let kube = FakeKube::start().await;
     let built = result(
-        &builder()
-            .args([
-                "build",
-                "--language",
-                "go",
-                "--publish",
-                "configmap://default/hello",
-                "--source",
-            ])
-            .arg(&source)
-            .arg("--output")
-            .arg(&output)
-            .arg("--cache-dir")
-            .arg(dir.path().join("cache"))
+        &build_command("go", &source, &output, &dir.path().join("cache"))
+            .args(["--publish", "configmap://default/hello"])
             .env("KUBECONFIG", kube.kubeconfig.path())
             .output()
             .unwrap(),
@@ -144,13 +132,7 @@ async fn configmap_publishing_chunks_a_go_module_that_the_runtime_reassembles() 
         Ok(real) => {
             let namespace = std::env::var("WASMLESS_TEST_NAMESPACE").unwrap_or_else(|_| "default".into());
             let published = result(
-                &builder()
-                    .args(["build", "--language", "go", "--source"])
-                    .arg(&source)
-                    .arg("--output")
-                    .arg(&output)
-                    .arg("--cache-dir")
-                    .arg(dir.path().join("cache"))
+                &build_command("go", &source, &output, &dir.path().join("cache"))
                     .arg("--publish")
                     .arg(format!("configmap://{namespace}/hello"))
                     .env("KUBECONFIG", &real)
@@ -228,20 +210,8 @@ async fn broken_sources_fail_with_the_compilers_message_and_publish_nothing() {
         let output = dir.path().join(format!("{file}.wasm"));
         let termination_log = dir.path().join("termination-log");
         std::fs::write(&termination_log, "").unwrap();
-        let result = builder()
-            .args([
-                "build",
-                "--language",
-                language,
-                "--publish",
-                "configmap://default/broken",
-                "--source",
-            ])
-            .arg(&source)
-            .arg("--output")
-            .arg(&output)
-            .arg("--cache-dir")
-            .arg(dir.path().join("cache"))
+        let result = build_command(language, &source, &output, &dir.path().join("cache"))
+            .args(["--publish", "configmap://default/broken"])
             .arg("--termination-log")
             .arg(&termination_log)
             .env("KUBECONFIG", kube.kubeconfig.path())

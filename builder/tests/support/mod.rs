@@ -55,15 +55,22 @@ pub fn builder() -> Command {
     command
 }
 
-/// Runs `wasmless-builder build`; returns its output.
-pub fn build(language: &str, source: &Path, output: &Path, cache: &Path, extra: &[&str]) -> Output {
-    builder()
+/// `wasmless-builder build` of `source` into `output`, ready for more flags.
+pub fn build_command(language: &str, source: &Path, output: &Path, cache: &Path) -> Command {
+    let mut command = builder();
+    command
         .args(["build", "--language", language, "--source"])
         .arg(source)
         .arg("--output")
         .arg(output)
         .arg("--cache-dir")
-        .arg(cache)
+        .arg(cache);
+    command
+}
+
+/// Runs `wasmless-builder build`; returns its output.
+pub fn build(language: &str, source: &Path, output: &Path, cache: &Path, extra: &[&str]) -> Output {
+    build_command(language, source, output, cache)
         .args(extra)
         .output()
         .unwrap()
