@@ -109,7 +109,7 @@ impl HttpHandler {
         store.set_epoch_deadline(deadline_ticks(self.shared.limits.timeout));
         store.epoch_deadline_trap();
 
-        let (sender, receiver) = tokio::sync::oneshot::channel();
+        let (sender, mut receiver) = tokio::sync::oneshot::channel();
         let responded = Arc::new(AtomicBool::new(false));
         let respond = {
             let responded = responded.clone();
@@ -164,14 +164,11 @@ impl HttpHandler {
         // Spawning every request instead wakes a parked worker thread each time, which
         // costs more than the instance itself.
         let mut run = Box::pin(run);
-        let mut receiver = receiver;
         let answer = tokio::select! {
             biased;
             finished = &mut run => match receiver.try_recv() {
                 Ok(answer) => answer,
-                Err(_) => return Err(finished.err().unwrap_or_else(|| {
-                    Failure::BadResponse("the handler returned without setting a response".into())
-                })),
+                Err(_) => return Err(without_response(finished)),
             },
             answer = &mut receiver => {
                 match answer {
@@ -180,11 +177,7 @@ impl HttpHandler {
                         answer
                     }
                     // The handler dropped its response-outparam: its own result says why.
-                    Err(_) => {
-                        return Err(run.await.err().unwrap_or_else(|| {
-                            Failure::BadResponse("the handler returned without setting a response".into())
-                        }));
-                    }
+                    Err(_) => return Err(without_response(run.await)),
                 }
             }
         };
@@ -195,6 +188,13 @@ impl HttpHandler {
             Err(code) => Err(Failure::Trap(format!("the handler answered with error {code:?}"))),
         }
     }
+}
+
+/// Why a handler that finished without setting its response failed.
+fn without_response(finished: Result<(), Failure>) -> Failure {
+    finished
+        .err()
+        .unwrap_or_else(|| Failure::BadResponse("the handler returned without setting a response".into()))
 }
 
 /// wasi:http needs an authority; HTTP/1.0 clients may send no Host.
