@@ -1,0 +1,517 @@
+#!/usr/bin/env bash
+# A single-node Kubernetes for the tests, made of upstream components run as local
+# processes that this script owns (as kubernetes' hack/local-up-cluster.sh does):
+#
+#   scripts/cluster.sh up       build what is missing, start the cluster, print the kubeconfig
+#   scripts/cluster.sh env      print `export KUBECONFIG=… PATH=…` for a shell to eval
+#   scripts/cluster.sh down     stop what `up` started and remove its containers, mounts, state
+#   scripts/cluster.sh load ARCHIVE...   import image archives (scripts/build-images.sh) for the kubelet
+#   scripts/cluster.sh build    only build (and cache) the Kubernetes binaries and the pause image
+#   scripts/cluster.sh status   say what runs
+#
+# Kubernetes is built with `go build` from the k8s.io/kubernetes module at KUBE_VERSION and
+# cached under ~/.cache/wasmless/kube/; etcd, containerd, runc and the CNI plugins are
+# Debian's. Every process listens on 127.0.0.1 or on the pod bridge's gateway address
+# (GATEWAY): traffic stays on this machine's loopback, the bridge and the pods' namespaces.
+# Needs root. Each process's log is in $CLUSTER_DIR/logs/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH=$PATH:/usr/sbin:/sbin   # runc, iptables, conntrack
+
+KUBE_VERSION=1.34.4
+CACHE=${WASMLESS_CACHE:-$HOME/.cache/wasmless}
+KUBE_BIN=$CACHE/kube/v$KUBE_VERSION/bin
+CLUSTER_DIR=${WASMLESS_CLUSTER_DIR:-/var/lib/wasmless-cluster}
+NODE=wasmless-node
+BRIDGE=wasmless0
+POD_CIDR=10.244.0.0/24
+GATEWAY=10.244.0.1              # the bridge's address: API server, kubelet, registry, node IP
+SERVICE_CIDR=10.96.0.0/24       # 10.96.0.1 is the `kubernetes` Service
+PAUSE_IMAGE=docker.io/wasmless/pause:$KUBE_VERSION
+COMPONENTS=(etcd containerd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
+
+PKI=$CLUSTER_DIR/pki
+PIDS=$CLUSTER_DIR/pids
+LOGS=$CLUSTER_DIR/logs
+CONTAINERD_SOCK=$CLUSTER_DIR/containerd/containerd.sock
+ADMIN_KUBECONFIG=$CLUSTER_DIR/admin.kubeconfig
+
+say() { printf '[cluster] %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+# ---- build ---------------------------------------------------------------------------
+
+# The Kubernetes binaries, from a module that requires k8s.io/kubernetes and replaces each
+# staging module it requires at v0.0.0 with the matching v0.Y.Z (generated from its go.mod).
+build_kube() {
+  local wanted=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+  local missing=0 name
+  for name in "${wanted[@]}"; do [[ -x $KUBE_BIN/$name ]] || missing=1; done
+  [[ $missing == 0 ]] && return
+  command -v go >/dev/null || die "Go is needed to build Kubernetes (scripts/setup.sh installs it)"
+  local module=$CACHE/kube/v$KUBE_VERSION/module staging_version=v0.${KUBE_VERSION#1.}  # 1.34.4 -> v0.34.4
+  mkdir -p "$module" "$KUBE_BIN"
+  say "building Kubernetes v$KUBE_VERSION from the Go module proxy into $KUBE_BIN (once; ~15 min on 2 cores)"
+  local gomod
+  gomod=$(go mod download -json "k8s.io/kubernetes@v$KUBE_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  {
+    printf 'module wasmless.local/kube\n\ngo 1.24.0\n\nrequire k8s.io/kubernetes v%s\n\nreplace (\n' "$KUBE_VERSION"
+    awk -v v="$staging_version" '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" { printf "\t%s => %s %s\n", $1, $1, v }' "$gomod"
+    printf ')\n'
+  } >"$module/go.mod"
+  local packages=()
+  for name in "${wanted[@]}"; do packages+=("k8s.io/kubernetes/cmd/$name"); done
+  # What `kubectl version` and the node report; without it they say v0.0.0-master.
+  local version_flags="" pkg minor
+  minor=$(cut -d. -f2 <<<"$KUBE_VERSION")
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    version_flags+=" -X $pkg.gitVersion=v$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    version_flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  (
+    cd "$module"
+    export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
+    go get "${packages[@]/%/@v$KUBE_VERSION}" >/dev/null 2>&1 || go get "${packages[@]/%/@v$KUBE_VERSION}"
+    go build -trimpath -ldflags "-s -w$version_flags" -o "$KUBE_BIN/" "${packages[@]}"
+  )
+}
+
+# The sandbox ("pause") image: one static binary that holds a pod's namespaces open.
+build_pause() {
+  local archive=$CACHE/kube/pause-$KUBE_VERSION.tar
+  [[ -f $archive ]] && return
+  local rootfs
+  rootfs=$(mktemp -d)
+  gcc -static -Os -s -o "$rootfs/pause" scripts/cluster/pause.c
+  scripts/image-archive.sh "$rootfs" "$PAUSE_IMAGE" "$archive" --user 65535:65535 -- /pause >&2
+  rm -rf "$rootfs"
+}
+
+# ---- certificates and kubeconfigs ------------------------------------------------------
+
+# sign NAME SUBJECT [SANS]: a key and a certificate signed by the cluster's CA.
+sign() {
+  local name=$1 subject=$2 sans=${3:-}
+  openssl genrsa -out "$PKI/$name.key" 2048 2>/dev/null
+  openssl req -new -key "$PKI/$name.key" -subj "$subject" -out "$PKI/$name.csr" 2>/dev/null
+  local ext=$PKI/$name.ext
+  printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n' >"$ext"
+  [[ -n $sans ]] && printf 'subjectAltName=%s\n' "$sans" >>"$ext"
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
+    -days 30 -sha256 -extfile "$ext" -out "$PKI/$name.crt" 2>/dev/null
+  rm -f "$PKI/$name.csr" "$ext"
+}
+
+# kubeconfig NAME: a kubeconfig that authenticates with the certificate NAME.
+kubeconfig() {
+  local name=$1
+  cat >"$CLUSTER_DIR/$name.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: wasmless
+  cluster:
+    server: https://$GATEWAY:6443
+    certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
+users:
+- name: $name
+  user:
+    client-certificate-data: $(base64 -w0 "$PKI/$name.crt")
+    client-key-data: $(base64 -w0 "$PKI/$name.key")
+contexts:
+- name: wasmless
+  context: {cluster: wasmless, user: $name}
+current-context: wasmless
+EOF
+}
+
+make_pki() {
+  [[ -f $ADMIN_KUBECONFIG ]] && return
+  mkdir -p "$PKI"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$PKI/ca.key" -out "$PKI/ca.crt" -days 30 \
+    -subj "/CN=wasmless-test-cluster-ca" 2>/dev/null
+  sign apiserver "/CN=kube-apiserver" \
+    "IP:$GATEWAY,IP:127.0.0.1,IP:${SERVICE_CIDR%.0/*}.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost"
+  sign apiserver-kubelet-client "/O=wasmless:apiserver/CN=kube-apiserver-kubelet-client"
+  sign kubelet-serving "/CN=$NODE" "IP:$GATEWAY,DNS:$NODE"
+  sign admin "/O=system:masters/CN=wasmless-admin"
+  sign kubelet "/O=system:nodes/CN=system:node:$NODE"
+  sign controller-manager "/CN=system:kube-controller-manager"
+  sign scheduler "/CN=system:kube-scheduler"
+  sign kube-proxy "/CN=system:kube-proxy"
+  sign prometheus "/CN=wasmless-prometheus"
+  openssl genrsa -out "$PKI/service-account.key" 2048 2>/dev/null
+  openssl rsa -in "$PKI/service-account.key" -pubout -out "$PKI/service-account.pub" 2>/dev/null
+  local name
+  for name in admin kubelet controller-manager scheduler kube-proxy prometheus; do kubeconfig "$name"; done
+}
+
+# ---- processes -------------------------------------------------------------------------
+
+running() { [[ -f $PIDS/$1 ]] && kill -0 "$(cat "$PIDS/$1")" 2>/dev/null; }
+
+# start NAME COMMAND...: runs it in the background, its output in logs/NAME.log, its PID recorded.
+start() {
+  local name=$1
+  shift
+  running "$name" && return
+  mkdir -p "$PIDS" "$LOGS"
+  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  echo $! >"$PIDS/$name"
+}
+
+# wait_for WHAT SECONDS COMMAND...: polls COMMAND until it succeeds.
+wait_for() {
+  local what=$1 seconds=$2
+  shift 2
+  local deadline=$((SECONDS + seconds))
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || die "$what not ready after ${seconds}s; see $LOGS/"
+    sleep 0.5
+  done
+}
+
+kubectl() { "$KUBE_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
+ctr_() { ctr --address "$CONTAINERD_SOCK" --namespace k8s.io "$@"; }
+
+# ---- up --------------------------------------------------------------------------------
+
+# Remembers a host setting before changing it, so `down` can put it back.
+remember() {
+  local key=$1 value=$2
+  mkdir -p "$CLUSTER_DIR/host"
+  [[ -f $CLUSTER_DIR/host/$key ]] || printf '%s\n' "$value" >"$CLUSTER_DIR/host/$key"
+}
+
+setup_host() {
+  remember ip_forward "$(cat /proc/sys/net/ipv4/ip_forward)"
+  remember bridge_nf_call_iptables "$(cat /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null || echo 0)"
+  remember root_propagation "$(findmnt -no PROPAGATION /)"
+  ls /var/run/netns 2>/dev/null >"$CLUSTER_DIR/host/netns.before" || true
+  sysctl -qw net.ipv4.ip_forward=1
+  # Service traffic between pods on the bridge must pass kube-proxy's iptables rules.
+  sysctl -qw net.bridge.bridge-nf-call-iptables=1
+  # The kubelet's volume mounts must propagate into containers (as kind does).
+  mount --make-rshared /
+  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$GATEWAY/${POD_CIDR#*/}" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+    touch "$CLUSTER_DIR/host/bridge.created"
+  fi
+}
+
+start_etcd() {
+  start etcd etcd --name "$NODE" --data-dir "$CLUSTER_DIR/etcd" \
+    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster "$NODE=http://127.0.0.1:2380" --quota-backend-bytes 2147483648 \
+    --listen-metrics-urls http://127.0.0.1:2381
+  wait_for etcd 30 curl -fsS http://127.0.0.1:2381/health
+}
+
+start_containerd() {
+  local dir=$CLUSTER_DIR/containerd
+  mkdir -p "$dir/certs.d/_default" "$CLUSTER_DIR/cni/net.d"
+  # No registry but the test's own: any pull that is not of an imported image fails at once
+  # on loopback instead of leaving the machine.
+  printf 'server = "http://127.0.0.1:1"\n[host."http://127.0.0.1:1"]\n  capabilities = ["pull", "resolve"]\n' \
+    >"$dir/certs.d/_default/hosts.toml"
+  cat >"$dir/config.toml" <<EOF
+version = 2
+root = "$dir/root"
+state = "$dir/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = "$CONTAINERD_SOCK"
+[ttrpc]
+  address = "$dir/containerd.sock.ttrpc"
+[debug]
+  address = "$dir/debug.sock"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$dir/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  enable_selinux = false
+  # This machine refuses to lower oom_score_adj below the caller's (even to root): the
+  # kubelet's negative scores for the sandbox and Guaranteed pods are raised to containerd's.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$CLUSTER_DIR/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$dir/certs.d"
+EOF
+  cat >"$CLUSTER_DIR/cni/net.d/10-wasmless.conflist" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "wasmless",
+  "plugins": [
+    {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+     "ipam": {"type": "host-local", "dataDir": "$CLUSTER_DIR/cni/ipam",
+              "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$GATEWAY"}]],
+              "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+  start containerd containerd --config "$dir/config.toml"
+  wait_for containerd 30 ctr --address "$CONTAINERD_SOCK" version
+  import_image "$CACHE/kube/pause-$KUBE_VERSION.tar"
+}
+
+# import_image ARCHIVE: makes an image archive available to the kubelet (the CRI's namespace).
+import_image() {
+  ctr_ images import --no-unpack=false "$1" >/dev/null 2>&1 || ctr_ images import "$1" >/dev/null
+}
+
+start_apiserver() {
+  start kube-apiserver "$KUBE_BIN/kube-apiserver" \
+    --etcd-servers http://127.0.0.1:2379 \
+    --bind-address "$GATEWAY" --advertise-address "$GATEWAY" --secure-port 6443 \
+    --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+    --client-ca-file "$PKI/ca.crt" \
+    --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority "$PKI/ca.crt" \
+    --kubelet-preferred-address-types InternalIP \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$PKI/service-account.pub" \
+    --service-account-signing-key-file "$PKI/service-account.key" \
+    --service-cluster-ip-range "$SERVICE_CIDR" \
+    --authorization-mode Node,RBAC \
+    --enable-admission-plugins NodeRestriction \
+    --allow-privileged=false \
+    --profiling=false
+  wait_for kube-apiserver 90 kubectl get --raw /readyz
+  # The API server's kubelet client may read logs, exec and port-forward.
+  kubectl create clusterrolebinding wasmless:apiserver-kubelet-api-admin --clusterrole system:kubelet-api-admin \
+    --user kube-apiserver-kubelet-client --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+  # The test's Prometheus discovers pods and services across namespaces, and reads nothing else.
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: wasmless:prometheus}
+rules:
+- apiGroups: [""]
+  resources: [pods, services, endpoints]
+  verbs: [get, list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: wasmless:prometheus}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: wasmless:prometheus}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: wasmless-prometheus}]
+EOF
+}
+
+start_controllers() {
+  start kube-controller-manager "$KUBE_BIN/kube-controller-manager" \
+    --kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
+    --bind-address 127.0.0.1 --leader-elect=false \
+    --use-service-account-credentials \
+    --service-account-private-key-file "$PKI/service-account.key" \
+    --root-ca-file "$PKI/ca.crt" \
+    --service-cluster-ip-range "$SERVICE_CIDR" \
+    --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key"
+  cat >"$CLUSTER_DIR/scheduler.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection: {kubeconfig: $CLUSTER_DIR/scheduler.kubeconfig}
+leaderElection: {leaderElect: false}
+EOF
+  start kube-scheduler "$KUBE_BIN/kube-scheduler" --config "$CLUSTER_DIR/scheduler.yaml" \
+    --bind-address 127.0.0.1 \
+    --authentication-kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" \
+    --authorization-kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig"
+}
+
+# This machine: cgroup v1 (hybrid) with no systemd, no swap, and a nested memory cgroup.
+start_kubelet() {
+  mkdir -p "$CLUSTER_DIR/kubelet"
+  cat >"$CLUSTER_DIR/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $GATEWAY
+healthzBindAddress: 127.0.0.1
+readOnlyPort: 0
+containerRuntimeEndpoint: unix://$CONTAINERD_SOCK
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+tlsCertFile: $PKI/kubelet-serving.crt
+tlsPrivateKeyFile: $PKI/kubelet-serving.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $PKI/ca.crt}
+authorization: {mode: Webhook}
+evictionHard: {memory.available: 100Mi, nodefs.available: 1%, nodefs.inodesFree: 1%, imagefs.available: 1%}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+clusterDomain: cluster.local
+resolvConf: ""
+EOF
+  start kubelet "$KUBE_BIN/kubelet" --config "$CLUSTER_DIR/kubelet.yaml" \
+    --kubeconfig "$CLUSTER_DIR/kubelet.kubeconfig" --root-dir "$CLUSTER_DIR/kubelet" \
+    --hostname-override "$NODE" --node-ip "$GATEWAY"
+  wait_for "the node" 120 kubectl wait --for=condition=Ready "node/$NODE" --timeout=5s
+}
+
+start_proxy() {
+  cat >"$CLUSTER_DIR/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $CLUSTER_DIR/kube-proxy.kubeconfig}
+mode: iptables
+hostnameOverride: $NODE
+clusterCIDR: $POD_CIDR
+bindAddress: 127.0.0.1
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+nodePortAddresses: ["$GATEWAY/32"]
+conntrack: {maxPerCore: 0}
+EOF
+  start kube-proxy "$KUBE_BIN/kube-proxy" --config "$CLUSTER_DIR/kube-proxy.yaml"
+  wait_for kube-proxy 60 curl -fsS http://127.0.0.1:10256/healthz
+}
+
+up() {
+  [[ $(id -u) == 0 ]] || die "the cluster needs root (it runs the kubelet and containerd)"
+  if running kube-apiserver && running kubelet && kubectl get --raw /readyz >/dev/null 2>&1; then
+    say "already up"
+    echo "$ADMIN_KUBECONFIG"
+    return
+  fi
+  build_kube
+  build_pause
+  mkdir -p "$CLUSTER_DIR"
+  setup_host
+  make_pki
+  start_etcd
+  start_containerd
+  start_apiserver
+  start_controllers
+  start_kubelet
+  start_proxy
+  wait_for "the default ServiceAccount" 60 kubectl get serviceaccount default
+  say "up: Kubernetes v$KUBE_VERSION, node $NODE, API https://$GATEWAY:6443; logs in $LOGS"
+  echo "$ADMIN_KUBECONFIG"
+}
+
+# ---- down ------------------------------------------------------------------------------
+
+stop() {
+  local name=$1 pid
+  [[ -f $PIDS/$name ]] || return 0
+  pid=$(cat "$PIDS/$name")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + 15))
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$PIDS/$name"
+}
+
+# The containers' processes: shims started by this cluster's containerd.
+shim_pids() { pgrep -f "containerd-shim.*-address $CONTAINERD_SOCK" || true; }
+
+# Mount points under the cluster's directory, deepest first.
+cluster_mounts() { findmnt -rn -o TARGET | grep -F "$CLUSTER_DIR" | awk '{ print length, $0 }' | sort -rn | cut -d' ' -f2- || true; }
+
+new_netns() {
+  local before=$CLUSTER_DIR/host/netns.before
+  [[ -f $before ]] || return 0
+  comm -13 <(sort "$before") <(ls /var/run/netns 2>/dev/null | sort) | grep '^cni-' || true
+}
+
+down() {
+  [[ -d $CLUSTER_DIR ]] || { say "not up"; return; }
+  local component i
+  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
+    component=${COMPONENTS[i]}
+    [[ $component == containerd || $component == etcd ]] && continue
+    stop "$component"
+  done
+  # The pods' containers outlive the kubelet: kill them through containerd, then its shims.
+  if running containerd; then
+    local task
+    for task in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks kill -s SIGKILL "$task" >/dev/null 2>&1 || true; done
+    sleep 1
+    for task in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks delete -f "$task" >/dev/null 2>&1 || true; done
+    for task in $(ctr_ containers ls -q 2>/dev/null); do ctr_ containers delete "$task" >/dev/null 2>&1 || true; done
+  fi
+  stop containerd
+  local pid
+  for pid in $(shim_pids); do kill -KILL "$pid" 2>/dev/null || true; done
+  stop etcd
+  local netns
+  for netns in $(new_netns); do ip netns delete "$netns" 2>/dev/null || umount -l "/var/run/netns/$netns" 2>/dev/null || true; rm -f "/var/run/netns/$netns"; done
+  local mountpoint
+  while read -r mountpoint; do [[ -n $mountpoint ]] && umount -l "$mountpoint" 2>/dev/null || true; done < <(cluster_mounts)
+  # kube-proxy's rules, then the host settings as they were before `up`.
+  [[ -x $KUBE_BIN/kube-proxy ]] && "$KUBE_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
+  [[ -f $CLUSTER_DIR/host/bridge.created ]] && ip link delete "$BRIDGE" 2>/dev/null || true
+  local host=$CLUSTER_DIR/host
+  [[ -f $host/ip_forward ]] && sysctl -qw net.ipv4.ip_forward="$(cat "$host/ip_forward")"
+  [[ -f $host/bridge_nf_call_iptables ]] && sysctl -qw net.bridge.bridge-nf-call-iptables="$(cat "$host/bridge_nf_call_iptables")" || true
+  [[ -f $host/root_propagation ]] && [[ $(cat "$host/root_propagation") == private ]] && mount --make-rprivate /
+  rm -rf "$CLUSTER_DIR"
+  check_clean
+  say "down: no process, container, mount or network of the cluster is left"
+}
+
+# Fails, naming them, if any of the cluster's processes, mounts or links is still there.
+check_clean() {
+  local left=()
+  local name
+  for name in "${COMPONENTS[@]}"; do
+    pgrep -f "^(/[^ ]*/)?$name( |$)" >/dev/null && left+=("process $name")
+  done
+  [[ -n $(shim_pids) ]] && left+=("containerd shims")
+  [[ -n $(cluster_mounts) ]] && left+=("mounts under $CLUSTER_DIR")
+  ip link show "$BRIDGE" >/dev/null 2>&1 && left+=("bridge $BRIDGE")
+  [[ -e $CLUSTER_DIR ]] && left+=("$CLUSTER_DIR")
+  [[ ${#left[@]} -eq 0 ]] || die "left behind: ${left[*]}"
+}
+
+# ---- commands --------------------------------------------------------------------------
+
+status() {
+  local name
+  for name in "${COMPONENTS[@]}"; do
+    if running "$name"; then echo "$name: running (pid $(cat "$PIDS/$name"))"; else echo "$name: stopped"; fi
+  done
+}
+
+case ${1:-} in
+  up) up ;;
+  down) down ;;
+  env)
+    printf 'export KUBECONFIG=%q PATH=%q:"$PATH"\n' "$ADMIN_KUBECONFIG" "$KUBE_BIN"
+    printf 'export WASMLESS_CLUSTER_DIR=%q WASMLESS_CLUSTER_GATEWAY=%q\n' "$CLUSTER_DIR" "$GATEWAY"
+    ;;
+  load)
+    shift
+    running containerd || die "the cluster is not up"
+    for archive in "$@"; do import_image "$archive"; say "loaded $archive"; done
+    ;;
+  build) build_kube; build_pause ;;
+  status) status ;;
+  *) echo "usage: $0 up | down | env | load ARCHIVE... | build | status" >&2; exit 2 ;;
+esac
