@@ -489,13 +489,25 @@ where
 }
 
 /// Whether every field set in `part` has the same value in `whole` (lists element-wise,
-/// same length). Fields the API server defaults are only in `whole` and do not count.
+/// same length). Fields the API server defaults are only in `whole` and do not count;
+/// a zero value in `part` (`false`, `0`, `""`, `{}`, `[]`) matches a field `whole` lacks,
+/// since the API server drops such fields rather than store them (Go's `omitempty`).
 pub fn is_subset(part: &serde_json::Value, whole: &serde_json::Value) -> bool {
     use serde_json::Value;
+    fn is_zero(value: &Value) -> bool {
+        match value {
+            Value::Null => true,
+            Value::Bool(b) => !b,
+            Value::Number(n) => n.as_f64() == Some(0.0),
+            Value::String(s) => s.is_empty(),
+            Value::Array(a) => a.is_empty(),
+            Value::Object(o) => o.values().all(is_zero),
+        }
+    }
     match (part, whole) {
         (Value::Object(part), Value::Object(whole)) => part
             .iter()
-            .all(|(key, value)| whole.get(key).is_some_and(|w| is_subset(value, w))),
+            .all(|(key, value)| whole.get(key).map_or(is_zero(value), |w| is_subset(value, w))),
         (Value::Array(part), Value::Array(whole)) => {
             part.len() == whole.len() && part.iter().zip(whole).all(|(p, w)| is_subset(p, w))
         }
