@@ -6,12 +6,12 @@
 #   scripts/cluster.sh env      print `export KUBECONFIG=… PATH=…` for a shell to eval
 #   scripts/cluster.sh down     stop what `up` started and remove its containers, mounts, state
 #   scripts/cluster.sh load ARCHIVE...   import image archives (scripts/build-images.sh) for the kubelet
-#   scripts/cluster.sh build    only build (and cache) the Kubernetes binaries and the pause image
+#   scripts/cluster.sh build    only build (and cache) Kubernetes, etcd and the pause image
 #   scripts/cluster.sh status   say what runs
 #
-# Kubernetes is built with `go build` from the k8s.io/kubernetes module at KUBE_VERSION and
-# cached under ~/.cache/wasmless/kube/; etcd, containerd, runc and the CNI plugins are
-# Debian's. Every process listens on 127.0.0.1 or on the pod bridge's gateway address
+# Kubernetes is built with `go build` from the k8s.io/kubernetes module at KUBE_VERSION, and
+# etcd from go.etcd.io/etcd/server/v3 at ETCD_VERSION, cached under ~/.cache/wasmless/kube/;
+# containerd, runc and the CNI plugins are Debian's. Every process listens on 127.0.0.1 or on the pod bridge's gateway address
 # (GATEWAY): traffic stays on this machine's loopback, the bridge and the pods' namespaces.
 # Needs root. Each process's log is in $CLUSTER_DIR/logs/.
 set -euo pipefail
@@ -19,8 +19,13 @@ cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/sbin:/sbin   # runc, iptables, conntrack
 
 KUBE_VERSION=1.34.4
+# Debian's etcd (3.4.23) is below what 1.34's API server needs: its watch cache fell behind
+# ("Too large resource version") and served stale objects, so controllers never saw a
+# Deployment become available. 3.6 is the etcd line Kubernetes 1.34 is released with.
+ETCD_VERSION=3.6.16
 CACHE=${WASMLESS_CACHE:-$HOME/.cache/wasmless}
 KUBE_BIN=$CACHE/kube/v$KUBE_VERSION/bin
+ETCD=$CACHE/kube/etcd-v$ETCD_VERSION/etcd
 CLUSTER_DIR=${WASMLESS_CLUSTER_DIR:-/var/lib/wasmless-cluster}
 NODE=wasmless-node
 BRIDGE=wasmless0
@@ -73,6 +78,20 @@ build_kube() {
     export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
     go get "${packages[@]/%/@v$KUBE_VERSION}" >/dev/null 2>&1 || go get "${packages[@]/%/@v$KUBE_VERSION}"
     go build -trimpath -ldflags "-s -w$version_flags" -o "$KUBE_BIN/" "${packages[@]}"
+  )
+}
+
+build_etcd() {
+  [[ -x $ETCD ]] && return
+  local module=${ETCD%/etcd}/module
+  mkdir -p "$module"
+  say "building etcd v$ETCD_VERSION from the Go module proxy (once; under a minute)"
+  printf 'module wasmless.local/etcd\n\ngo 1.24.0\n' >"$module/go.mod"
+  (
+    cd "$module"
+    export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
+    go get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" >/dev/null 2>&1 || go get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
+    go build -trimpath -ldflags "-s -w" -o "$ETCD" go.etcd.io/etcd/server/v3
   )
 }
 
@@ -202,7 +221,7 @@ setup_host() {
 }
 
 start_etcd() {
-  start etcd etcd --name "$NODE" --data-dir "$CLUSTER_DIR/etcd" \
+  start etcd "$ETCD" --name "$NODE" --data-dir "$CLUSTER_DIR/etcd" \
     --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
     --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
     --initial-cluster "$NODE=http://127.0.0.1:2380" --quota-backend-bytes 2147483648 \
@@ -398,6 +417,7 @@ up() {
     return
   fi
   build_kube
+  build_etcd
   build_pause
   mkdir -p "$CLUSTER_DIR"
   setup_host
@@ -415,17 +435,21 @@ up() {
 
 # ---- down ------------------------------------------------------------------------------
 
+# stop NAME...: SIGTERM to each (together: the API server alone takes ~12 s to drain),
+# SIGKILL to any still there after 15 s.
 stop() {
-  local name=$1 pid
-  [[ -f $PIDS/$name ]] || return 0
-  pid=$(cat "$PIDS/$name")
-  if kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
-    local deadline=$((SECONDS + 15))
+  local name pid pids=()
+  for name in "$@"; do
+    [[ -f $PIDS/$name ]] || continue
+    pid=$(cat "$PIDS/$name")
+    kill -TERM "$pid" 2>/dev/null && pids+=("$pid")
+    rm -f "$PIDS/$name"
+  done
+  local deadline=$((SECONDS + 15))
+  for pid in "${pids[@]}"; do
     while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
     kill -KILL "$pid" 2>/dev/null || true
-  fi
-  rm -f "$PIDS/$name"
+  done
 }
 
 # The containers' processes: shims started by this cluster's containerd.
@@ -442,12 +466,7 @@ new_netns() {
 
 down() {
   [[ -d $CLUSTER_DIR ]] || { say "not up"; return; }
-  local component i
-  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
-    component=${COMPONENTS[i]}
-    [[ $component == containerd || $component == etcd ]] && continue
-    stop "$component"
-  done
+  stop kube-proxy kube-scheduler kube-controller-manager kubelet kube-apiserver
   # The pods' containers outlive the kubelet: kill them through containerd, then its shims.
   if running containerd; then
     local task
@@ -511,7 +530,7 @@ case ${1:-} in
     running containerd || die "the cluster is not up"
     for archive in "$@"; do import_image "$archive"; say "loaded $archive"; done
     ;;
-  build) build_kube; build_pause ;;
+  build) build_kube; build_etcd; build_pause ;;
   status) status ;;
   *) echo "usage: $0 up | down | env | load ARCHIVE... | build | status" >&2; exit 2 ;;
 esac
