@@ -30,6 +30,10 @@ struct Args {
     /// Registry for OCI storage: host[:port][/prefix].
     #[arg(long, env = "WASMLESS_OCI_REGISTRY")]
     oci_registry: Option<String>,
+    /// Registries (comma-separated host:port) reached over plain HTTP instead of HTTPS, such as
+    /// a registry inside the cluster without TLS; passed on to build Jobs and function pods.
+    #[arg(long, env = "WASMLESS_OCI_PLAIN_HTTP")]
+    oci_plain_http: Option<String>,
     /// Watch only this namespace (default: all).
     #[arg(long, env = "WASMLESS_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
@@ -83,6 +87,7 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|| args.builder_image.clone());
     settings.default_storage = args.default_storage;
     settings.oci_registry = args.oci_registry.clone();
+    settings.oci_plain_http = args.oci_plain_http.clone();
 
     let client = kube::Client::try_default()
         .await

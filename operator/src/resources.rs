@@ -10,9 +10,9 @@ use k8s_openapi::api::batch::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort,
-    EmptyDirVolumeSource, EnvVar, HTTPGetAction, KeyToPath, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ProjectedVolumeSource, SeccompProfile, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Volume,
-    VolumeMount, VolumeProjection,
+    EmptyDirVolumeSource, EnvVar, HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ProjectedVolumeSource, SeccompProfile, SecurityContext, Service, ServiceAccount,
+    ServicePort, ServiceSpec, SleepAction, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -38,6 +38,12 @@ pub const MODULE_REF_ANNOTATION: &str = "wasmless.io/module-ref";
 pub const SOURCE_KEY: &str = "source";
 
 pub const HTTP_PORT: i32 = 8080;
+/// How long a terminating runtime pod keeps serving before it is sent SIGTERM: the time
+/// kube-proxy (and any other endpoint watcher) needs to stop routing new requests to it.
+/// Without it a rolling update refuses the requests that are still routed to old pods.
+pub const ENDPOINT_REMOVAL_DELAY_SECONDS: i64 = 5;
+/// Environment variable naming registries spoken to over plain HTTP (builder and runtime).
+pub const OCI_PLAIN_HTTP_ENV: &str = "WASMLESS_OCI_PLAIN_HTTP";
 pub const ADMIN_PORT: i32 = 9090;
 /// The UID the images run as (distroless's `nonroot`).
 pub const NON_ROOT_UID: i64 = 65532;
@@ -192,7 +198,8 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     VolumeMount {
         name: name.into(),
         mount_path: path.into(),
-        read_only: Some(read_only),
+        // `readOnly: false` is what the API server stores as no field at all.
+        read_only: read_only.then_some(true),
         ..Default::default()
     }
 }
@@ -239,14 +246,22 @@ pub fn build_job(func: &Function, settings: &Settings, digest: &Digest, publish:
             "--publish".into(),
             publish.into(),
         ]),
-        env: Some(vec![
-            // The builder labels the chunks with the operator's digest (over language,
-            // builder version and source), which it cannot compute itself.
-            env("WASMLESS_SOURCE_DIGEST", digest.to_string()),
-            env("HOME", "/tmp".into()),
-            env("GOCACHE", "/tmp/go-cache".into()),
-            env("CARGO_TARGET_DIR", "/tmp/target".into()),
-        ]),
+        env: Some(
+            vec![
+                // The builder labels the chunks with the operator's digest (over language,
+                // builder version and source), which it cannot compute itself.
+                env("WASMLESS_SOURCE_DIGEST", digest.to_string()),
+                // The chunks it publishes are owned by the Function, so they are collected with
+                // it, even from a build that failed half-way or outlived its Function.
+                env("WASMLESS_FUNCTION_UID", func.uid().unwrap_or_default()),
+                env("HOME", "/tmp".into()),
+                env("GOCACHE", "/tmp/go-cache".into()),
+                env("CARGO_TARGET_DIR", "/tmp/target".into()),
+            ]
+            .into_iter()
+            .chain(oci_plain_http_env(settings))
+            .collect(),
+        ),
         security_context: Some(restricted_container_security()),
         // The compiler's output reaches status even if the builder dies before writing
         // /dev/termination-log.
@@ -436,6 +451,16 @@ pub fn deployment(func: &Function, settings: &Settings, module: &Module) -> Depl
         ]),
         readiness_probe: Some(probe("/readyz", 2)),
         liveness_probe: Some(probe("/healthz", 10)),
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                sleep: Some(SleepAction {
+                    seconds: ENDPOINT_REMOVAL_DELAY_SECONDS,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        env: Some(oci_plain_http_env(settings).collect()).filter(|env: &Vec<EnvVar>| !env.is_empty()),
         resources: spec.resources.clone(),
         security_context: Some(restricted_container_security()),
         volume_mounts: Some(mounts),
@@ -478,6 +503,16 @@ pub fn deployment(func: &Function, settings: &Settings, module: &Module) -> Depl
         }),
         ..Default::default()
     }
+}
+
+/// The registries the operator was told to reach over plain HTTP, for the builder's push
+/// and the runtime's pull (a registry on loopback needs no such word).
+fn oci_plain_http_env(settings: &Settings) -> impl Iterator<Item = EnvVar> {
+    settings.oci_plain_http.clone().into_iter().map(|registries| EnvVar {
+        name: OCI_PLAIN_HTTP_ENV.into(),
+        value: Some(registries),
+        ..Default::default()
+    })
 }
 
 fn container_port(name: &str, port: i32) -> ContainerPort {

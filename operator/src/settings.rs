@@ -15,6 +15,9 @@ pub struct Settings {
     pub default_storage: Storage,
     /// Registry (`host[:port][/prefix]`) for OCI storage; without it `storage: oci` is refused on status.
     pub oci_registry: Option<String>,
+    /// Registries (comma-separated `host:port`) spoken to over plain HTTP, passed to the
+    /// builder and the runtime as `WASMLESS_OCI_PLAIN_HTTP`.
+    pub oci_plain_http: Option<String>,
 }
 
 impl Settings {
@@ -27,6 +30,7 @@ impl Settings {
             builder_image,
             default_storage: Storage::ConfigMap,
             oci_registry: None,
+            oci_plain_http: None,
         }
     }
 }

@@ -1,8 +1,12 @@
 //! The operator's behaviour, scenario by scenario. Each scenario runs against the in-memory
-//! API server (`wasmless_operator::testing`), and again against a real API server when
-//! `WASMLESS_TEST_KUBECONFIG` names a kubeconfig (otherwise those print why they skip).
-//! The builder and the kubelet are simulated through the API: the tests write the chunk
-//! ConfigMaps, Job, Pod and Deployment status that they would.
+//! API server (`wasmless_operator::testing`), and again (`real_api`) on the cluster that
+//! `WASMLESS_TEST_KUBECONFIG` names (`scripts/cluster.sh up` starts one; without it those
+//! tests fail, saying so: skip them with `cargo test -- --skip real_api`).
+//! The builder is simulated through the API: the tests write the chunk ConfigMaps, and the
+//! Job and Pod status, that it would. On the in-memory server the kubelet is simulated too;
+//! on a cluster the function's pods really run (`WASMLESS_TEST_RUNTIME_IMAGE`, default
+//! `wasmless/runtime:0.1.0`) and the build Jobs' own pods are refused, so that only the
+//! simulated build reports.
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -47,20 +51,22 @@ impl Harness {
         }
     }
 
-    /// A harness on the API server of `WASMLESS_TEST_KUBECONFIG`, in a fresh namespace with
-    /// the CRD applied; `None` (after saying why) when the variable is unset.
-    async fn real(test: &str) -> Option<Self> {
-        let Ok(path) = std::env::var("WASMLESS_TEST_KUBECONFIG") else {
-            eprintln!(
-                "skipping {test} against a real API server: WASMLESS_TEST_KUBECONFIG is not set (no cluster here)"
-            );
-            return None;
-        };
+    /// A harness on the cluster of `WASMLESS_TEST_KUBECONFIG`, in a fresh namespace with the
+    /// CRD applied.
+    async fn real(test: &str) -> Self {
+        let path = std::env::var("WASMLESS_TEST_KUBECONFIG").unwrap_or_else(|_| {
+            panic!(
+                "{test} runs on a real cluster: start one with `scripts/cluster.sh up` and set \
+                 WASMLESS_TEST_KUBECONFIG to the kubeconfig it prints (scripts/test.sh does both), \
+                 or skip these with `cargo test -- --skip real_api`"
+            )
+        });
         let kubeconfig = kube::config::Kubeconfig::read_from(&path).expect("reading WASMLESS_TEST_KUBECONFIG");
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
             .await
             .expect("kubeconfig");
         let client = Client::try_from(config).expect("client");
+        refuse_build_pods(&client).await;
         let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
             Api::all(client.clone());
         crds.patch(
@@ -70,26 +76,34 @@ impl Harness {
         )
         .await
         .expect("applying the CRD");
+        // The CRD's schema and the admission policy take effect shortly after they are written.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let ns = format!("wasmless-test-{}-{}", test.replace('_', "-"), std::process::id());
-        let ns: String = ns
+        // The process ID must survive the 63-character limit: runs may overlap while an
+        // earlier run's namespace is still terminating.
+        let prefix: String = format!("wasmless-test-{}", test.replace('_', "-"))
             .chars()
-            .take(63)
-            .collect::<String>()
-            .trim_end_matches('-')
-            .to_string();
+            .take(50)
+            .collect();
+        let ns = format!("{}-{}", prefix.trim_end_matches('-'), std::process::id());
         let namespaces: Api<Namespace> = Api::all(client.clone());
-        let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+        let namespace: Namespace = serde_json::from_value(json!({"metadata": {
+            "name": ns,
+            "labels": {SIMULATED_BUILDS_LABEL: "true"},
+        }}))
+        .unwrap();
         namespaces
             .create(&PostParams::default(), &namespace)
             .await
             .expect("namespace");
-        Some(Self {
-            ctx: Arc::new(Context::new(client.clone(), settings(), Metrics::default(), None)),
+        let runtime_image =
+            std::env::var("WASMLESS_TEST_RUNTIME_IMAGE").unwrap_or_else(|_| "wasmless/runtime:0.1.0".into());
+        let settings = Settings::new(runtime_image, settings().builder_image);
+        Self {
+            ctx: Arc::new(Context::new(client.clone(), settings, Metrics::default(), None)),
             client,
             fake: None,
             ns,
-        })
+        }
     }
 
     async fn delete_namespace(&self) {
@@ -183,17 +197,18 @@ impl Harness {
                 .expect("chunk");
         }
         let job = resources::job_name(name, &source_digest);
+        let (started, now) = self.job_times(&job).await;
         self.api::<Job>()
             .patch_status(
                 &job,
                 &PatchParams::default(),
                 &Patch::Merge(json!({"status": {
-                    "startTime": "2026-01-01T00:00:00Z",
-                    "completionTime": "2026-01-01T00:00:30Z",
+                    "startTime": started,
+                    "completionTime": now,
                     "succeeded": 1,
                     "conditions": [
-                        {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": "2026-01-01T00:00:30Z"},
-                        {"type": "Complete", "status": "True", "lastTransitionTime": "2026-01-01T00:00:30Z"},
+                        {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": now},
+                        {"type": "Complete", "status": "True", "lastTransitionTime": now},
                     ],
                 }})),
             )
@@ -202,13 +217,30 @@ impl Harness {
         module_digest
     }
 
+    /// The Job's start time (a real Job controller has set one, which may not change) and now.
+    async fn job_times(&self, job: &str) -> (String, String) {
+        let seconds = |t: k8s_openapi::jiff::Timestamp| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let started = self
+            .api::<Job>()
+            .get(job)
+            .await
+            .expect("the build Job")
+            .status
+            .and_then(|s| s.start_time)
+            .map_or(now, |t| t.0);
+        (seconds(started), seconds(now))
+    }
+
     /// What a failed build leaves: the Job failed, its pod terminated with the compiler's output.
     async fn fail_build(&self, name: &str, compiler_output: &str) {
         let func = self.function(name).await;
         let job = resources::job_name(name, &Self::status_source_digest(&func));
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": format!("{job}-x7k2p"), "labels": {"batch.kubernetes.io/job-name": job}},
-            "spec": {"restartPolicy": "Never", "containers": [{"name": "builder", "image": "wasmless/builder:test"}]},
+            // Gated: no scheduler or kubelet touches it; its status is what the test writes.
+            "spec": {"restartPolicy": "Never", "schedulingGates": [{"name": "wasmless.io/simulated"}],
+                     "containers": [{"name": "builder", "image": "wasmless/builder:test"}]},
         }))
         .unwrap();
         self.api::<Pod>()
@@ -227,16 +259,17 @@ impl Harness {
             )
             .await
             .expect("pod status");
+        let (started, now) = self.job_times(&job).await;
         self.api::<Job>()
             .patch_status(
                 &job,
                 &PatchParams::default(),
                 &Patch::Merge(json!({"status": {
-                    "startTime": "2026-01-01T00:00:00Z",
+                    "startTime": started,
                     "failed": 1,
                     "conditions": [
-                        {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded", "lastTransitionTime": "2026-01-01T00:00:30Z"},
-                        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit", "lastTransitionTime": "2026-01-01T00:00:30Z"},
+                        {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded", "lastTransitionTime": now},
+                        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit", "lastTransitionTime": now},
                     ],
                 }})),
             )
@@ -244,8 +277,12 @@ impl Harness {
             .expect("job status");
     }
 
-    /// What the Deployment controller reports once every pod of the current template is available.
+    /// What the Deployment controller reports once every pod of the current template is
+    /// available: written on the in-memory server, waited for on a cluster.
     async fn make_available(&self, name: &str) {
+        if self.fake.is_none() {
+            return self.wait_until_available(name).await;
+        }
         let deployment = self.api::<Deployment>().get(name).await.expect("deployment");
         let replicas = deployment.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
         self.api::<Deployment>()
@@ -260,6 +297,36 @@ impl Harness {
             )
             .await
             .expect("deployment status");
+    }
+
+    /// Waits until the Deployment's controller reports every pod of its current template
+    /// available and no other pod.
+    async fn wait_until_available(&self, name: &str) {
+        let mut last = None;
+        for _ in 0..240 {
+            let deployment = self.api::<Deployment>().get(name).await.expect("deployment");
+            let want = deployment.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            let status = deployment.status.clone().unwrap_or_default();
+            if status.observed_generation >= deployment.metadata.generation
+                && status.updated_replicas.unwrap_or(0) == want
+                && status.available_replicas.unwrap_or(0) == want
+                && status.replicas.unwrap_or(0) == want
+            {
+                return;
+            }
+            last = Some(status);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        panic!("Deployment {name} was not available within 2 minutes: {last:?}");
+    }
+
+    /// The Deployment's spec has not changed (its status is the cluster's to write).
+    fn same_spec(before: &Deployment, after: &Deployment, fake: bool) -> bool {
+        if fake {
+            before.resource_version() == after.resource_version()
+        } else {
+            before.metadata.generation == after.metadata.generation
+        }
     }
 
     async fn jobs(&self, name: &str) -> Vec<Job> {
@@ -314,6 +381,53 @@ impl Harness {
     }
 }
 
+/// Label of the test namespaces in which build Jobs get no pods of their own.
+const SIMULATED_BUILDS_LABEL: &str = "wasmless.io/simulated-builds";
+
+/// On a cluster, the Job controller would start the (fake) builder image for every build
+/// Job, and its pods would race the build the test simulates. An admission policy refuses
+/// the Job controller's pods in the test namespaces, and only there.
+async fn refuse_build_pods(client: &Client) {
+    use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+    let name = "wasmless-tests-simulated-builds";
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
+            }]},
+            "validations": [{
+                "expression": "request.userInfo.username != 'system:serviceaccount:kube-system:job-controller'",
+                "message": "the operator's scenario tests simulate the builds in this namespace",
+            }],
+        },
+    }))
+    .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {SIMULATED_BUILDS_LABEL: "true"}}},
+        },
+    }))
+    .unwrap();
+    let apply = PatchParams::apply("wasmless-tests").force();
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .patch(name, &apply, &Patch::Apply(&policy))
+        .await
+        .expect("the admission policy");
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .patch(name, &apply, &Patch::Apply(&binding))
+        .await
+        .expect("its binding");
+}
+
 fn status(func: &Function) -> wasmless_operator::FunctionStatus {
     func.status.clone().expect("status")
 }
@@ -340,7 +454,6 @@ fn template_annotation(deployment: &Deployment, key: &str) -> String {
         .clone()
 }
 
-/// A "module": any bytes do, the runtime is not involved.
 /// The first container's arguments in a pod template.
 fn first_container_args(template: k8s_openapi::api::core::v1::PodTemplateSpec) -> Vec<String> {
     template.spec.unwrap().containers[0].args.clone().unwrap()
@@ -351,8 +464,26 @@ fn has_flag(args: &[String], flag: &str, value: &str) -> bool {
     args.windows(2).any(|w| w[0] == flag && w[1] == value)
 }
 
+/// A module the runtime loads (on a cluster its pods must become ready): a WASI command
+/// whose `_start` does nothing, with `tag` in a custom section so each tag has its own digest.
 fn wasm(tag: &str) -> Vec<u8> {
     let mut bytes = b"\0asm\x01\0\0\0".to_vec();
+    bytes.extend([0x01, 0x04, 0x01, 0x60, 0x00, 0x00]); // types: () -> ()
+    bytes.extend([0x03, 0x02, 0x01, 0x00]); // functions: one of type 0
+    bytes.extend([0x05, 0x03, 0x01, 0x00, 0x01]); // memories: one of one page
+    bytes.extend([0x07, 0x13, 0x02]); // exports: two
+    bytes.extend([0x06]);
+    bytes.extend(b"_start");
+    bytes.extend([0x00, 0x00]); // function 0
+    bytes.extend([0x06]);
+    bytes.extend(b"memory");
+    bytes.extend([0x02, 0x00]); // memory 0
+    bytes.extend([0x0a, 0x04, 0x01, 0x02, 0x00, 0x0b]); // code: an empty body
+    let name = b"wasmless-test";
+    let size = 1 + name.len() + tag.len();
+    assert!(size < 128, "a one-byte section size");
+    bytes.extend([0x00, size as u8, name.len() as u8]);
+    bytes.extend(name);
     bytes.extend(tag.as_bytes());
     bytes
 }
@@ -603,7 +734,7 @@ async fn source_change_builds_once_and_rolls_out(h: &Harness) {
     assert_eq!(status(&func).phase, Some(Phase::Building));
     // While building, the old module keeps serving, untouched.
     let during = h.deployment("hello").await.unwrap();
-    assert_eq!(during.resource_version(), old_deployment.resource_version());
+    assert!(Harness::same_spec(&old_deployment, &during, h.fake.is_some()));
     assert_eq!(status(&func).module_digest, Some(old_module.to_string()));
     h.reconcile("hello").await.unwrap();
     assert_eq!(
@@ -655,7 +786,7 @@ async fn failed_build_keeps_serving_previous_module(h: &Harness) {
     assert!(message.len() <= 4096, "cut to 4 KiB, was {}", message.len());
     // The previous module keeps serving: the Deployment was not touched.
     let after = h.deployment("hello").await.unwrap();
-    assert_eq!(after.resource_version(), before.resource_version());
+    assert!(Harness::same_spec(&before, &after, h.fake.is_some()));
     assert_eq!(
         template_annotation(&after, annotations::MODULE_DIGEST),
         old_module.to_string()
@@ -792,11 +923,10 @@ macro_rules! scenarios {
             $(
                 #[tokio::test]
                 async fn $name() {
-                    if let Some(h) = super::Harness::real(stringify!($name)).await {
-                        super::$name(&h).await;
-                        // Kept when the scenario fails, to look at.
-                        h.delete_namespace().await;
-                    }
+                    let h = super::Harness::real(stringify!($name)).await;
+                    super::$name(&h).await;
+                    // Kept when the scenario fails, to look at.
+                    h.delete_namespace().await;
                 }
             )*
         }
@@ -815,6 +945,23 @@ scenarios!(
 );
 
 // ---- fake-only scenarios: what a real API server cannot be made to do ----
+
+#[test]
+fn what_the_api_server_drops_is_not_a_change() {
+    use wasmless_operator::controller::is_subset;
+    // A volume mount as written, and as a real API server returns it: `readOnly: false`
+    // is not stored. Taking that for a change re-applied the Deployment on every reconcile
+    // and kept the Function from ever reading its status (it stayed Pending).
+    let desired = json!({"volumeMounts": [{"name": "cache", "mountPath": "/cache", "readOnly": false}], "env": []});
+    let stored = json!({"volumeMounts": [{"name": "cache", "mountPath": "/cache"}], "imagePullPolicy": "IfNotPresent"});
+    assert!(is_subset(&desired, &stored));
+    let read_only = json!({"volumeMounts": [{"name": "cache", "mountPath": "/cache", "readOnly": true}]});
+    assert!(
+        !is_subset(&read_only, &stored),
+        "a set field that is missing is a change"
+    );
+    assert!(!is_subset(&json!({"replicas": 0}), &json!({"replicas": 1})));
+}
 
 #[tokio::test]
 async fn api_error_midway_is_retried_without_duplicates() {
