@@ -1,19 +1,141 @@
 #!/usr/bin/env bash
-# Builds the runtime image from a static release binary, without pulling anything:
-#   scripts/build-images.sh [TAG]        (default wasmless/runtime:0.1.0)
-# The binary is linked statically against glibc (static-pie, `crt-static`), so the
-# image's scratch base needs nothing else. Needs buildah (scripts/setup.sh installs it);
-# vfs storage and chroot isolation work without a container engine.
-# Dockerfile.operator and Dockerfile.builder build in a registry-connected environment:
-#   buildah bud -f Dockerfile.operator -t wasmless/operator:0.1.0 .
+# Builds the three images from what this machine has, pulling nothing, as image archives
+# under ~/.cache/wasmless/images/ (printed one per line), for `scripts/cluster.sh load`:
+#
+#   scripts/build-images.sh [--tag 0.1.0]
+#
+#   wasmless/runtime:TAG   FROM scratch: the release wasmless-runtime, the C library it links
+#                          and the CA bundle
+#   wasmless/operator:TAG  FROM scratch: the same for wasmless-operator
+#   wasmless/builder:TAG   a Debian 12 (bookworm) base from debootstrap with gcc (cargo links
+#                          build scripts with it), the Go toolchain on this machine, the Rust
+#                          toolchain with wasm32-wasip2, wasmless-builder (the SDKs are compiled
+#                          into it) and the Rust SDK's dependencies vendored: a build Job needs no network.
+#
+# This is the layout Dockerfile.runtime, Dockerfile.operator and Dockerfile.builder describe
+# for an environment with a container registry; here it is assembled from directories,
+# because no base image can be pulled. The binaries come from the one release build the
+# tests share (`cargo build --release`), so nothing is compiled again for the images.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tag=${1:-wasmless/runtime:0.1.0}
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wasmless/target}"
-triple=x86_64-unknown-linux-gnu
-RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked --target "$triple" -p wasmless-runtime
-context=$(mktemp -d)
-trap 'rm -rf "$context"' EXIT
-cp "$CARGO_TARGET_DIR/$triple/release/wasmless-runtime" "$context/"
-strip "$context/wasmless-runtime" || true
-buildah --storage-driver vfs bud --isolation chroot -f Dockerfile.runtime -t "$tag" "$context"
+
+tag=0.1.0
+[[ ${1:-} == --tag ]] && tag=$2
+CACHE=${WASMLESS_CACHE:-$HOME/.cache/wasmless}
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
+release=$CARGO_TARGET_DIR/release
+out=$CACHE/images
+mkdir -p "$out"
+
+say() { printf '[images] %s\n' "$*" >&2; }
+
+for binary in wasmless-runtime wasmless-operator wasmless-builder; do
+  [[ -x $release/$binary ]] || { say "no $release/$binary: run cargo build --release --workspace first"; exit 1; }
+done
+
+# install_binary BINARY ROOTFS [--with-libraries]: the binary, stripped, in /usr/local/bin,
+# and for a scratch image the shared libraries it loads (the C library, from this Debian
+# system) at the paths it loads them from.
+install_binary() {
+  local binary=$1 rootfs=$2
+  install -D -m 0555 "$binary" "$rootfs/usr/local/bin/${binary##*/}"
+  strip "$rootfs/usr/local/bin/${binary##*/}"
+  [[ ${3:-} == --with-libraries ]] || return 0
+  local lib
+  for lib in $(ldd "$binary" | grep -o '/[^ ]*'); do
+    mkdir -p "$rootfs$(dirname "$lib")"
+    cp -L "$lib" "$rootfs$lib"
+  done
+}
+
+# The CA bundle (Debian's ca-certificates, as on this machine): the OCI client reads the
+# system's roots, and fails to start without any, even for a plain-HTTP registry.
+install_ca_bundle() {
+  install -D -m 0444 /etc/ssl/certs/ca-certificates.crt "$1/etc/ssl/certs/ca-certificates.crt"
+}
+
+# fresh ARCHIVE INPUTS...: whether ARCHIVE is newer than every input (then it is kept).
+fresh() {
+  local archive=$1 input
+  shift
+  [[ -f $archive ]] || return 1
+  for input in "$@"; do [[ $input -nt $archive ]] && return 1; done
+  return 0
+}
+
+scratch_image() {
+  local name=$1 binary=$2
+  shift 2
+  local archive=$out/$name-$tag.tar
+  if ! fresh "$archive" "$release/$binary"; then
+    local rootfs
+    rootfs=$(mktemp -d)
+    install_binary "$release/$binary" "$rootfs" --with-libraries
+    install_ca_bundle "$rootfs"
+    mkdir -m 1777 "$rootfs/tmp"
+    scripts/image-archive.sh "$rootfs" "wasmless/$name:$tag" "$archive" --user 65532:65532 -- \
+      "/usr/local/bin/$binary" >&2
+    rm -rf "$rootfs"
+  fi
+  echo "$archive"
+}
+
+# A minimal Debian with the C compiler and libc headers, made once and cached.
+debian_base() {
+  local base=$CACHE/images/debian-bookworm-gcc
+  if [[ ! -f $base/.complete ]]; then
+    command -v debootstrap >/dev/null || { say "debootstrap is needed (apt-get install debootstrap)"; exit 1; }
+    say "debootstrap of Debian bookworm with gcc into $base (once; about 2 minutes)"
+    rm -rf "$base"
+    debootstrap --variant=minbase --include=gcc,libc6-dev bookworm "$base" http://deb.debian.org/debian >&2
+    rm -rf "$base"/var/cache/apt/archives/*.deb "$base"/var/lib/apt/lists/* "$base"/usr/share/{doc,man,info,locale}
+    touch "$base/.complete"
+  fi
+  echo "$base"
+}
+
+builder_image() {
+  local archive=$out/builder-$tag.tar
+  local sysroot goroot
+  sysroot=$(rustc --print sysroot)
+  goroot=$(go env GOROOT)
+  if fresh "$archive" "$release/wasmless-builder" sdk/go sdk/rust/Cargo.toml sdk/rust/src/*; then
+    echo "$archive"
+    return
+  fi
+  local base rootfs
+  base=$(debian_base)
+  rootfs=$(mktemp -d "$CACHE/images/.builder.XXXXXX")
+  cp -a "$base/." "$rootfs/"
+  rm -f "$rootfs/.complete"
+  install_binary "$release/wasmless-builder" "$rootfs"   # Debian 12's C library, as on this machine
+  install_ca_bundle "$rootfs"
+  # Go, as installed on this machine.
+  mkdir -p "$rootfs/usr/local/go"
+  cp -a "$goroot/." "$rootfs/usr/local/go/"
+  rm -rf "$rootfs/usr/local/go/"{test,doc,api}
+  # Rust: the compiler, cargo, and the standard libraries for the host (build scripts)
+  # and for wasm32-wasip2 (handlers); no docs, no rustup.
+  local rust=$rootfs/usr/local/rust
+  mkdir -p "$rust/bin" "$rust/lib/rustlib"
+  cp -a "$sysroot/bin/rustc" "$sysroot/bin/cargo" "$rust/bin/"
+  cp -a "$sysroot"/lib/*.so* "$rust/lib/"
+  for target in x86_64-unknown-linux-gnu wasm32-wasip2 etc; do
+    cp -a "$sysroot/lib/rustlib/$target" "$rust/lib/rustlib/"
+  done
+  # The SDKs are compiled into wasmless-builder; the Rust SDK's dependencies are vendored.
+  mkdir -p "$rootfs/opt/wasmless"
+  "$release/wasmless-builder" vendor "$rootfs/opt/wasmless/vendor" >&2
+  mkdir -p -m 1777 "$rootfs/work" "$rootfs/tmp"
+  scripts/image-archive.sh "$rootfs" "wasmless/builder:$tag" "$archive" --user 65532:65532 --workdir /work \
+    --env PATH=/usr/local/go/bin:/usr/local/rust/bin:/usr/local/bin:/usr/bin:/bin \
+    --env GOFLAGS=-mod=mod --env GOPROXY=off --env GOTOOLCHAIN=local --env CARGO_NET_OFFLINE=true \
+    --env WASMLESS_VENDOR_DIR=/opt/wasmless/vendor \
+    --env HOME=/tmp -- /usr/local/bin/wasmless-builder >&2
+  rm -rf "$rootfs"
+  echo "$archive"
+}
+
+scratch_image runtime wasmless-runtime
+scratch_image operator wasmless-operator
+builder_image

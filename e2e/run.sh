@@ -1,0 +1,331 @@
+#!/usr/bin/env bash
+# End to end on the test cluster, as a user would: `kubectl apply`, `kubectl get fn`, curl
+# through the Service, Prometheus discovering and scraping the function's pods.
+#
+#   scripts/cluster.sh up && scripts/build-images.sh | xargs scripts/cluster.sh load
+#   e2e/run.sh [STEP...]
+#
+# Each step stops the run at its first failed check, prints what the cluster holds, and the
+# summary line. Besides the cluster it starts, on the pod bridge's gateway address and on
+# loopback only, Debian's docker-registry (for storage: oci) and prometheus; it stops them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+eval "$(scripts/cluster.sh env)"
+
+NS=e2e-functions
+GATEWAY=$WASMLESS_CLUSTER_GATEWAY
+REGISTRY=$GATEWAY:5000
+WORK=$(mktemp -d /tmp/wasmless-e2e.XXXXXX)
+PIDS=()
+passed=0
+current=setup
+
+# ---- reporting -------------------------------------------------------------------------
+
+step() {
+  current=$1
+  printf '\n--- %s\n' "$1"
+}
+
+ok() {
+  passed=$((passed + 1))
+  echo "ok - $current"
+}
+
+fail() {
+  echo "FAILED: $*" >&2
+  exit 1
+}
+
+expect_eq() { # ACTUAL EXPECTED WHAT
+  [[ $1 == "$2" ]] || fail "$3: expected '$2', got '$1'"
+}
+
+expect_contains() { # TEXT PART WHAT
+  [[ $1 == *"$2"* ]] || fail "$3: '$2' not in: $1"
+}
+
+# wait_until SECONDS WHAT COMMAND...: polls COMMAND every second until it succeeds.
+wait_until() {
+  local seconds=$1 what=$2
+  shift 2
+  local deadline=$((SECONDS + seconds))
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || fail "$what: not within ${seconds}s"
+    sleep 1
+  done
+}
+
+diagnostics() {
+  echo "=== what the cluster holds"
+  kubectl get fn,deploy,rs,pods,jobs,svc,cm -n "$NS" -o wide 2>&1 | head -60 || true
+  kubectl get pods -n wasmless-system -o wide 2>&1 || true
+  kubectl get fn -n "$NS" -o yaml 2>&1 | grep -A30 '^  status:' | head -80 || true
+  kubectl get events -n "$NS" --sort-by=.lastTimestamp 2>&1 | tail -30 || true
+  local pod
+  for pod in $(kubectl get pods -n wasmless-system -o name 2>/dev/null); do
+    echo "=== logs of $pod"
+    kubectl logs -n wasmless-system "$pod" --tail=30 2>&1 || true
+  done
+  for pod in $(kubectl get pods -n "$NS" -o name 2>/dev/null | head -8); do
+    echo "=== logs of $pod"
+    kubectl logs -n "$NS" "$pod" --all-containers --tail=15 2>&1 || true
+  done
+}
+
+finish() {
+  local status=$?
+  if [[ $status != 0 ]]; then
+    echo "not ok - $current"
+    diagnostics
+  fi
+  local pid
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+  if [[ $status == 0 ]]; then echo "$passed passed, 0 failed"; else echo "$passed passed, 1 failed"; fi
+  exit "$status"
+}
+trap finish EXIT
+
+# ---- helpers ---------------------------------------------------------------------------
+
+# Prometheus with Kubernetes service discovery. Debian's prometheus (2.42) is built without
+# it ("field kubernetes_sd_configs not found"), so it is built once from the Go module proxy,
+# with the build tags that leave out every other discovery plugin (one of them, Nomad's,
+# has a dependency the proxy does not serve).
+PROMETHEUS_MODULE_VERSION=v0.316.0 # Prometheus 3.x's module versioning
+prometheus_binary() {
+  local dir=${WASMLESS_CACHE:-$HOME/.cache/wasmless}/tools/prometheus-$PROMETHEUS_MODULE_VERSION
+  if [[ ! -x $dir/prometheus ]]; then
+    echo "building Prometheus ($PROMETHEUS_MODULE_VERSION) with Kubernetes discovery, once (~3 min)" >&2
+    mkdir -p "$dir/module"
+    printf 'module wasmless.local/prometheus\n\ngo 1.25.0\n\nrequire github.com/prometheus/prometheus %s\n' \
+      "$PROMETHEUS_MODULE_VERSION" >"$dir/module/go.mod"
+    (cd "$dir/module" && CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local go build -tags remove_all_sd,enable_kubernetes_sd \
+      -trimpath -ldflags "-s -w" -o "$dir/prometheus" github.com/prometheus/prometheus/cmd/prometheus)
+  fi
+  echo "$dir/prometheus"
+}
+
+fn_field() { kubectl get fn "$1" -n "$NS" -o "jsonpath={$2}"; }
+
+# get_service FUNCTION [PATH]: one GET through the function's Service (ClusterIP, kube-proxy).
+get_service() {
+  local service ip port
+  service=$(kubectl get fn "$1" -n "$NS" -o 'jsonpath={.spec.service}')
+  service=${service:-$1}
+  ip=$(kubectl get svc "$service" -n "$NS" -o 'jsonpath={.spec.clusterIP}')
+  port=$(kubectl get svc "$service" -n "$NS" -o 'jsonpath={.spec.ports[?(@.name=="http")].port}')
+  curl -fsS --max-time 5 "http://$ip:$port${2:-/}"
+}
+
+jobs_of() { kubectl get jobs -n "$NS" -l "wasmless.io/function=$1" -o name | wc -l; }
+has_jobs() { [[ $(jobs_of "$1") -ge 1 ]]; }
+
+phase_is() { [[ $(fn_field "$1" .status.phase) == "$2" ]]; }
+
+# The function's pods that do not run its current template.
+old_pods() {
+  local hash
+  hash=$(kubectl get rs -n "$NS" -l "wasmless.io/function=$1" \
+    -o jsonpath='{range .items[?(@.status.replicas>0)]}{.metadata.labels.pod-template-hash}{"\n"}{end}' | sort -u | wc -l)
+  [[ $hash -gt 1 ]]
+}
+
+function_yaml() { # FILE [SED-EXPRESSION]: an example, in the test namespace
+  sed -e "${2:-}" "$1"
+}
+
+go_handler() { # MESSAGE: a Goless handler answering MESSAGE
+  printf 'package handlers\n\nimport "net/http"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {\n\tw.Write([]byte("%s"))\n}\n' "$1"
+}
+
+set_source() { # FUNCTION SOURCE
+  local patch
+  patch=$(python3 -c 'import json,sys; print(json.dumps({"spec": {"function": sys.argv[1]}}))' "$2")
+  kubectl patch fn "$1" -n "$NS" --type merge -p "$patch" >/dev/null
+}
+
+# ---- steps -----------------------------------------------------------------------------
+
+install_operator() {
+  step "kubectl apply -k deploy/: the operator is available and one replica holds the Lease"
+  # deploy/ as shipped, plus the registry of this test (e2e/operator/kustomization.yaml).
+  sed "s/@REGISTRY@/$REGISTRY/g" e2e/operator/kustomization.yaml.in >e2e/operator/kustomization.yaml
+  kubectl apply -k e2e/operator >/dev/null
+  kubectl rollout status deploy/wasmless-operator -n wasmless-system --timeout=180s >/dev/null
+  wait_until 60 "a replica holding the Lease" leader
+  local holder
+  holder=$(leader)
+  kubectl get pod "$holder" -n wasmless-system >/dev/null || fail "the Lease holder $holder is not an operator pod"
+  # A run on a cluster that already ran this starts from an empty namespace.
+  kubectl delete namespace "$NS" --ignore-not-found --wait=true --timeout=120s >/dev/null
+  kubectl create namespace "$NS" >/dev/null
+  ok
+}
+
+leader() {
+  local holder
+  holder=$(kubectl get lease wasmless-operator -n wasmless-system -o 'jsonpath={.spec.holderIdentity}')
+  [[ -n $holder ]] && kubectl get pod "$holder" -n wasmless-system >/dev/null 2>&1 && echo "$holder"
+}
+
+goless_sample() {
+  step "the Goless sample: one build Job, module ConfigMaps, a rollout, Ready, This works! through the Service"
+  kubectl apply -n "$NS" -f examples/hello-go/function.yaml >/dev/null
+  wait_until 30 "a build Job" has_jobs hello
+  kubectl wait job -n "$NS" -l wasmless.io/function=hello --for=condition=Complete --timeout=600s >/dev/null
+  expect_eq "$(jobs_of hello)" 1 "build Jobs of hello"
+  local chunks
+  chunks=$(kubectl get cm -n "$NS" -l "wasmless.io/function=hello,wasmless.io/module-digest" -o name | wc -l)
+  [[ $chunks -ge 1 ]] || fail "no module ConfigMaps"
+  kubectl wait fn/hello -n "$NS" --for=condition=Ready --timeout=180s >/dev/null
+  kubectl rollout status deploy/hello -n "$NS" --timeout=60s >/dev/null
+  local table
+  table=$(kubectl get fn -n "$NS")
+  echo "$table"
+  expect_eq "$(awk 'NR == 1 { print $1, $2, $3, $4, $5, $6 }' <<<"$table")" "NAME LANGUAGE PHASE DIGEST URL AGE" "kubectl get fn's columns"
+  local digest
+  digest=$(fn_field hello .status.moduleDigest)
+  expect_eq "$(awk '$1 == "hello" { print $2, $3, $4, $5 }' <<<"$table")" \
+    "go Ready ${digest:7:10} http://hello.$NS.svc.cluster.local:9000" "kubectl get fn's row"
+  expect_eq "$(get_service hello)" "This works!" "GET through the Service"
+  ok
+}
+
+prometheus_scrapes() {
+  step "Prometheus discovers the function's pods through the API server and counts the requests sent"
+  local port=19090 sent=5 i
+  # The configuration users copy, pointed at this cluster from outside it.
+  sed -e "s|      - role: pod|      - role: pod\n        api_server: https://$GATEWAY:6443\n        tls_config: {ca_file: $WASMLESS_CLUSTER_DIR/pki/ca.crt, cert_file: $WASMLESS_CLUSTER_DIR/pki/prometheus.crt, key_file: $WASMLESS_CLUSTER_DIR/pki/prometheus.key}|" \
+    -e 's|scrape_interval: 15s|scrape_interval: 1s|' deploy/prometheus/prometheus.yml >"$WORK/prometheus.yml"
+  "$(prometheus_binary)" --config.file "$WORK/prometheus.yml" --storage.tsdb.path "$WORK/prometheus" \
+    --web.listen-address "127.0.0.1:$port" >"$WORK/prometheus.log" 2>&1 &
+  PIDS+=($!)
+  # One request was sent in the step before; these make it `sent + 1`.
+  for ((i = 0; i < sent; i++)); do get_service hello >/dev/null; done
+  local query='sum(wasmless_requests_total{function="hello"})'
+  scraped_within() {
+    local deadline=$((SECONDS + $1))
+    until scraped 2>/dev/null; do
+      ((SECONDS < deadline)) || return 1
+      sleep 1
+    done
+  }
+  scraped() {
+    local value
+    value=$(curl -fsS "http://127.0.0.1:$port/api/v1/query" --data-urlencode "query=$query" |
+      python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else "none")')
+    echo "$query = $value" >"$WORK/scraped"
+    [[ $value == "$((sent + 1))" ]]
+  }
+  if ! scraped_within 90; then
+    tail -20 "$WORK/prometheus.log"
+    fail "Prometheus's count of the requests sent: $(cat "$WORK/scraped")"
+  fi
+  cat "$WORK/scraped"
+  ok
+}
+
+rolling_update() {
+  step "a source change: one new build, a rolling update with zero failed requests, old pods gone"
+  local before
+  before=$(fn_field hello .status.moduleDigest)
+  # Requests through the Service, one connection each, for as long as the update runs.
+  (
+    while [[ ! -f $WORK/stop ]]; do
+      if body=$(get_service hello 2>&1); then echo "ok $body"; else echo "FAIL $body"; fi
+      sleep 0.05
+    done
+  ) >"$WORK/requests.log" &
+  PIDS+=($!)
+  local loop=$!
+  set_source hello "$(go_handler 'v2')"
+  wait_until 600 "the new module" bash -c "[[ \$(kubectl get fn hello -n $NS -o jsonpath={.status.moduleDigest}) != '$before' ]]"
+  kubectl wait fn/hello -n "$NS" --for=condition=Ready --timeout=180s >/dev/null
+  kubectl rollout status deploy/hello -n "$NS" --timeout=120s >/dev/null
+  wait_until 120 "the old pods to go" bash -c "! kubectl get pods -n $NS -l wasmless.io/function=hello,wasmless.io/component=runtime --no-headers | grep -v Running"
+  sleep 2
+  touch "$WORK/stop"
+  wait "$loop" || true
+  local total failed
+  total=$(wc -l <"$WORK/requests.log")
+  failed=$(grep -c '^FAIL' "$WORK/requests.log" || true)
+  echo "$total requests during the update, $failed failed; last answer: $(tail -1 "$WORK/requests.log")"
+  grep '^FAIL' "$WORK/requests.log" | head -5 || true
+  expect_eq "$failed" 0 "failed requests during the rolling update"
+  expect_eq "$(tail -1 "$WORK/requests.log")" "ok v2" "the answer after the update"
+  # One build for the new source; the old build's Job is collected once the new module serves.
+  local source
+  source=$(fn_field hello .status.sourceDigest)
+  expect_eq "$(kubectl get jobs -n "$NS" -l "wasmless.io/function=hello" -o name)" "job.batch/hello-build-${source:7:10}" "build Jobs of hello after one change"
+  expect_eq "$(kubectl get pods -n "$NS" -l wasmless.io/function=hello,wasmless.io/component=runtime --no-headers | wc -l)" 1 "runtime pods"
+  ok
+}
+
+compile_error() {
+  step "a compile error: phase Failed, the compiler's message on status and in an Event, v2 keeps answering"
+  set_source hello "$(printf 'package handlers\n\nimport "net/http"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {\n\tundefinedHelper(w)\n}\n')"
+  wait_until 600 "phase Failed" phase_is hello Failed
+  local message
+  message=$(fn_field hello .status.buildMessage)
+  echo "buildMessage: $message"
+  expect_contains "$message" "undefined: undefinedHelper" "status.buildMessage"
+  local events
+  events=$(kubectl get events -n "$NS" --field-selector involvedObject.name=hello -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}')
+  expect_contains "$events" "undefined: undefinedHelper" "the BuildFailed Event"
+  expect_eq "$(get_service hello)" "v2" "the previous version after a failed build"
+  ok
+}
+
+oci_storage() {
+  step "the Rust example with storage: oci: built, pushed to a registry, pulled by digest"
+  mkdir -p "$WORK/registry"
+  printf 'version: 0.1\nlog: {level: warn}\nstorage: {filesystem: {rootdirectory: %s}}\nhttp: {addr: "%s"}\n' \
+    "$WORK/registry" "$REGISTRY" >"$WORK/registry.yml"
+  docker-registry serve "$WORK/registry.yml" >"$WORK/registry.log" 2>&1 &
+  PIDS+=($!)
+  wait_until 30 "the registry" curl -fsS "http://$REGISTRY/v2/"
+  sed 's/^  language: rust$/  language: rust\n  storage: oci/' examples/hello-rust/function.yaml | kubectl apply -n "$NS" -f - >/dev/null
+  wait_until 900 "hello-rust Ready or Failed" bash -c "[[ \$(kubectl get fn hello-rust -n $NS -o jsonpath={.status.phase}) =~ Ready|Failed ]]"
+  phase_is hello-rust Ready || fail "hello-rust: $(fn_field hello-rust .status.buildMessage)"
+  expect_eq "$(get_service hello-rust)" "Hello from Rust!" "GET through the Service"
+  local args
+  args=$(kubectl get deploy hello-rust -n "$NS" -o 'jsonpath={.spec.template.spec.containers[0].args}')
+  expect_contains "$args" "oci://$REGISTRY/$NS/hello-rust@sha256:" "the runtime's --module"
+  [[ -n $(curl -fsS "http://$REGISTRY/v2/$NS/hello-rust/tags/list") ]] || fail "nothing in the registry"
+  ok
+}
+
+failover() {
+  step "the operator's leader deleted mid-build: the other replica finishes it, with no second Job"
+  set_source hello "$(go_handler 'v3')"
+  wait_until 60 "phase Building" phase_is hello Building
+  local old_leader digest
+  old_leader=$(leader)
+  digest=$(fn_field hello .status.sourceDigest)
+  kubectl delete pod "$old_leader" -n wasmless-system --wait=false >/dev/null
+  wait_until 120 "a new leader" bash -c "h=\$(kubectl get lease wasmless-operator -n wasmless-system -o jsonpath={.spec.holderIdentity}); [[ -n \$h && \$h != '$old_leader' ]]"
+  wait_until 600 "v3 to answer" bash -c "[[ \$(curl -fsS --max-time 5 http://\$(kubectl get svc hello -n $NS -o jsonpath={.spec.clusterIP}):9000/) == v3 ]]"
+  local short=${digest#sha256:}
+  short=${short:0:10}
+  expect_eq "$(kubectl get jobs -n "$NS" -l "wasmless.io/source-digest=$short" -o name | wc -l)" 1 "Jobs for the v3 source"
+  phase_is hello Ready || fail "phase $(fn_field hello .status.phase) after the failover"
+  ok
+}
+
+delete_function() {
+  step "kubectl delete fn: its Deployment, Service, Jobs and ConfigMaps are collected"
+  kubectl delete fn hello -n "$NS" --wait=true >/dev/null
+  wait_until 120 "garbage collection" bash -c "! kubectl get deploy,svc,jobs,cm -n $NS -l wasmless.io/function=hello --no-headers 2>/dev/null | grep -q ."
+  expect_eq "$(kubectl get cm -n "$NS" -o name | grep -cE '^configmap/hello-(source|module)-' || true)" 0 "ConfigMaps of hello"
+  ok
+}
+
+steps=(install_operator goless_sample prometheus_scrapes rolling_update compile_error oci_storage failover delete_function)
+# Steps build on each other; naming some (`e2e/run.sh install_operator goless_sample`) runs only those.
+for name in "${@:-${steps[@]}}"; do
+  [[ " ${steps[*]} " == *" $name "* ]] || fail "no step $name; the steps are: ${steps[*]}"
+  "$name"
+done
