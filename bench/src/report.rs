@@ -12,8 +12,28 @@ pub fn write(output: &Path, settings: &Settings, results: &Results) -> anyhow::R
     let plot_name = "benchmarks-throughput.svg";
     let plot = output.with_file_name(plot_name);
     std::fs::write(&plot, throughput_svg(results))?;
-    std::fs::write(output, markdown(settings, results, plot_name))?;
+    let mut page = markdown(settings, results, plot_name);
+    // bench/cluster.sh writes its own section (figures from a cluster); a run here keeps it.
+    if let Some(section) = std::fs::read_to_string(output)
+        .ok()
+        .and_then(|old| cluster_section(&old).map(str::to_string))
+    {
+        page.push('\n');
+        page.push_str(&section);
+        page.push('\n');
+    }
+    std::fs::write(output, page)?;
     Ok(())
+}
+
+/// Where bench/cluster.sh's section starts and ends in docs/benchmarks.md.
+const CLUSTER_BEGIN: &str = "<!-- bench/cluster.sh begin -->";
+const CLUSTER_END: &str = "<!-- bench/cluster.sh end -->";
+
+fn cluster_section(page: &str) -> Option<&str> {
+    let start = page.find(CLUSTER_BEGIN)?;
+    let end = page[start..].find(CLUSTER_END)? + start + CLUSTER_END.len();
+    Some(&page[start..end])
 }
 
 fn seconds(duration: Duration) -> String {
@@ -325,4 +345,19 @@ fn throughput_svg(results: &Results) -> String {
 
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CLUSTER_BEGIN, CLUSTER_END, cluster_section};
+
+    #[test]
+    fn a_rewritten_page_keeps_the_cluster_section() {
+        let page = format!("# Benchmarks\n\nlocal figures\n\n{CLUSTER_BEGIN}\n## On a cluster\n{CLUSTER_END}\n");
+        let section = cluster_section(&page).expect("the section");
+        assert!(section.starts_with(CLUSTER_BEGIN) && section.ends_with(CLUSTER_END));
+        assert!(section.contains("## On a cluster"));
+        assert!(!section.contains("local figures"));
+        assert_eq!(cluster_section("# Benchmarks\n"), None);
+    }
 }
