@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Start-up figures on the test cluster (scripts/cluster.sh): `kubectl apply` of a new Goless
+# sample to its first 200, and a new pod of a built Function against Goless's own way (an
+# init container running `go build`), phase by phase. Writes its section of
+# docs/benchmarks.md (between the bench/cluster.sh markers; bench/run.sh keeps it).
+#   bench/cluster.sh [REPS]     (default 3; takes the cluster down again if it started it)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+. scripts/setup.sh
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wasmless/target}"
+cargo test --release --workspace --no-run --quiet   # the binaries scripts/test.sh builds
+images=$(scripts/build-images.sh)
+if ! scripts/cluster.sh status | grep -q 'kube-apiserver: running'; then
+  trap 'scripts/cluster.sh down' EXIT
+fi
+scripts/cluster.sh up >/dev/null
+eval "$(scripts/cluster.sh env)"
+# shellcheck disable=SC2086 # one archive per line
+scripts/cluster.sh load $images
+kubectl apply -k deploy/ >/dev/null
+kubectl rollout status deploy/wasmless-operator -n wasmless-system --timeout=180s >/dev/null
+
+section=$(python3 bench/cluster.py "${1:-3}")
+python3 - "$section" <<'PY'
+import sys
+begin, end = "<!-- bench/cluster.sh begin -->", "<!-- bench/cluster.sh end -->"
+path = "docs/benchmarks.md"
+page = open(path).read()
+block = f"{begin}\n{sys.argv[1]}\n{end}"
+if begin in page and end in page:
+    page = page[:page.index(begin)] + block + page[page.index(end) + len(end):]
+else:
+    page = page.rstrip("\n") + "\n\n" + block + "\n"
+open(path, "w").write(page)
+PY
+echo "wrote the cluster section of docs/benchmarks.md"
