@@ -75,6 +75,8 @@ diagnostics() {
 
 finish() {
   local status=$?
+  # Only the test itself reports and cleans up, not a subshell it started in the background.
+  [[ $BASHPID == "$MAIN_PID" ]] || return 0
   if [[ $status != 0 ]]; then
     echo "not ok - $current"
     diagnostics
@@ -86,6 +88,7 @@ finish() {
   if [[ $status == 0 ]]; then echo "$passed passed, 0 failed"; else echo "$passed passed, 1 failed"; fi
   exit "$status"
 }
+MAIN_PID=$BASHPID
 trap finish EXIT
 
 # ---- helpers ---------------------------------------------------------------------------
@@ -200,7 +203,9 @@ prometheus_scrapes() {
   # The configuration users copy, pointed at this cluster from outside it.
   sed -e "s|      - role: pod|      - role: pod\n        api_server: https://$GATEWAY:6443\n        tls_config: {ca_file: $WASMLESS_CLUSTER_DIR/pki/ca.crt, cert_file: $WASMLESS_CLUSTER_DIR/pki/prometheus.crt, key_file: $WASMLESS_CLUSTER_DIR/pki/prometheus.key}|" \
     -e 's|scrape_interval: 15s|scrape_interval: 1s|' deploy/prometheus/prometheus.yml >"$WORK/prometheus.yml"
-  "$(prometheus_binary)" --config.file "$WORK/prometheus.yml" --storage.tsdb.path "$WORK/prometheus" \
+  local prometheus
+  prometheus=$(prometheus_binary) # built before it is started, not inside the background job
+  "$prometheus" --config.file "$WORK/prometheus.yml" --storage.tsdb.path "$WORK/prometheus" \
     --web.listen-address "127.0.0.1:$port" >"$WORK/prometheus.log" 2>&1 &
   PIDS+=($!)
   # One request was sent in the step before; these make it `sent + 1`.
