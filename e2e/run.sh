@@ -113,32 +113,23 @@ prometheus_binary() {
 
 fn_field() { kubectl get fn "$1" -n "$NS" -o "jsonpath={$2}"; }
 
-# get_service FUNCTION [PATH]: one GET through the function's Service (ClusterIP, kube-proxy).
-get_service() {
-  local service ip port
+# service_url FUNCTION: the function's Service as the node reaches it (ClusterIP, kube-proxy).
+service_url() {
+  local service
   service=$(kubectl get fn "$1" -n "$NS" -o 'jsonpath={.spec.service}')
-  service=${service:-$1}
-  ip=$(kubectl get svc "$service" -n "$NS" -o 'jsonpath={.spec.clusterIP}')
-  port=$(kubectl get svc "$service" -n "$NS" -o 'jsonpath={.spec.ports[?(@.name=="http")].port}')
-  curl -fsS --max-time 5 "http://$ip:$port${2:-/}"
+  kubectl get svc "${service:-$1}" -n "$NS" \
+    -o 'jsonpath=http://{.spec.clusterIP}:{.spec.ports[?(@.name=="http")].port}/'
 }
+
+get() { curl -fsS --max-time 5 "$1"; }
+
+# get_service FUNCTION: one GET through the function's Service.
+get_service() { get "$(service_url "$1")"; }
 
 jobs_of() { kubectl get jobs -n "$NS" -l "wasmless.io/function=$1" -o name | wc -l; }
 has_jobs() { [[ $(jobs_of "$1") -ge 1 ]]; }
 
 phase_is() { [[ $(fn_field "$1" .status.phase) == "$2" ]]; }
-
-# The function's pods that do not run its current template.
-old_pods() {
-  local hash
-  hash=$(kubectl get rs -n "$NS" -l "wasmless.io/function=$1" \
-    -o jsonpath='{range .items[?(@.status.replicas>0)]}{.metadata.labels.pod-template-hash}{"\n"}{end}' | sort -u | wc -l)
-  [[ $hash -gt 1 ]]
-}
-
-function_yaml() { # FILE [SED-EXPRESSION]: an example, in the test namespace
-  sed -e "${2:-}" "$1"
-}
 
 go_handler() { # MESSAGE: a Goless handler answering MESSAGE
   printf 'package handlers\n\nimport "net/http"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {\n\tw.Write([]byte("%s"))\n}\n' "$1"
@@ -209,7 +200,9 @@ prometheus_scrapes() {
     --web.listen-address "127.0.0.1:$port" >"$WORK/prometheus.log" 2>&1 &
   PIDS+=($!)
   # One request was sent in the step before; these make it `sent + 1`.
-  for ((i = 0; i < sent; i++)); do get_service hello >/dev/null; done
+  local url
+  url=$(service_url hello)
+  for ((i = 0; i < sent; i++)); do get "$url" >/dev/null; done
   local query='sum(wasmless_requests_total{function="hello"})'
   scraped_within() {
     local deadline=$((SECONDS + $1))
@@ -238,19 +231,23 @@ rolling_update() {
   local before
   before=$(fn_field hello .status.moduleDigest)
   # Requests through the Service, one connection each, for as long as the update runs.
+  local url
+  url=$(service_url hello)
   (
     while [[ ! -f $WORK/stop ]]; do
-      if body=$(get_service hello 2>&1); then echo "ok $body"; else echo "FAIL $body"; fi
+      if body=$(get "$url" 2>&1); then echo "ok $body"; else echo "FAIL $body"; fi
       sleep 0.05
     done
   ) >"$WORK/requests.log" &
   PIDS+=($!)
   local loop=$!
   set_source hello "$(go_handler 'v2')"
-  wait_until 600 "the new module" bash -c "[[ \$(kubectl get fn hello -n $NS -o jsonpath={.status.moduleDigest}) != '$before' ]]"
+  module_changed() { [[ $(fn_field hello .status.moduleDigest) != "$before" ]]; }
+  wait_until 600 "the new module" module_changed
   kubectl wait fn/hello -n "$NS" --for=condition=Ready --timeout=180s >/dev/null
   kubectl rollout status deploy/hello -n "$NS" --timeout=120s >/dev/null
-  wait_until 120 "the old pods to go" bash -c "! kubectl get pods -n $NS -l wasmless.io/function=hello,wasmless.io/component=runtime --no-headers | grep -v Running"
+  only_running_pods() { ! kubectl get pods -n "$NS" -l wasmless.io/function=hello,wasmless.io/component=runtime --no-headers | grep -v Running; }
+  wait_until 120 "the old pods to go" only_running_pods
   sleep 2
   touch "$WORK/stop"
   wait "$loop" || true
@@ -293,7 +290,8 @@ oci_storage() {
   PIDS+=($!)
   wait_until 30 "the registry" curl -fsS "http://$REGISTRY/v2/"
   sed 's/^  language: rust$/  language: rust\n  storage: oci/' examples/hello-rust/function.yaml | kubectl apply -n "$NS" -f - >/dev/null
-  wait_until 900 "hello-rust Ready or Failed" bash -c "[[ \$(kubectl get fn hello-rust -n $NS -o jsonpath={.status.phase}) =~ Ready|Failed ]]"
+  settled() { [[ $(fn_field hello-rust .status.phase) =~ ^(Ready|Failed)$ ]]; }
+  wait_until 900 "hello-rust Ready or Failed" settled
   phase_is hello-rust Ready || fail "hello-rust: $(fn_field hello-rust .status.buildMessage)"
   expect_eq "$(get_service hello-rust)" "Hello from Rust!" "GET through the Service"
   local args
@@ -311,8 +309,16 @@ failover() {
   old_leader=$(leader)
   digest=$(fn_field hello .status.sourceDigest)
   kubectl delete pod "$old_leader" -n wasmless-system --wait=false >/dev/null
-  wait_until 120 "a new leader" bash -c "h=\$(kubectl get lease wasmless-operator -n wasmless-system -o jsonpath={.spec.holderIdentity}); [[ -n \$h && \$h != '$old_leader' ]]"
-  wait_until 600 "v3 to answer" bash -c "[[ \$(curl -fsS --max-time 5 http://\$(kubectl get svc hello -n $NS -o jsonpath={.spec.clusterIP}):9000/) == v3 ]]"
+  new_leader() {
+    local holder
+    holder=$(kubectl get lease wasmless-operator -n wasmless-system -o 'jsonpath={.spec.holderIdentity}')
+    [[ -n $holder && $holder != "$old_leader" ]]
+  }
+  wait_until 120 "a new leader" new_leader
+  local url
+  url=$(service_url hello)
+  answers_v3() { [[ $(get "$url") == v3 ]]; }
+  wait_until 600 "v3 to answer" answers_v3
   local short=${digest#sha256:}
   short=${short:0:10}
   expect_eq "$(kubectl get jobs -n "$NS" -l "wasmless.io/source-digest=$short" -o name | wc -l)" 1 "Jobs for the v3 source"
@@ -323,7 +329,8 @@ failover() {
 delete_function() {
   step "kubectl delete fn: its Deployment, Service, Jobs and ConfigMaps are collected"
   kubectl delete fn hello -n "$NS" --wait=true >/dev/null
-  wait_until 120 "garbage collection" bash -c "! kubectl get deploy,svc,jobs,cm -n $NS -l wasmless.io/function=hello --no-headers 2>/dev/null | grep -q ."
+  collected() { ! kubectl get deploy,svc,jobs,cm -n "$NS" -l wasmless.io/function=hello --no-headers 2>/dev/null | grep -q .; }
+  wait_until 120 "garbage collection" collected
   expect_eq "$(kubectl get cm -n "$NS" -o name | grep -cE '^configmap/hello-(source|module)-' || true)" 0 "ConfigMaps of hello"
   ok
 }
