@@ -7,8 +7,8 @@ Three measurements, each from the outside, as a user sees it:
   goless  the same new pod, done Goless's way: an init container runs `go build` of the
           Goless sample (the builder image's Go, an empty GOCACHE), then the binary serves.
 Polls every 20 ms, so each phase is known to about that; Kubernetes' own timestamps are
-whole seconds and are not used. Prints the section of docs/benchmarks.md (markdown), and
-the raw figures as JSON on stderr.
+whole seconds and are not used. Writes its section of docs/benchmarks.md, and prints the
+raw figures as JSON on stderr.
 """
 
 import json
@@ -236,7 +236,23 @@ def main():
     results["goless"] = median_marks([new_pod("app=goless", 8080, 600) for _ in range(reps)])
     kubectl("delete", "namespace", NS, "--wait=false")
     print(json.dumps(results), file=sys.stderr)
-    print(markdown(results))
+    write_section(PAGE, markdown(results))
+    print(f"wrote the cluster section of {PAGE}")
+
+
+PAGE = "docs/benchmarks.md"
+# bench/src/report.rs keeps what stands between these when bench/run.sh rewrites the page.
+BEGIN, END = "<!-- bench/cluster.sh begin -->", "<!-- bench/cluster.sh end -->"
+
+
+def write_section(path, section):
+    page = open(path).read()
+    block = f"{BEGIN}\n{section}\n{END}"
+    if BEGIN in page and END in page:
+        page = page[:page.index(BEGIN)] + block + page[page.index(END) + len(END):]
+    else:
+        page = page.rstrip("\n") + "\n\n" + block + "\n"
+    open(path, "w").write(page)
 
 
 def seconds(value):

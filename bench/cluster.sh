@@ -21,17 +21,4 @@ scripts/cluster.sh load $images
 kubectl apply -k deploy/ >/dev/null
 kubectl rollout status deploy/wasmless-operator -n wasmless-system --timeout=180s >/dev/null
 
-section=$(python3 bench/cluster.py "${1:-3}")
-python3 - "$section" <<'PY'
-import sys
-begin, end = "<!-- bench/cluster.sh begin -->", "<!-- bench/cluster.sh end -->"
-path = "docs/benchmarks.md"
-page = open(path).read()
-block = f"{begin}\n{sys.argv[1]}\n{end}"
-if begin in page and end in page:
-    page = page[:page.index(begin)] + block + page[page.index(end) + len(end):]
-else:
-    page = page.rstrip("\n") + "\n\n" + block + "\n"
-open(path, "w").write(page)
-PY
-echo "wrote the cluster section of docs/benchmarks.md"
+python3 bench/cluster.py "${1:-3}"
