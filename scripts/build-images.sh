@@ -15,7 +15,8 @@
 # This is the layout Dockerfile.runtime, Dockerfile.operator and Dockerfile.builder describe
 # for an environment with a container registry; here it is assembled from directories,
 # because no base image can be pulled. The binaries come from the one release build the
-# tests share (`cargo build --release`), so nothing is compiled again for the images.
+# tests share (`cargo test --release --no-run`), so nothing is compiled again for the images;
+# they are linked against glibc, which the images carry, not statically as the Dockerfiles'.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,7 +31,7 @@ mkdir -p "$out"
 say() { printf '[images] %s\n' "$*" >&2; }
 
 for binary in wasmless-runtime wasmless-operator wasmless-builder; do
-  [[ -x $release/$binary ]] || { say "no $release/$binary: run cargo build --release --workspace first"; exit 1; }
+  [[ -x $release/$binary ]] || { say "no $release/$binary: run cargo test --release --workspace --no-run first"; exit 1; }
 done
 
 # install_binary BINARY ROOTFS [--with-libraries]: the binary, stripped, in /usr/local/bin,
@@ -65,7 +66,6 @@ fresh() {
 
 scratch_image() {
   local name=$1 binary=$2
-  shift 2
   local archive=$out/$name-$tag.tar
   if ! fresh "$archive" "$release/$binary"; then
     local rootfs
@@ -99,7 +99,8 @@ builder_image() {
   local sysroot goroot
   sysroot=$(rustc --print sysroot)
   goroot=$(go env GOROOT)
-  if fresh "$archive" "$release/wasmless-builder" sdk/go sdk/rust/Cargo.toml sdk/rust/src/*; then
+  # The SDKs are compiled into wasmless-builder: the binary is the only input that changes.
+  if fresh "$archive" "$release/wasmless-builder"; then
     echo "$archive"
     return
   fi

@@ -288,7 +288,7 @@ EOF
 
 # import_image ARCHIVE: makes an image archive available to the kubelet (the CRI's namespace).
 import_image() {
-  ctr_ images import --no-unpack=false "$1" >/dev/null 2>&1 || ctr_ images import "$1" >/dev/null
+  ctr_ images import "$1" >/dev/null
 }
 
 start_apiserver() {
