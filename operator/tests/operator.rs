@@ -323,9 +323,9 @@ impl Harness {
         panic!("Deployment {name} was not available within 2 minutes: {last:?}");
     }
 
-    /// The Deployment's spec has not changed (its status is the cluster's to write).
-    fn same_spec(before: &Deployment, after: &Deployment, fake: bool) -> bool {
-        if fake {
+    /// The Deployment's spec has not changed (on a cluster its status is the controller's to write).
+    fn same_spec(&self, before: &Deployment, after: &Deployment) -> bool {
+        if self.fake.is_some() {
             before.resource_version() == after.resource_version()
         } else {
             before.metadata.generation == after.metadata.generation
@@ -737,7 +737,7 @@ async fn source_change_builds_once_and_rolls_out(h: &Harness) {
     assert_eq!(status(&func).phase, Some(Phase::Building));
     // While building, the old module keeps serving, untouched.
     let during = h.deployment("hello").await.unwrap();
-    assert!(Harness::same_spec(&old_deployment, &during, h.fake.is_some()));
+    assert!(h.same_spec(&old_deployment, &during));
     assert_eq!(status(&func).module_digest, Some(old_module.to_string()));
     h.reconcile("hello").await.unwrap();
     assert_eq!(
@@ -789,7 +789,7 @@ async fn failed_build_keeps_serving_previous_module(h: &Harness) {
     assert!(message.len() <= 4096, "cut to 4 KiB, was {}", message.len());
     // The previous module keeps serving: the Deployment was not touched.
     let after = h.deployment("hello").await.unwrap();
-    assert!(Harness::same_spec(&before, &after, h.fake.is_some()));
+    assert!(h.same_spec(&before, &after));
     assert_eq!(
         template_annotation(&after, annotations::MODULE_DIGEST),
         old_module.to_string()
@@ -1536,7 +1536,7 @@ fn is_static_elf(path: &std::path::Path) -> bool {
 #[test]
 fn runtime_image_runs_the_release_binary_as_non_root() {
     // The test binary is target/<profile>/deps/operator-*; the runtime is target/<profile>/,
-    // or, built static by scripts/build-images.sh, target/<triple>/release/.
+    // or, built static for Dockerfile.runtime, target/<triple>/release/.
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().and_then(|p| p.parent()).unwrap().to_path_buf();
     let target_dir = profile_dir.parent().unwrap();
@@ -1546,9 +1546,7 @@ fn runtime_image_runs_the_release_binary_as_non_root() {
         profile_dir.join("wasmless-runtime"),
     ];
     let Some(binary) = candidates.iter().find(|p| p.exists()) else {
-        eprintln!(
-            "skipping: no wasmless-runtime release binary in {candidates:?} (scripts/build-images.sh builds one)"
-        );
+        eprintln!("skipping: no wasmless-runtime release binary in {candidates:?} (cargo build --release builds one)");
         return;
     };
     if std::process::Command::new("buildah").arg("--version").output().is_err() {
@@ -1612,7 +1610,7 @@ fn runtime_image_runs_the_release_binary_as_non_root() {
         Some(run)
     } else {
         eprintln!(
-            "not running the image: {} is dynamically linked (scripts/build-images.sh builds it static)",
+            "not running the image: {} is dynamically linked (Dockerfile.runtime expects a static build; scripts/build-images.sh adds the C library instead, and the cluster tests run that image)",
             binary.display()
         );
         None
