@@ -57,6 +57,9 @@ ensure_debian_packages() {
   [[ -x /usr/sbin/iptables ]] || missing+=(iptables)
   [[ -x /usr/sbin/conntrack ]] || missing+=(conntrack)
   [[ -x /usr/sbin/debootstrap ]] || missing+=(debootstrap)
+  command -v curl >/dev/null 2>&1 || missing+=(curl)
+  command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+  [[ -x /usr/sbin/ip || -x /sbin/ip ]] || missing+=(iproute2)
   [[ ${#missing[@]} -eq 0 ]] && return
   local sudo=()
   [[ $(id -u) -ne 0 ]] && sudo=(sudo)
