@@ -483,8 +483,9 @@ down() {
   for netns in $(new_netns); do ip netns delete "$netns" 2>/dev/null || umount -l "/var/run/netns/$netns" 2>/dev/null || true; rm -f "/var/run/netns/$netns"; done
   local mountpoint
   while read -r mountpoint; do [[ -n $mountpoint ]] && umount -l "$mountpoint" 2>/dev/null || true; done < <(cluster_mounts)
-  # kube-proxy's rules, then the host settings as they were before `up`.
+  # kube-proxy's rules, the kubelet's, then the host settings as they were before `up`.
   [[ -x $KUBE_BIN/kube-proxy ]] && "$KUBE_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
+  remove_kubelet_chains
   [[ -f $CLUSTER_DIR/host/bridge.created ]] && ip link delete "$BRIDGE" 2>/dev/null || true
   local host=$CLUSTER_DIR/host
   [[ -f $host/ip_forward ]] && sysctl -qw net.ipv4.ip_forward="$(cat "$host/ip_forward")"
@@ -493,6 +494,21 @@ down() {
   rm -rf "$CLUSTER_DIR"
   check_clean
   say "down: no process, container, mount or network of the cluster is left"
+}
+
+# The chains the kubelet makes (kube-proxy --cleanup leaves them): KUBE-FIREWALL, jumped to
+# from INPUT and OUTPUT, and the canaries it watches for a flushed table.
+remove_kubelet_chains() {
+  local tool table chain
+  for tool in iptables ip6tables; do
+    for table in filter nat mangle; do
+      while "$tool" -t "$table" -D INPUT -j KUBE-FIREWALL 2>/dev/null; do :; done
+      while "$tool" -t "$table" -D OUTPUT -j KUBE-FIREWALL 2>/dev/null; do :; done
+      for chain in KUBE-FIREWALL KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT; do
+        "$tool" -t "$table" -F "$chain" 2>/dev/null && "$tool" -t "$table" -X "$chain" 2>/dev/null || true
+      done
+    done
+  done
 }
 
 # Fails, naming them, if any of the cluster's processes, mounts or links is still there.
@@ -505,6 +521,7 @@ check_clean() {
   [[ -n $(shim_pids) ]] && left+=("containerd shims")
   [[ -n $(cluster_mounts) ]] && left+=("mounts under $CLUSTER_DIR")
   ip link show "$BRIDGE" >/dev/null 2>&1 && left+=("bridge $BRIDGE")
+  iptables-save 2>/dev/null | grep -q 'KUBE-' && left+=("iptables chains KUBE-*")
   [[ -e $CLUSTER_DIR ]] && left+=("$CLUSTER_DIR")
   [[ ${#left[@]} -eq 0 ]] || die "left behind: ${left[*]}"
 }
