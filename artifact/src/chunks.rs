@@ -24,16 +24,21 @@ pub enum ChunkError {
 /// Compresses a module with zstd and splits the compressed stream into chunks of at
 /// most [`MAX_CHUNK_BYTES`], in order.
 pub fn compress_and_split(wasm: &[u8]) -> Vec<Vec<u8>> {
-    let compressed = zstd::bulk::compress(wasm, ZSTD_LEVEL).expect("zstd compression of an in-memory buffer");
-    compressed.chunks(MAX_CHUNK_BYTES).map(<[u8]>::to_vec).collect()
+    split_chunks(&zstd::bulk::compress(wasm, ZSTD_LEVEL).expect("zstd compression of an in-memory buffer"))
 }
 
-/// Joins chunks in the order given and decompresses them back to the module's bytes.
-pub fn reassemble<C: AsRef<[u8]>>(chunks: &[C]) -> Result<Vec<u8>, ChunkError> {
+/// Splits stored bytes (a compressed stream) into chunks of at most [`MAX_CHUNK_BYTES`].
+pub fn split_chunks(bytes: &[u8]) -> Vec<Vec<u8>> {
+    bytes.chunks(MAX_CHUNK_BYTES).map(<[u8]>::to_vec).collect()
+}
+
+/// Joins chunks in the order given, back to the stored bytes, without decoding them:
+/// compiled code is checked against its digest before anything parses it.
+pub fn join_chunks<C: AsRef<[u8]>>(chunks: &[C]) -> Result<Vec<u8>, ChunkError> {
     if chunks.is_empty() {
         return Err(ChunkError::Empty);
     }
-    let mut compressed = Vec::new();
+    let mut joined = Vec::new();
     for (index, chunk) in chunks.iter().enumerate() {
         let chunk = chunk.as_ref();
         if chunk.len() > MAX_CHUNK_BYTES {
@@ -42,8 +47,14 @@ pub fn reassemble<C: AsRef<[u8]>>(chunks: &[C]) -> Result<Vec<u8>, ChunkError> {
                 size: chunk.len(),
             });
         }
-        compressed.extend_from_slice(chunk);
+        joined.extend_from_slice(chunk);
     }
+    Ok(joined)
+}
+
+/// Joins chunks in the order given and decompresses them back to the module's bytes.
+pub fn reassemble<C: AsRef<[u8]>>(chunks: &[C]) -> Result<Vec<u8>, ChunkError> {
+    let compressed = join_chunks(chunks)?;
     let decoder = zstd::stream::read::Decoder::new(compressed.as_slice()).map_err(ChunkError::Decompress)?;
     let mut wasm = Vec::new();
     decoder
@@ -56,32 +67,85 @@ pub fn reassemble<C: AsRef<[u8]>>(chunks: &[C]) -> Result<Vec<u8>, ChunkError> {
     Ok(wasm)
 }
 
-/// Name of the ConfigMap that holds chunk `index` of a function's module, built from
-/// the source digest so that a rebuilt source never overwrites the chunks in use.
+/// The two parts of a built function, each stored as its own set of chunks: the module
+/// (what was verified and can always be compiled) and its compiled code (what a new pod
+/// loads instead of compiling).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Module,
+    Code,
+}
+
+impl Part {
+    /// The ConfigMap key that holds one chunk.
+    pub fn configmap_key(self) -> &'static str {
+        match self {
+            Self::Module => crate::CHUNK_KEY,
+            Self::Code => crate::CODE_CHUNK_KEY,
+        }
+    }
+
+    fn word(self) -> &'static str {
+        match self {
+            Self::Module => "module",
+            Self::Code => "code",
+        }
+    }
+
+    fn extension(self) -> &'static str {
+        match self {
+            Self::Module => ".wasm.zst",
+            Self::Code => ".cwasm.lz4",
+        }
+    }
+
+    /// `<fn>-module-<10 hex>-<i>` or `<fn>-code-<10 hex>-<i>`: named by the source digest,
+    /// so a rebuilt source never overwrites the chunks in use.
+    pub fn configmap_name(self, function: &str, source_digest: &crate::Digest, index: usize) -> String {
+        format!("{function}-{}-{}-{index}", self.word(), source_digest.short())
+    }
+
+    /// Names of all `count` chunk ConfigMaps of this part, in order.
+    pub fn configmap_names(self, function: &str, source_digest: &crate::Digest, count: usize) -> Vec<String> {
+        (0..count)
+            .map(|index| self.configmap_name(function, source_digest, index))
+            .collect()
+    }
+
+    /// File name of chunk `index` in a directory of chunks (how the operator projects
+    /// the chunk ConfigMaps into one volume): `0000.wasm.zst`, `0000.cwasm.lz4`.
+    pub fn chunk_file_name(self, index: usize) -> String {
+        format!("{index:04}{}", self.extension())
+    }
+
+    /// The chunk index of a file in a chunk directory, or `None` for any other file.
+    pub fn parse_chunk_file_name(self, name: &str) -> Option<usize> {
+        let digits = name.strip_suffix(self.extension())?;
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok()
+    }
+}
+
+/// Name of the ConfigMap that holds chunk `index` of a function's module.
 pub fn configmap_name(function: &str, source_digest: &crate::Digest, index: usize) -> String {
-    format!("{function}-module-{}-{index}", source_digest.short())
+    Part::Module.configmap_name(function, source_digest, index)
 }
 
 /// Names of all `count` chunk ConfigMaps of a function's module, in order.
 pub fn chunks_configmap_names(function: &str, source_digest: &crate::Digest, count: usize) -> Vec<String> {
-    (0..count)
-        .map(|index| configmap_name(function, source_digest, index))
-        .collect()
+    Part::Module.configmap_names(function, source_digest, count)
 }
 
-/// File name of chunk `index` in a directory of chunks (how the operator projects the
-/// chunk ConfigMaps into one volume).
+/// File name of module chunk `index` in a directory of chunks.
 pub fn chunk_file_name(index: usize) -> String {
-    format!("{index:04}.wasm.zst")
+    Part::Module.chunk_file_name(index)
 }
 
-/// The chunk index of a file in a chunk directory, or `None` for any other file.
+/// The module chunk index of a file in a chunk directory, or `None` for any other file.
 pub fn parse_chunk_file_name(name: &str) -> Option<usize> {
-    let digits = name.strip_suffix(".wasm.zst")?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
+    Part::Module.parse_chunk_file_name(name)
 }
 
 #[cfg(test)]
@@ -128,10 +192,16 @@ mod tests {
         assert_eq!(parse_chunk_file_name(&chunk_file_name(12)), Some(12));
         assert_eq!(parse_chunk_file_name("..data"), None);
         assert_eq!(parse_chunk_file_name("module.sha256"), None);
+        assert_eq!(parse_chunk_file_name(&Part::Code.chunk_file_name(0)), None);
+        assert_eq!(Part::Code.parse_chunk_file_name("0003.cwasm.lz4"), Some(3));
         let digest = crate::Digest::of(b"source");
         assert_eq!(
             configmap_name("hello", &digest, 2),
             format!("hello-module-{}-2", digest.short())
+        );
+        assert_eq!(
+            Part::Code.configmap_name("hello", &digest, 0),
+            format!("hello-code-{}-0", digest.short())
         );
     }
 }

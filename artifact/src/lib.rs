@@ -5,18 +5,26 @@
 //! It links neither wasmtime nor kube, so every part can depend on it.
 
 mod chunks;
+mod code;
 mod digest;
 mod go_source;
 
 pub use chunks::{
-    ChunkError, MAX_CHUNK_BYTES, MAX_MODULE_BYTES, chunk_file_name, chunks_configmap_names, compress_and_split,
-    configmap_name, parse_chunk_file_name, reassemble,
+    ChunkError, MAX_CHUNK_BYTES, MAX_MODULE_BYTES, Part, chunk_file_name, chunks_configmap_names, compress_and_split,
+    configmap_name, join_chunks, parse_chunk_file_name, reassemble, split_chunks,
+};
+pub use code::{
+    CODE_HEADER_BYTES, CodeError, CodeHeader, CodeKind, MAX_CODE_BYTES, decode_code, decode_code_into,
+    decoded_code_size, encode_code,
 };
 pub use digest::{Digest, DigestError};
 pub use go_source::go_package;
 
 /// ConfigMap key that holds one chunk of the zstd-compressed module.
 pub const CHUNK_KEY: &str = "module.wasm.zst";
+
+/// ConfigMap key that holds one chunk of the compiled code (see [`encode_code`]).
+pub const CODE_CHUNK_KEY: &str = "code.cwasm.lz4";
 
 /// File beside a module (`<module>.sha256`) or in a chunk directory that names the
 /// digest the runtime must verify, when `--module-digest` is not given.
@@ -47,12 +55,29 @@ pub mod annotations {
     pub const CHUNK_COUNT: &str = "wasmless.io/chunk-count";
     /// This chunk's index, from 0.
     pub const CHUNK_INDEX: &str = "wasmless.io/chunk-index";
+    /// On compiled-code chunks: the full digest of the code artifact (the compressed bytes).
+    pub const CODE_DIGEST: &str = "wasmless.io/code-digest";
+    /// On compiled-code chunks: size in bytes of the code artifact as stored (compressed).
+    pub const CODE_SIZE: &str = "wasmless.io/code-size";
+    /// On compiled-code chunks: the engine compatibility hash it was compiled for.
+    pub const ENGINE_HASH: &str = "wasmless.io/engine-hash";
+    /// On compiled-code chunks: the CPU feature level it needs (`x86-64-v3`).
+    pub const CODE_TARGET: &str = "wasmless.io/code-target";
 }
 
 /// Media types of the Wasm OCI artifact layout.
 pub mod oci {
     pub const CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
     pub const LAYER_MEDIA_TYPE: &str = "application/wasm";
+    /// The compiled-code layer beside the module's: the code artifact, LZ4-compressed.
+    pub const CODE_LAYER_MEDIA_TYPE: &str = "application/vnd.wasmless.code.v1+lz4";
     /// URL scheme the runtime and builder accept for OCI references.
     pub const SCHEME: &str = "oci://";
 }
+
+/// Exit status of `wasmless-builder build` when the source itself does not build (a
+/// compile error, a bad source, a module without the expected ABI): building again gives
+/// the same answer, so the operator's Job fails at once on it. Every other failure (the API
+/// server, the registry, the disk) exits 1 and the Job retries it. Not 1 (any error
+/// returned from `main`), 2 (clap's usage error) or 101 (a panic).
+pub const EXIT_SOURCE_DOES_NOT_BUILD: i32 = 10;

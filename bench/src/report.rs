@@ -97,28 +97,35 @@ fn markdown(settings: &Settings, results: &Results, plot_name: &str) -> String {
         let _ = writeln!(md, "| {} | {} | {} |", row.name, seconds(row.time), row.detail);
     }
     let goless = results.cold_starts.first().map(|r| r.time);
-    let ours = results
-        .cold_starts
-        .iter()
-        .find(|r| r.name.contains("Goless sample") && r.name.contains("hit"));
-    if let (Some(goless), Some(ours)) = (goless, ours) {
-        let ratio = goless.as_secs_f64() / ours.time.as_secs_f64();
+    let row = |part: &str| {
+        results
+            .cold_starts
+            .iter()
+            .find(|r| r.name.contains("Goless sample") && r.name.contains(part))
+    };
+    if let (Some(goless), Some(new_pod), Some(restart)) = (goless, row("new pod"), row("restart")) {
+        let ratio = |ours: &crate::scenarios::Timed| goless.as_secs_f64() / ours.time.as_secs_f64();
         let _ = writeln!(
             md,
-            "\nGoless's path over ours (cache hit): **{ratio:.0}×** faster (target ≥ 1000×). {}\n",
-            if ratio >= 1000.0 {
-                "Met."
+            "\nGoless's path over ours, for a **new pod** (what a rollout, a scale-out or a first apply gets): \
+             **{:.0}×** faster ({} ms; target: 20 ms, {}). For a restarted pod with its cache: {:.0}×.\n",
+            ratio(new_pod),
+            new_pod.time.as_millis(),
+            if new_pod.time.as_millis() <= 20 {
+                "met"
             } else {
-                "Not met in this run."
-            }
+                "not met in this run"
+            },
+            ratio(restart)
         );
     }
     let _ = writeln!(
         md,
         "`cold_starts`: Goless's way is what its init container does at every pod start — generate `main`, \
          `go build` with an empty `GOCACHE`, start the server — measured from before `go build` to the first 200. \
-         Ours starts `wasmless-runtime` on a module built once, with an empty compiled-code cache (miss) and with the \
-         cache a previous start wrote (hit, what a restarted pod sees); medians of {} starts.\n",
+         Ours starts `wasmless-runtime` on a module built once: as a new pod does (an empty cache directory, the \
+         builder's precompiled code pinned by `--code-digest`), as a pod of a build without code does (it compiles), \
+         and with the cache a previous start wrote (what a restarted pod sees); medians of {} starts.\n",
         settings.repetitions
     );
 
@@ -303,6 +310,11 @@ request woke a second worker thread every time, which cost more than the instanc
 - **Go requests** pay for Go's runtime starting inside the module on every request (heap, goroutine scheduler, \
 package initialisers of `net/http`): the breakdown above. A fresh instance per request is the isolation we keep; \
 snapshotting the initialised Go heap (Wizer-style pre-initialisation) is the step that would remove it.\n\
+- **A new pod** reads the builder's compiled code (an LZ4 artifact: 5.6 MB for the Goless sample, 12 MB \
+decompressed), checks its sha256 against `--code-digest`, decompresses it and hands it to wasmtime, which \
+copies it into executable memory: no Cranelift on the start path. The copies and their page faults are most \
+of what is left (`perf record` of a start); wasmtime's `deserialize_raw` with a custom code memory would run \
+the code where it is decompressed (the header block keeps it page-aligned), one copy fewer.\n\
 - **Cold start** with a compiled-code cache hit is an `mmap` of the compiled code: the cache entry is named by \
 the digest the module must have, and is written only after a module passed that check, so a hit reads neither \
 the module nor its source (a registry may be down). A miss adds reading and verifying the module and Cranelift \

@@ -2,10 +2,10 @@
 //! Shared by `wasmless-builder build` and `wasmless build`.
 
 use crate::publish::{self, Destination};
-use crate::{BuildOptions, Language, Source};
+use crate::{BuildError, BuildOptions, Language, Source};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
-use wasmless_artifact::Digest;
+use wasmless_artifact::{Digest, EXIT_SOURCE_DOES_NOT_BUILD};
 
 #[derive(clap::Args)]
 pub struct BuildArgs {
@@ -17,6 +17,12 @@ pub struct BuildArgs {
     /// Where to write the `.wasm`.
     #[arg(long, env = "WASMLESS_OUTPUT")]
     pub output: PathBuf,
+    /// Where to write the compiled code [default: the output with `.cwasm.lz4`].
+    #[arg(long, env = "WASMLESS_CODE_OUTPUT")]
+    pub code_output: Option<PathBuf>,
+    /// Publish the module only, without compiled code: every new pod then compiles it.
+    #[arg(long, env = "WASMLESS_NO_CODE")]
+    pub no_code: bool,
     /// `configmap://<namespace>/<function>` or `oci://<registry>/<repo>:<tag>`.
     #[arg(long, env = "WASMLESS_PUBLISH")]
     pub publish: Option<Destination>,
@@ -35,26 +41,53 @@ pub struct BuildArgs {
 }
 
 /// Runs a build as the command does: prints progress and the JSON result line, writes
-/// the termination message; returns whether it succeeded.
-pub async fn run(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> bool {
+/// the termination message; returns the process's exit status: 0, or
+/// [`EXIT_SOURCE_DOES_NOT_BUILD`] when the source is at fault (retrying is pointless), or 1
+/// for anything else (retrying may succeed).
+pub async fn run(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> i32 {
     let termination_log = args.termination_log.clone();
     match build(args, progress).await {
         Ok(result) => {
             println!("{result}");
             write_termination_log(&termination_log, &result);
-            true
+            0
         }
-        Err(message) => {
+        Err(Failure { message, sources_fault }) => {
             eprintln!("error: {message}");
             write_termination_log(&termination_log, &message);
-            false
+            if sources_fault { EXIT_SOURCE_DOES_NOT_BUILD } else { 1 }
         }
     }
 }
 
-/// Returns the JSON result line, or the message to fail with.
-async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<String, String> {
-    let source = Source::read(args.language, &args.source).map_err(|e| e.to_string())?;
+/// Why a build failed, and whose fault it is.
+struct Failure {
+    message: String,
+    sources_fault: bool,
+}
+
+impl Failure {
+    /// The machine's or the network's fault: worth a retry.
+    fn transient(message: impl std::fmt::Display) -> Self {
+        Self {
+            message: message.to_string(),
+            sources_fault: false,
+        }
+    }
+}
+
+impl From<BuildError> for Failure {
+    fn from(error: BuildError) -> Self {
+        Self {
+            sources_fault: error.is_the_sources_fault(),
+            message: error.status_message(),
+        }
+    }
+}
+
+/// Returns the JSON result line, or why the build failed.
+async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<String, Failure> {
+    let source = Source::read(args.language, &args.source).map_err(|e| Failure::from(BuildError::Source(e)))?;
     let options = BuildOptions {
         cache_dir: args.cache_dir.unwrap_or_else(default_cache_dir),
         vendor_dir: args.vendor_dir,
@@ -62,18 +95,34 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<Stri
     let language = args.language;
     let built =
         tokio::task::block_in_place(|| crate::build(&source, &options, &|step| progress(&step.describe(language))))
-            .map_err(|e| e.status_message())?;
+            .map_err(Failure::from)?;
     write_atomically(&args.output, &built.wasm)
         .with_context(|| format!("cannot write {}", args.output.display()))
-        .map_err(|e| format!("{e:#}"))?;
+        .map_err(|e| Failure::transient(format!("{e:#}")))?;
+    let code = if args.no_code {
+        None
+    } else {
+        progress(&crate::Step::Precompiling.describe(language));
+        // A module that validated and does not compile is this builder's failure, not the
+        // source's: retried like any other.
+        let code = tokio::task::block_in_place(|| crate::precompile(&built)).map_err(Failure::transient)?;
+        let path = args
+            .code_output
+            .clone()
+            .unwrap_or_else(|| args.output.with_extension("cwasm.lz4"));
+        write_atomically(&path, &code.artifact)
+            .with_context(|| format!("cannot write {}", path.display()))
+            .map_err(|e| Failure::transient(format!("{e:#}")))?;
+        Some((code, path))
+    };
     let source_digest = args.source_digest.unwrap_or(built.source_digest);
     let published = match &args.publish {
         Some(destination) => {
             progress("publishing");
             Some(
-                publish::publish(destination, &built.wasm, &built.digest, &source_digest)
+                publish::publish(destination, &built, code.as_ref().map(|(code, _)| code), &source_digest)
                     .await
-                    .map_err(|e| e.to_string())?,
+                    .map_err(Failure::transient)?,
             )
         }
         None => None,
@@ -86,8 +135,24 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<Stri
         "output": args.output,
         "published": published.as_ref().map(|p| p.location.clone()),
     });
-    if let Some(published) = published.filter(|p| !p.config_maps.is_empty()) {
-        result["configMaps"] = serde_json::json!(published.config_maps);
+    if let Some((code, path)) = &code {
+        result["code"] = serde_json::json!({
+            "digest": code.digest.to_string(),
+            "size": code.artifact.len(),
+            "moduleDigest": code.module_digest.to_string(),
+            "engine": code.engine,
+            "target": code.target,
+            "seconds": (code.seconds * 1000.0).round() / 1000.0,
+            "output": path,
+        });
+    }
+    if let Some(published) = published {
+        if !published.config_maps.is_empty() {
+            result["configMaps"] = serde_json::json!(published.config_maps);
+        }
+        if !published.code_config_maps.is_empty() {
+            result["codeConfigMaps"] = serde_json::json!(published.code_config_maps);
+        }
     }
     Ok(result.to_string())
 }
@@ -110,7 +175,7 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// Kubernetes shows at most 4 KiB of a termination message.
-fn write_termination_log(path: &Path, text: &str) {
+pub fn write_termination_log(path: &Path, text: &str) {
     if path.exists() {
         let cut = &text[..text.floor_char_boundary(4096)];
         let _ = std::fs::write(path, cut);

@@ -4,7 +4,8 @@
 //!
 //! [`build`] reads like the steps: read and check the source ([`source`]), look in
 //! the [`cache`], compile with the language's toolchain ([`toolchain`]), [`validate`]
-//! the output for the ABI the runtime needs. [`publish`] ships the result.
+//! the output for the ABI the runtime needs, and [`precompile`] it to native code once,
+//! so that no pod compiles it. [`publish`] ships the result.
 
 pub mod cache;
 pub mod command;
@@ -33,6 +34,8 @@ pub enum BuildError {
     Invalid(#[from] validate::ValidateError),
     #[error("build cache {path}: {source}")]
     Cache { path: PathBuf, source: std::io::Error },
+    #[error("cannot compile the module to native code: {0}")]
+    Precompile(String),
 }
 
 impl BuildError {
@@ -42,6 +45,17 @@ impl BuildError {
         match self {
             Self::Compile { message, .. } => message.clone(),
             other => other.to_string(),
+        }
+    }
+
+    /// Whether building the same source again fails the same way (the source or its
+    /// module is at fault), as opposed to the machine the build ran on (a directory it
+    /// could not write, a toolchain it could not start): only the latter is worth a retry.
+    pub fn is_the_sources_fault(&self) -> bool {
+        match self {
+            Self::Source(source::SourceError::Read { .. }) => false,
+            Self::Source(_) | Self::Compile { .. } | Self::Invalid(_) => true,
+            Self::Toolchain(_) | Self::Cache { .. } | Self::Precompile(_) => false,
         }
     }
 }
@@ -70,6 +84,7 @@ pub enum Step {
     Checking,
     Compiling,
     Validating,
+    Precompiling,
 }
 
 impl Step {
@@ -78,6 +93,10 @@ impl Step {
             Self::Checking => "checking the source".into(),
             Self::Compiling => format!("compiling {} to WebAssembly", language.name()),
             Self::Validating => "validating the module".into(),
+            Self::Precompiling => format!(
+                "compiling the module to native code for {}",
+                wasmless_runtime::engine::PORTABLE_TARGET
+            ),
         }
     }
 }
@@ -90,6 +109,43 @@ pub struct Built {
     pub source_digest: Digest,
     /// Taken from the build cache: nothing was compiled.
     pub cached: bool,
+}
+
+/// Compiled code for a built module: what a new pod loads instead of compiling.
+#[derive(Debug, Clone)]
+pub struct CompiledCode {
+    /// The code artifact as stored: LZ4 of the header and wasmtime's `.cwasm`.
+    pub artifact: Vec<u8>,
+    /// Of `artifact`: what the runtime is pinned to.
+    pub digest: Digest,
+    /// The module it was compiled from.
+    pub module_digest: Digest,
+    /// The engine compatibility hash it was compiled for.
+    pub engine: String,
+    /// The CPU feature level it needs.
+    pub target: &'static str,
+    /// Time the compilation took.
+    pub seconds: f64,
+}
+
+/// Compiles a built module with the runtime's engine configuration for the portable
+/// target. Not cached: compiled code is native code, and a cache directory anyone can
+/// write is no place to take it from unchecked.
+pub fn precompile(built: &Built) -> Result<CompiledCode, BuildError> {
+    let started = std::time::Instant::now();
+    let abi = wasmless_runtime::abi::detect(&built.wasm).map_err(|e| BuildError::Precompile(e.to_string()))?;
+    let engine =
+        wasmless_runtime::precompiled::precompile_engine().map_err(|e| BuildError::Precompile(format!("{e:#}")))?;
+    let artifact = wasmless_runtime::precompiled::precompile(&engine, abi, &built.wasm, built.digest)
+        .map_err(|e| BuildError::Precompile(format!("{e:#}")))?;
+    Ok(CompiledCode {
+        digest: Digest::of(&artifact),
+        artifact,
+        module_digest: built.digest,
+        engine: wasmless_runtime::engine::engine_hash(&engine),
+        target: wasmless_runtime::engine::PORTABLE_TARGET,
+        seconds: started.elapsed().as_secs_f64(),
+    })
 }
 
 pub fn build(source: &Source, options: &BuildOptions, progress: &dyn Fn(Step)) -> Result<Built, BuildError> {

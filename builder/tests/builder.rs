@@ -128,6 +128,36 @@ async fn configmap_publishing_chunks_a_go_module_that_the_runtime_reassembles() 
     let served = Served::start(chunk_dir.to_str().unwrap(), &digest.to_string(), &[]).await;
     assert_eq!(served.get("/").await, (200, "This works!".to_string()));
 
+    // The compiled code beside it: its own chunks, pinned by the digest of what is stored,
+    // made from this module for the portable target.
+    let code = &built["code"];
+    let code_digest: wasmless_artifact::Digest = code["digest"].as_str().unwrap().parse().unwrap();
+    assert_eq!(code["moduleDigest"], digest.to_string());
+    assert_eq!(code["target"], wasmless_runtime::engine::PORTABLE_TARGET);
+    let code_names: Vec<String> = built["codeConfigMaps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        code_names,
+        wasmless_artifact::Part::Code.configmap_names("hello", &source_digest, code_names.len())
+    );
+    let mut stored_code = Vec::new();
+    for name in &code_names {
+        let object = &stored[&("default".to_string(), name.clone())];
+        let annotations = &object["metadata"]["annotations"];
+        assert_eq!(annotations["wasmless.io/code-digest"], code_digest.to_string());
+        assert_eq!(annotations["wasmless.io/module-digest"], digest.to_string());
+        assert_eq!(annotations["wasmless.io/engine-hash"], code["engine"]);
+        stored_code.extend(base64_decode(object["binaryData"]["code.cwasm.lz4"].as_str().unwrap()));
+    }
+    assert_eq!(wasmless_artifact::Digest::of(&stored_code), code_digest);
+    let (header, _) = wasmless_artifact::decode_code(&stored_code).unwrap();
+    assert_eq!(header.module_digest, digest);
+    assert_eq!(std::fs::read(code["output"].as_str().unwrap()).unwrap(), stored_code);
+
     match std::env::var("WASMLESS_TEST_KUBECONFIG") {
         Ok(real) => {
             let namespace = std::env::var("WASMLESS_TEST_NAMESPACE").unwrap_or_else(|_| "default".into());
@@ -217,7 +247,11 @@ async fn broken_sources_fail_with_the_compilers_message_and_publish_nothing() {
             .env("KUBECONFIG", kube.kubeconfig.path())
             .output()
             .unwrap();
-        assert_eq!(result.status.code(), Some(1), "{language}");
+        assert_eq!(
+            result.status.code(),
+            Some(wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD),
+            "{language}: a compile error has its own exit status, so the Job does not retry it"
+        );
         let stderr = String::from_utf8_lossy(&result.stderr);
         assert!(stderr.contains(expected), "{language}: {stderr}");
         assert!(
@@ -235,6 +269,60 @@ async fn broken_sources_fail_with_the_compilers_message_and_publish_nothing() {
             "{language}: nothing published"
         );
     }
+}
+
+/// A WAT handler: the quickest real build, for the publishing tests.
+const WAT_MODULE: &str = "(module (memory (export \"memory\") 1) (func (export \"_start\")))";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn transient_publish_errors_are_retried_and_the_build_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("module.wat");
+    std::fs::write(&source, WAT_MODULE).unwrap();
+    let kube = FakeKube::start().await;
+    // A conflict and a restarting API server, as a build can meet while publishing.
+    kube.state.apply_failures.lock().unwrap().extend([409, 503]);
+    let built = result(
+        &build_command("wat", &source, &dir.path().join("out.wasm"), &dir.path().join("cache"))
+            // The module's chunk alone (`--no-code`), so the count of attempts is one chunk's.
+            .args(["--publish", "configmap://default/retried", "--no-code"])
+            .env("KUBECONFIG", kube.kubeconfig.path())
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(built["published"], "configmap://default/retried");
+    let stored = kube.state.config_maps.lock().unwrap().len();
+    assert_eq!(stored, 1, "the one chunk is stored");
+    assert_eq!(
+        kube.state.applies.lock().unwrap().len(),
+        3,
+        "two failed attempts, then success"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_publish_that_keeps_failing_exits_1_so_the_job_retries_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("module.wat");
+    std::fs::write(&source, WAT_MODULE).unwrap();
+    let kube = FakeKube::start().await;
+    kube.state.apply_failures.lock().unwrap().extend([500; 10]);
+    let output = build_command("wat", &source, &dir.path().join("out.wasm"), &dir.path().join("cache"))
+        .args(["--publish", "configmap://default/unlucky"])
+        .env("KUBECONFIG", kube.kubeconfig.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "not the source's fault: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        kube.state.applies.lock().unwrap().len(),
+        5,
+        "five attempts, then it gives up"
+    );
 }
 
 #[test]

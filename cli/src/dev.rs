@@ -33,8 +33,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         .await
         .map_err(|message| anyhow::anyhow!("{message}\n\nfix the source and run `wasmless dev` again"))?;
     install(&module, &built)?;
+    // The first start loads precompiled code, as a new pod does; rebuilds are swapped in by
+    // the runtime, which compiles them (the builder would only compile them a second time).
+    let code = precompile_with_progress(&built, &work).await?;
 
-    let config = runtime_config(&args, &function, &module, &work);
+    let config = runtime_config(&args, &function, &module, &work, &code);
     let watched = function.watched.clone();
     let name = function.name.clone();
     tokio::spawn(rebuild_on_change(watched.clone(), module, options));
@@ -51,11 +54,21 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn runtime_config(args: &DevArgs, function: &LocalFunction, module: &Path, work: &Path) -> wasmless_runtime::Config {
+fn runtime_config(
+    args: &DevArgs,
+    function: &LocalFunction,
+    module: &Path,
+    work: &Path,
+    code: &(PathBuf, wasmless_artifact::Digest),
+) -> wasmless_runtime::Config {
     let mut flags: Vec<String> = vec![
         "wasmless-runtime".into(),
         "--module".into(),
         module.display().to_string(),
+        "--code".into(),
+        code.0.display().to_string(),
+        "--code-digest".into(),
+        code.1.to_string(),
         "--function".into(),
         function.name.clone(),
         "--bind".into(),
@@ -106,6 +119,28 @@ async fn build_with_progress(function: &LocalFunction, options: &BuildOptions) -
         if built.cached { ", from the build cache" } else { "" }
     );
     Ok(built)
+}
+
+/// Compiles the module to native code as the build Job does, into `work`.
+async fn precompile_with_progress(built: &Built, work: &Path) -> anyhow::Result<(PathBuf, wasmless_artifact::Digest)> {
+    let spinner = ProgressBar::new_spinner().with_style(ProgressStyle::with_template("{spinner} {msg}").unwrap());
+    spinner.enable_steady_tick(Duration::from_millis(100));
+    spinner.set_message(format!(
+        "compiling to native code for {}",
+        wasmless_runtime::engine::PORTABLE_TARGET
+    ));
+    let code = tokio::task::block_in_place(|| wasmless_builder::precompile(built));
+    spinner.finish_and_clear();
+    let code = code?;
+    let path = work.join("module.cwasm.lz4");
+    std::fs::write(&path, &code.artifact).with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!(
+        "compiled to native code for {} in {:.1}s ({} bytes compressed)",
+        code.target,
+        code.seconds,
+        code.artifact.len()
+    );
+    Ok((path, code.digest))
 }
 
 /// Puts a module where the runtime watches: the digest file first is not enough (the

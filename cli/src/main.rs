@@ -31,8 +31,9 @@ async fn main() -> anyhow::Result<()> {
             dev::run(args).await
         }
         Command::Build(args) => {
-            if !wasmless_builder::command::run(args, &|step| eprintln!("{step}...")).await {
-                std::process::exit(1);
+            let status = wasmless_builder::command::run(args, &|step| eprintln!("{step}...")).await;
+            if status != 0 {
+                std::process::exit(status);
             }
             Ok(())
         }

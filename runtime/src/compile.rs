@@ -22,6 +22,20 @@ pub enum CacheOutcome {
     Miss,
     /// No cache directory was given.
     Disabled,
+    /// The builder's precompiled code, pinned by digest: nothing compiled, no cache read.
+    Precompiled,
+}
+
+impl CacheOutcome {
+    /// Where the code came from, in the "module loaded" log line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Hit => "cache hit",
+            Self::Miss => "compiled",
+            Self::Disabled => "compiled (no cache)",
+            Self::Precompiled => "precompiled",
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -25,6 +25,18 @@ pub struct Config {
     #[arg(long, env = "WASMLESS_MODULE_DIGEST")]
     pub module_digest: Option<wasmless_artifact::Digest>,
 
+    /// The builder's compiled code for this module: a `.cwasm.lz4` file, a directory of its
+    /// chunks (`0000.cwasm.lz4`, ...), or `oci://registry/repo[@digest]`. Loaded instead of
+    /// compiling when it matches `--code-digest`, the pinned module and this engine; when
+    /// it does not fit this host, the module is compiled here (and the fallback counted).
+    #[arg(long, env = "WASMLESS_CODE", requires = "code_digest")]
+    pub code: Option<String>,
+
+    /// The compiled code's `sha256:<hex>` (of the stored, compressed artifact): code that
+    /// does not match is refused and the runtime does not start.
+    #[arg(long, env = "WASMLESS_CODE_DIGEST")]
+    pub code_digest: Option<wasmless_artifact::Digest>,
+
     /// Port that serves the function.
     #[arg(long, env = "WASMLESS_PORT", default_value_t = 8080)]
     pub port: u16,

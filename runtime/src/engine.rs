@@ -1,5 +1,6 @@
 //! The one wasmtime `Engine` of the process: pooling allocator sized from the limits,
-//! epoch interruption driven by a ticker thread.
+//! epoch interruption driven by a ticker thread, and code generated for a fixed CPU
+//! feature level, so that the builder's precompiled code loads on every node of it.
 
 use crate::limits::RequestLimits;
 use std::time::Duration;
@@ -15,13 +16,122 @@ const MEMORY_KEEP_RESIDENT: usize = 1 << 20;
 const TABLE_KEEP_RESIDENT: usize = 64 << 10;
 const STACK_KEEP_RESIDENT: usize = 128 << 10;
 
-pub fn build_engine(limits: &RequestLimits) -> wasmtime::Result<Engine> {
+/// The CPU feature level compiled code is generated for.
+///
+/// x86-64-v3 (AVX2, BMI1/2, FMA, LZCNT, MOVBE on top of v2's SSE4.2 and POPCNT): every x86
+/// server CPU since Intel Haswell (2013) and AMD Zen (2017), so every node a cloud rents
+/// today. Cranelift uses LZCNT/TZCNT for `clz`/`ctz`, BMI2 for shifts and VEX encodings
+/// for floats and SIMD, so v3 code is as good as code for the exact host for the handlers
+/// we build; AVX-512 (v4) is barely used by Cranelift and missing on many AMD and desktop
+/// CPUs. A node without v3 still serves: its runtime compiles for itself (see
+/// [`CompileTarget::for_this_host`]). On arm64 the level is the ARMv8.0 baseline.
+#[cfg(target_arch = "x86_64")]
+pub const PORTABLE_TARGET: &str = "x86-64-v3";
+#[cfg(target_arch = "x86_64")]
+const PORTABLE_TRIPLE: &str = "x86_64-unknown-linux-gnu";
+#[cfg(target_arch = "aarch64")]
+pub const PORTABLE_TARGET: &str = "aarch64";
+#[cfg(target_arch = "aarch64")]
+const PORTABLE_TRIPLE: &str = "aarch64-unknown-linux-gnu";
+
+/// What an engine generates code for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CompileTarget {
+    /// [`PORTABLE_TARGET`]: what the builder precompiles for.
+    Portable,
+    /// Whatever this CPU has, because it lacks part of the portable level (listed).
+    Host { missing: Vec<&'static str> },
+}
+
+impl CompileTarget {
+    /// The portable level if this CPU has all of it, the host's own features otherwise.
+    pub fn for_this_host() -> Self {
+        let missing = missing_portable_features();
+        if missing.is_empty() {
+            Self::Portable
+        } else {
+            Self::Host { missing }
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Portable => PORTABLE_TARGET,
+            Self::Host { .. } => "host",
+        }
+    }
+}
+
+/// The features of [`PORTABLE_TARGET`] this CPU lacks.
+#[cfg(target_arch = "x86_64")]
+fn missing_portable_features() -> Vec<&'static str> {
+    let has = [
+        ("sse4.2", std::is_x86_feature_detected!("sse4.2")),
+        ("popcnt", std::is_x86_feature_detected!("popcnt")),
+        ("cmpxchg16b", std::is_x86_feature_detected!("cmpxchg16b")),
+        ("avx", std::is_x86_feature_detected!("avx")),
+        ("avx2", std::is_x86_feature_detected!("avx2")),
+        ("bmi1", std::is_x86_feature_detected!("bmi1")),
+        ("bmi2", std::is_x86_feature_detected!("bmi2")),
+        ("fma", std::is_x86_feature_detected!("fma")),
+        ("lzcnt", std::is_x86_feature_detected!("lzcnt")),
+    ];
+    has.into_iter().filter(|(_, has)| !has).map(|(name, _)| name).collect()
+}
+
+#[cfg(target_arch = "aarch64")]
+fn missing_portable_features() -> Vec<&'static str> {
+    Vec::new()
+}
+
+/// Everything that decides what compiled code looks like, shared by the runtime's engine
+/// and the builder's precompilation: code from one loads in the other exactly when their
+/// [`engine_hash`]es agree.
+pub fn compiler_config(target: &CompileTarget) -> wasmtime::Result<Config> {
     let mut config = Config::new();
     config.epoch_interruption(true);
+    if *target == CompileTarget::Portable {
+        config.target(PORTABLE_TRIPLE)?;
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a Cranelift preset of x86 feature flags; the runtime only selects this
+        // target on a CPU that has every one of them (`for_this_host`), and wasmtime checks
+        // the host again before it runs code compiled with them.
+        unsafe {
+            config.cranelift_flag_enable(PORTABLE_TARGET);
+        }
+    }
+    Ok(config)
+}
+
+/// The runtime's engine: [`compiler_config`] for this host, with the pooling allocator.
+pub fn build_engine(limits: &RequestLimits, target: &CompileTarget) -> wasmtime::Result<Engine> {
+    let mut config = compiler_config(target)?;
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling_config(limits)));
     let engine = Engine::new(&config)?;
     start_epoch_ticker(&engine);
     Ok(engine)
+}
+
+/// Hex sha256 over `Engine::precompile_compatibility_hash()`: wasmtime's version, the
+/// target and its flags, tunables and features. Stable across processes of one build,
+/// unlike `DefaultHasher`, so it can be written into an artifact and compared later.
+pub fn engine_hash(engine: &Engine) -> String {
+    use std::hash::Hash;
+    let mut hasher = Sha256Hasher(sha2::Sha256::default());
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    hex::encode(sha2::Digest::finalize(hasher.0))
+}
+
+struct Sha256Hasher(sha2::Sha256);
+
+impl std::hash::Hasher for Sha256Hasher {
+    fn write(&mut self, bytes: &[u8]) {
+        sha2::Digest::update(&mut self.0, bytes);
+    }
+
+    fn finish(&self) -> u64 {
+        unreachable!("only the full digest is read")
+    }
 }
 
 fn pooling_config(limits: &RequestLimits) -> PoolingAllocationConfig {

@@ -17,6 +17,7 @@ pub mod logging;
 pub mod metrics;
 pub mod module_source;
 pub mod oci;
+pub mod precompiled;
 mod reload;
 pub mod server;
 
@@ -40,6 +41,12 @@ pub enum ServeError {
     Module(#[from] ModuleError),
     #[error("server failed: {0}")]
     Io(#[from] std::io::Error),
+    #[error("--code needs --code-digest sha256:<hex>: compiled code is native code and never loaded unpinned")]
+    UnpinnedCode,
+    #[error(
+        "--code needs the module's digest (--module-digest, or the digest file beside the module) to check what the code was compiled from"
+    )]
+    CodeWithoutModuleDigest,
 }
 
 /// Where the servers listen, known once they are bound (ports may be 0).
@@ -80,11 +87,22 @@ pub async fn serve(
     )?);
     let source = ModuleSource::parse(&config.module);
     let expected = source.known_digest(config.module_digest).await;
-    let cached = match expected {
-        Some(digest) => loader.load_cached(digest).await,
-        None => None,
-    };
-    let handler = match cached {
+    // The builder's code first (a new pod: nothing to compile), then this node's cache (a
+    // restart), then the module itself, compiled here.
+    let mut handler = None;
+    if let Some(code) = &config.code {
+        let module = expected.ok_or(ServeError::CodeWithoutModuleDigest)?;
+        let code_digest = config.code_digest.ok_or(ServeError::UnpinnedCode)?;
+        handler = loader
+            .load_precompiled(&precompiled::CodeSource::parse(code), code_digest, module)
+            .await?;
+    }
+    if handler.is_none()
+        && let Some(digest) = expected
+    {
+        handler = loader.load_cached(digest).await;
+    }
+    let handler = match handler {
         Some(handler) => handler,
         // The digest read above is the one to check against; no second read of the digest file.
         None => loader.load(source.load(expected).await?).await?,

@@ -4,10 +4,12 @@
 
 use crate::abi::{self, Abi, AbiError};
 use crate::compile::{self, CacheOutcome, CompileError, Compiled};
+use crate::engine::CompileTarget;
 use crate::handler::{LoadedHandler, Shared};
 use crate::limits::RequestLimits;
 use crate::metrics::Metrics;
 use crate::module_source::VerifiedModule;
+use crate::precompiled::{self, CodeRefused, CodeSource, Opened};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -24,10 +26,13 @@ pub enum ModuleError {
     Link(String),
     #[error("cannot set up wasmtime: {0}")]
     Engine(String),
+    #[error(transparent)]
+    CodeRefused(#[from] CodeRefused),
 }
 
 pub struct Loader {
     engine: Engine,
+    target: CompileTarget,
     shared: Arc<Shared>,
     cache_dir: Option<PathBuf>,
 }
@@ -40,7 +45,16 @@ impl Loader {
         metrics: Arc<Metrics>,
         cache_dir: Option<PathBuf>,
     ) -> Result<Self, ModuleError> {
-        let engine = crate::engine::build_engine(&limits).map_err(|e| ModuleError::Engine(format!("{e:?}")))?;
+        let target = CompileTarget::for_this_host();
+        if let CompileTarget::Host { missing } = &target {
+            tracing::warn!(
+                portable = crate::engine::PORTABLE_TARGET,
+                missing = missing.join(", "),
+                "this CPU lacks part of the portable feature level: compiling for this host, and precompiled code will not be used"
+            );
+        }
+        let engine =
+            crate::engine::build_engine(&limits, &target).map_err(|e| ModuleError::Engine(format!("{e:?}")))?;
         let shared = Arc::new(Shared {
             limits,
             env,
@@ -49,6 +63,7 @@ impl Loader {
         });
         Ok(Self {
             engine,
+            target,
             shared,
             cache_dir,
         })
@@ -92,6 +107,49 @@ impl Loader {
         }
     }
 
+    /// Links the code the builder compiled for `module`, pinned by `code_digest`, so that
+    /// nothing is compiled here. `Ok(None)`: the code cannot be used on this host (logged
+    /// and counted); compile the module instead. `Err`: the code is not what was pinned, or
+    /// not made from `module`, and nothing may run.
+    pub async fn load_precompiled(
+        &self,
+        source: &CodeSource,
+        code_digest: Digest,
+        module: Digest,
+    ) -> Result<Option<LoadedHandler>, ModuleError> {
+        let started = Instant::now();
+        let opened = match source.load_code(&code_digest).await? {
+            Ok(verified) => {
+                let read_and_verified = started.elapsed();
+                let engine = self.engine.clone();
+                let target = self.target.clone();
+                let source = source.clone();
+                let opened = tokio::task::spawn_blocking(move || {
+                    precompiled::open(&engine, &target, &source, &verified, &module)
+                })
+                .await
+                .map_err(|e| ModuleError::Engine(e.to_string()))??;
+                tracing::debug!(
+                    read_and_verify_ms = read_and_verified.as_secs_f64() * 1000.0,
+                    decode_and_load_ms = (started.elapsed() - read_and_verified).as_secs_f64() * 1000.0,
+                    "precompiled code opened"
+                );
+                opened
+            }
+            Err(fallback) => Opened::Fallback(fallback),
+        };
+        match opened {
+            Opened::Loaded(compiled, abi) => self
+                .link(compiled, abi, module, CacheOutcome::Precompiled, started)
+                .map(Some),
+            Opened::Fallback(reason) => {
+                self.shared.metrics.compile_fallback(reason.reason());
+                tracing::warn!(code = %source, reason = reason.reason(), error = %reason, "not using the precompiled code: compiling the module here");
+                Ok(None)
+            }
+        }
+    }
+
     fn link(
         &self,
         compiled: Compiled,
@@ -109,7 +167,7 @@ impl Loader {
         tracing::info!(
             digest = %digest,
             abi = abi.name(),
-            compiled_code_cache = match cache { CacheOutcome::Hit => "hit", CacheOutcome::Miss => "miss", CacheOutcome::Disabled => "off" },
+            compiled_code = cache.name(),
             load_ms = elapsed.as_secs_f64() * 1000.0,
             "module loaded"
         );

@@ -32,6 +32,12 @@ struct TrapLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FallbackLabels {
+    function: Function,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModuleLabels {
     function: Function,
     digest: String,
@@ -48,6 +54,7 @@ pub struct Metrics {
     traps: Family<TrapLabels, Counter>,
     module_load: Family<FunctionLabels, Gauge<f64, AtomicU64>>,
     module_info: Family<ModuleLabels, Gauge>,
+    compile_fallbacks: Family<FallbackLabels, Counter>,
 }
 
 impl Metrics {
@@ -65,6 +72,7 @@ impl Metrics {
         let traps = Family::default();
         let module_load = Family::default();
         let module_info = Family::default();
+        let compile_fallbacks = Family::default();
         // prometheus-client appends `_total` to counters.
         registry.register(
             "wasmless_requests",
@@ -97,6 +105,11 @@ impl Metrics {
             "The module being served (value 1)",
             module_info.clone(),
         );
+        registry.register(
+            "wasmless_compile_fallbacks",
+            "Precompiled code given but not used, so the module was compiled here, by reason",
+            compile_fallbacks.clone(),
+        );
         Self {
             function: Arc::new(function.to_string()),
             registry,
@@ -107,7 +120,19 @@ impl Metrics {
             traps,
             module_load,
             module_info,
+            compile_fallbacks,
         }
+    }
+
+    /// Precompiled code could not be used (`reason`: `engine`, `cpu`, `unavailable`,
+    /// `malformed`, `deserialize`), so this process compiles the module itself.
+    pub fn compile_fallback(&self, reason: &'static str) {
+        self.compile_fallbacks
+            .get_or_create(&FallbackLabels {
+                function: self.function.clone(),
+                reason,
+            })
+            .inc();
     }
 
     fn function_labels(&self) -> FunctionLabels {

@@ -2,15 +2,15 @@
 //! OCI registry — and the digest check that every load passes before anything runs.
 
 use std::path::{Path, PathBuf};
-use wasmless_artifact::{DIGEST_FILE_NAME, Digest, oci::SCHEME as OCI_SCHEME};
+use wasmless_artifact::{DIGEST_FILE_NAME, Digest, Part, oci::SCHEME as OCI_SCHEME};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("cannot read module {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
-    #[error("module directory {0} holds no chunks (files named 0000.wasm.zst, 0001.wasm.zst, ...)")]
-    NoChunks(PathBuf),
-    #[error("module directory {dir} is missing chunk {index} (found {found} chunks)")]
+    #[error("directory {dir} holds no chunks (files named {example}, ...)")]
+    NoChunks { dir: PathBuf, example: String },
+    #[error("chunk directory {dir} is missing chunk {index} (found {found} chunks)")]
     MissingChunk { dir: PathBuf, index: usize, found: usize },
     #[error("module chunks in {dir} do not reassemble: {source}")]
     Chunks {
@@ -146,7 +146,7 @@ async fn expected_digest(pinned: Option<Digest>, digest_file: &Path, module: &Pa
     }
 }
 
-async fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
+pub(crate) async fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
     tokio::fs::read(path).await.map_err(|source| LoadError::Read {
         path: path.to_path_buf(),
         source,
@@ -154,8 +154,18 @@ async fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
 }
 
 /// Reads `0000.wasm.zst`, `0001.wasm.zst`, ... in index order and decompresses them.
-/// Other entries (a ConfigMap volume's `..data` links, the digest file) are ignored.
 async fn read_chunk_dir(dir: &Path) -> Result<Vec<u8>, LoadError> {
+    let chunks = read_chunk_files(dir, Part::Module).await?;
+    wasmless_artifact::reassemble(&chunks).map_err(|source| LoadError::Chunks {
+        dir: dir.to_path_buf(),
+        source,
+    })
+}
+
+/// The chunk files of `part` in `dir` (`0000.wasm.zst`, ... or `0000.cwasm.lz4`, ...), in
+/// index order, as stored. Other entries (a ConfigMap volume's `..data` links, the digest
+/// file, the other part's chunks) are ignored.
+pub(crate) async fn read_chunk_files(dir: &Path, part: Part) -> Result<Vec<Vec<u8>>, LoadError> {
     let read_error = |source| LoadError::Read {
         path: dir.to_path_buf(),
         source,
@@ -166,13 +176,16 @@ async fn read_chunk_dir(dir: &Path) -> Result<Vec<u8>, LoadError> {
         if let Some(index) = entry
             .file_name()
             .to_str()
-            .and_then(wasmless_artifact::parse_chunk_file_name)
+            .and_then(|name| part.parse_chunk_file_name(name))
         {
             indexed.push((index, entry.path()));
         }
     }
     if indexed.is_empty() {
-        return Err(LoadError::NoChunks(dir.to_path_buf()));
+        return Err(LoadError::NoChunks {
+            dir: dir.to_path_buf(),
+            example: part.chunk_file_name(0),
+        });
     }
     indexed.sort();
     let found = indexed.len();
@@ -187,8 +200,5 @@ async fn read_chunk_dir(dir: &Path) -> Result<Vec<u8>, LoadError> {
         }
         chunks.push(read(&path).await?);
     }
-    wasmless_artifact::reassemble(&chunks).map_err(|source| LoadError::Chunks {
-        dir: dir.to_path_buf(),
-        source,
-    })
+    Ok(chunks)
 }

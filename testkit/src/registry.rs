@@ -46,6 +46,13 @@ impl Registry {
 
     /// Pushes `wasm` as a Wasm OCI artifact; returns the manifest's digest.
     pub async fn push_wasm(&self, repository_and_tag: &str, wasm: &[u8]) -> String {
+        self.push_layers(repository_and_tag, &[(wasmless_artifact::oci::LAYER_MEDIA_TYPE, wasm)])
+            .await
+    }
+
+    /// Pushes an artifact of `(media type, bytes)` layers, in order, with the Wasm OCI
+    /// config; returns the manifest's digest.
+    pub async fn push_layers(&self, repository_and_tag: &str, layers: &[(&str, &[u8])]) -> String {
         use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
         let client = oci_client::Client::new(ClientConfig {
             protocol: ClientProtocol::Http,
@@ -53,17 +60,16 @@ impl Registry {
         });
         let reference: oci_client::Reference = format!("{}/{repository_and_tag}", self.address).parse().unwrap();
         let auth = oci_client::secrets::RegistryAuth::Anonymous;
-        let layer = ImageLayer::new(
-            wasm.to_vec(),
-            wasmless_artifact::oci::LAYER_MEDIA_TYPE.to_string(),
-            None,
-        );
+        let layers: Vec<ImageLayer> = layers
+            .iter()
+            .map(|(media_type, bytes)| ImageLayer::new(bytes.to_vec(), media_type.to_string(), None))
+            .collect();
         let config = Config::new(
             b"{}".to_vec(),
             wasmless_artifact::oci::CONFIG_MEDIA_TYPE.to_string(),
             None,
         );
-        client.push(&reference, &[layer], config, &auth, None).await.unwrap();
+        client.push(&reference, &layers, config, &auth, None).await.unwrap();
         client.fetch_manifest_digest(&reference, &auth).await.unwrap()
     }
 }

@@ -3,6 +3,7 @@
 mod configmap;
 mod oci;
 
+use crate::{Built, CompiledCode};
 use serde::Serialize;
 use wasmless_artifact::Digest;
 
@@ -66,19 +67,23 @@ pub struct Published {
     /// ConfigMap names, in chunk order (ConfigMap publishing).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub config_maps: Vec<String>,
+    /// The compiled code's ConfigMap names, in chunk order (ConfigMap publishing).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub code_config_maps: Vec<String>,
 }
 
+/// Publishes the module and, when there is one, its compiled code beside it.
 pub async fn publish(
     destination: &Destination,
-    wasm: &[u8],
-    digest: &Digest,
+    built: &Built,
+    code: Option<&CompiledCode>,
     source_digest: &Digest,
 ) -> Result<Published, PublishError> {
     match destination {
         Destination::ConfigMap { namespace, function } => {
-            configmap::publish(namespace, function, wasm, digest, source_digest).await
+            configmap::publish(namespace, function, built, code, source_digest).await
         }
-        Destination::Oci { reference } => oci::publish(reference, wasm).await,
+        Destination::Oci { reference } => oci::publish(reference, &built.wasm, code).await,
     }
 }
 

@@ -1,0 +1,254 @@
+//! Compiled code made once by the builder, so that a new pod compiles nothing.
+//!
+//! [`precompile`] is what the builder runs; [`ModuleSource::load_code`] and [`open`] are what a
+//! starting runtime runs. Compiled code is native code, so the order is strict: the
+//! stored bytes are checked against the pinned `--code-digest` before anything decodes
+//! them, the header must name the module the runtime was pinned to, and only then does
+//! the engine hash decide between loading the code and compiling the module here.
+
+use crate::abi::Abi;
+use crate::compile::Compiled;
+use crate::engine::{self, CompileTarget};
+use crate::module_source::{LoadError, ModuleSource, read, read_chunk_files};
+use std::ptr::NonNull;
+use wasmless_artifact::{
+    CODE_HEADER_BYTES, CodeHeader, CodeKind, Digest, Part, decode_code_into, decoded_code_size, encode_code,
+};
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+/// Compiles a validated module for the portable target and writes the code artifact.
+/// `engine` must come from [`engine::compiler_config`] with [`CompileTarget::Portable`].
+pub fn precompile(engine: &Engine, abi: Abi, wasm: &[u8], module_digest: Digest) -> wasmtime::Result<Vec<u8>> {
+    let cwasm = match abi {
+        Abi::HttpComponent => engine.precompile_component(wasm)?,
+        Abi::CgiCommand => engine.precompile_module(wasm)?,
+    };
+    let header = CodeHeader {
+        module_digest,
+        engine: engine::engine_hash(engine),
+        kind: code_kind(abi),
+        target: engine::PORTABLE_TARGET.to_string(),
+    };
+    Ok(encode_code(&header, &cwasm))
+}
+
+/// The engine the builder precompiles with: the runtime's, for the portable target.
+pub fn precompile_engine() -> wasmtime::Result<Engine> {
+    Engine::new(&engine::compiler_config(&CompileTarget::Portable)?)
+}
+
+fn code_kind(abi: Abi) -> CodeKind {
+    match abi {
+        Abi::HttpComponent => CodeKind::Component,
+        Abi::CgiCommand => CodeKind::Module,
+    }
+}
+
+/// Why a runtime will not run the code it was given, and will not start: the bytes are
+/// not what was pinned, or not made from the pinned module.
+#[derive(Debug, thiserror::Error)]
+pub enum CodeRefused {
+    #[error(
+        "compiled code digest mismatch: expected {expected}, but {code} has {actual}; refusing to load it (rebuild the function, or drop --code to compile the module here)"
+    )]
+    DigestMismatch {
+        code: String,
+        expected: Digest,
+        actual: Digest,
+    },
+    #[error(
+        "the compiled code {code} was made from module {compiled_from}, not from the pinned module {pinned}; refusing to load it"
+    )]
+    OtherModule {
+        code: String,
+        compiled_from: Digest,
+        pinned: Digest,
+    },
+}
+
+/// Why pinned code cannot be used here, though nothing is wrong with it: the module is
+/// compiled instead, and the reason counted in `wasmless_compile_fallbacks_total`.
+#[derive(Debug, thiserror::Error)]
+pub enum Fallback {
+    #[error("cannot read the compiled code: {0}")]
+    Unavailable(LoadError),
+    #[error("the compiled code does not decode: {0}")]
+    Malformed(wasmless_artifact::CodeError),
+    #[error("this CPU lacks {missing} of {target}, which the code was compiled for")]
+    Cpu { target: String, missing: String },
+    #[error(
+        "the code was compiled by another wasmtime version or configuration (engine {code}, this runtime {runtime})"
+    )]
+    Engine { code: String, runtime: String },
+    #[error("wasmtime refused the compiled code: {0}")]
+    Deserialize(String),
+}
+
+impl Fallback {
+    /// The `reason` label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Unavailable(_) => "unavailable",
+            Self::Malformed(_) => "malformed",
+            Self::Cpu { .. } => "cpu",
+            Self::Engine { .. } => "engine",
+            Self::Deserialize(_) => "deserialize",
+        }
+    }
+}
+
+/// The outcome of trying the code: refused (nothing runs), fall back, or loaded.
+pub enum Opened {
+    Loaded(Compiled, Abi),
+    Fallback(Fallback),
+}
+
+/// Where the compiled code comes from, parsed from `--code` as `--module` is: a file, a
+/// directory of chunks (`0000.cwasm.lz4`, ...), or `oci://registry/repo[@digest]` (the blob
+/// pinned by `--code-digest` in that repository).
+pub type CodeSource = ModuleSource;
+
+impl ModuleSource {
+    /// The stored bytes (still compressed), checked against `pinned` before anything
+    /// reads them. `Ok(Err(..))`: the code is unavailable and the module can be compiled.
+    pub async fn load_code(&self, pinned: &Digest) -> Result<Result<Vec<u8>, Fallback>, CodeRefused> {
+        let stored = match self {
+            Self::File(path) => read(path).await,
+            Self::ChunkDir(dir) => match read_chunk_files(dir, Part::Code).await {
+                Ok(chunks) => wasmless_artifact::join_chunks(&chunks).map_err(|source| LoadError::Chunks {
+                    dir: dir.clone(),
+                    source,
+                }),
+                Err(error) => Err(error),
+            },
+            Self::Oci(reference) => crate::oci::pull_blob(reference, pinned).await,
+        };
+        let stored = match stored {
+            Ok(stored) => stored,
+            Err(error) => return Ok(Err(Fallback::Unavailable(error))),
+        };
+        let actual = Digest::of(&stored);
+        if actual != *pinned {
+            return Err(CodeRefused::DigestMismatch {
+                code: self.to_string(),
+                expected: *pinned,
+                actual,
+            });
+        }
+        Ok(Ok(stored))
+    }
+}
+
+/// Decodes verified code and loads it into `engine`, if it was made from `module` for
+/// this engine. Runs on a blocking thread: it decompresses and maps megabytes.
+pub fn open(
+    engine: &Engine,
+    target: &CompileTarget,
+    source: &CodeSource,
+    verified: &[u8],
+    module: &Digest,
+) -> Result<Opened, CodeRefused> {
+    let image = match CodeImage::decode(verified) {
+        Ok(image) => image,
+        Err(error) => return Ok(Opened::Fallback(Fallback::Malformed(error))),
+    };
+    let header = image.header.clone();
+    if header.module_digest != *module {
+        return Err(CodeRefused::OtherModule {
+            code: source.to_string(),
+            compiled_from: header.module_digest,
+            pinned: *module,
+        });
+    }
+    if let CompileTarget::Host { missing } = target {
+        return Ok(Opened::Fallback(Fallback::Cpu {
+            target: header.target,
+            missing: missing.join(", "),
+        }));
+    }
+    let runtime = engine::engine_hash(engine);
+    if header.engine != runtime {
+        return Ok(Opened::Fallback(Fallback::Engine {
+            code: header.engine,
+            runtime,
+        }));
+    }
+    // SAFETY: the bytes are the pinned artifact (digest checked by `ModuleSource::load_code`), made
+    // by the builder from the pinned module for an engine whose compatibility hash equals
+    // this one's, and wasmtime checks the ELF header, flags and this CPU again as it loads
+    // them (into memory of its own: the image is unmapped after).
+    let loaded = unsafe {
+        let code = image.code();
+        match header.kind {
+            CodeKind::Component => {
+                Component::deserialize(engine, code).map(|c| (Compiled::Component(c), Abi::HttpComponent))
+            }
+            CodeKind::Module => {
+                wasmtime::Module::deserialize(engine, code).map(|m| (Compiled::Module(m), Abi::CgiCommand))
+            }
+        }
+    };
+    Ok(match loaded {
+        Ok((compiled, abi)) => Opened::Loaded(compiled, abi),
+        Err(error) => Opened::Fallback(Fallback::Deserialize(format!("{error:#}"))),
+    })
+}
+
+/// The decompressed artifact in an anonymous mapping of its own, returned to the system as
+/// soon as wasmtime has taken the code. The code (after the 64 KiB header block) is
+/// page-aligned, so `Module::deserialize_raw` could run it in place, saving one copy of
+/// 10+ MB; that needs a `CustomCodeMemory` to make it executable, not done yet.
+struct CodeImage {
+    memory: NonNull<u8>,
+    len: usize,
+    header: CodeHeader,
+}
+
+impl CodeImage {
+    fn decode(verified: &[u8]) -> Result<Self, wasmless_artifact::CodeError> {
+        let len = decoded_code_size(verified)?;
+        // SAFETY: a fresh private anonymous mapping, owned by the returned image.
+        let memory = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                // Populated in one call: faulting 12 MB in page by page costs more.
+                rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::POPULATE,
+            )
+        }
+        .map_err(|e| wasmless_artifact::CodeError::Decompress(format!("cannot map {len} bytes: {e}")))?;
+        let memory = NonNull::new(memory.cast::<u8>()).expect("mmap returns a non-null address");
+        let mut image = Self {
+            memory,
+            len,
+            header: CodeHeader {
+                module_digest: Digest::of(b""),
+                engine: String::new(),
+                kind: CodeKind::Module,
+                target: String::new(),
+            },
+        };
+        // SAFETY: the mapping is `len` bytes, readable and writable, and only ours.
+        let out = unsafe { std::slice::from_raw_parts_mut(image.memory.as_ptr(), len) };
+        image.header = decode_code_into(verified, out)?;
+        Ok(image)
+    }
+
+    fn code(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` bytes, initialised by `decode`, and
+        // `CODE_HEADER_BYTES < len` (checked by `decoded_code_size`).
+        unsafe { &std::slice::from_raw_parts(self.memory.as_ptr(), self.len)[CODE_HEADER_BYTES..] }
+    }
+}
+
+impl Drop for CodeImage {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `decode`; wasmtime copied what it keeps.
+        let _ = unsafe { rustix::mm::munmap(self.memory.as_ptr().cast(), self.len) };
+    }
+}
+
+// SAFETY: the image is plain memory owned by this value.
+unsafe impl Send for CodeImage {}
