@@ -1,16 +1,16 @@
 //! The Function controller: `reconcile` follows DESIGN.md's steps, `error_policy` backs off.
 
 use crate::crd::{Function, FunctionStatus, Phase, Storage};
-use crate::resources::{self, MANAGER, Module, ModuleLocation};
+use crate::resources::{self, Code, MANAGER, Module, ModuleLocation};
 use crate::{Error, Metrics, Settings};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, ContainerStateTerminated, Pod, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use wasmless_artifact::{Digest, annotations, configmap_name, labels};
+use wasmless_artifact::{Digest, Part, annotations, labels};
 
 /// What the controller shares between reconciles.
 pub struct Context {
@@ -59,13 +59,47 @@ enum Build {
     Running {
         job: String,
     },
-    /// The Job failed; the compiler's output.
-    Failed(String),
+    /// The Job failed: the condition's reason (`BuildFailed`, `DeadlineExceeded`,
+    /// `OOMKilled`) and the message for status (the compiler's output for `BuildFailed`).
+    Failed {
+        reason: &'static str,
+        message: String,
+    },
     Done(Module),
 }
 
 pub const CONDITION_BUILT: &str = "Built";
 pub const CONDITION_READY: &str = "Ready";
+/// The reason of a condition whose step failed on an API error (retried with backoff).
+pub const REASON_RECONCILE_ERROR: &str = "ReconcileError";
+/// Longest Event note the API server accepts, in bytes.
+pub const MAX_EVENT_NOTE_BYTES: usize = 1024;
+
+/// A step of the reconcile that failed: the condition it reports on (none when status
+/// itself cannot be written), what it was doing, and the error.
+pub(crate) struct Failed {
+    condition: Option<&'static str>,
+    doing: String,
+    error: Error,
+}
+
+/// Names the step a fallible call belongs to, for [`Failed`].
+trait Doing<T> {
+    fn doing(self, condition: Option<&'static str>, what: impl FnOnce() -> String) -> Result<T, Failed>;
+}
+
+impl<T, E: Into<Error>> Doing<T> for Result<T, E> {
+    fn doing(self, condition: Option<&'static str>, what: impl FnOnce() -> String) -> Result<T, Failed> {
+        self.map_err(|error| Failed {
+            condition,
+            doing: what(),
+            error: error.into(),
+        })
+    }
+}
+
+const BUILT: Option<&str> = Some(CONDITION_BUILT);
+const READY: Option<&str> = Some(CONDITION_READY);
 
 /// Reconciles one Function; every step is idempotent, so running it again (after a crash,
 /// an error, or a watch event) converges on the same objects without duplicates.
@@ -76,7 +110,25 @@ pub async fn reconcile(func: Arc<Function>, ctx: Arc<Context>) -> Result<Action,
     if func.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let ns = func.namespace().ok_or(Error::NoNamespace)?;
+    match reconcile_steps(&func, &ctx).await {
+        Ok(action) => {
+            ctx.failures
+                .lock()
+                .expect("failure counts")
+                .remove(&ObjectRef::from_obj(&*func));
+            Ok(action)
+        }
+        Err(failed) => {
+            // Retried with backoff by the error policy; meanwhile status says what failed,
+            // instead of keeping what the last successful reconcile wrote.
+            report_failure(&ctx, &func, &failed).await;
+            Err(failed.error)
+        }
+    }
+}
+
+async fn reconcile_steps(func: &Function, ctx: &Context) -> Result<Action, Failed> {
+    let ns = func.namespace().ok_or(Error::NoNamespace).doing(None, String::new)?;
     let name = func.name_any();
     let storage = func.spec.storage.unwrap_or(ctx.settings.default_storage);
 
@@ -97,61 +149,62 @@ pub async fn reconcile(func: Arc<Function>, ctx: Arc<Context>) -> Result<Action,
         let source = func.spec.inline_source().unwrap_or_default();
         let digest = resources::source_digest(func.spec.language, &ctx.settings.builder_version, source);
         let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
-        let source_cm = resources::source_configmap(&func, source, &digest);
-        apply_if_changed(&configmaps, &source_cm).await?;
-        (Some(digest), build(&func, &ctx, &ns, &digest, storage).await?)
+        let source_cm = resources::source_configmap(func, source, &digest);
+        apply_if_changed(&configmaps, &source_cm).await.doing(BUILT, || {
+            format!("writing the source ConfigMap {}", source_cm.name_any())
+        })?;
+        (Some(digest), build(func, ctx, &ns, &digest, storage).await?)
     };
 
     // 4. The Deployment serves the new module once built, and the previous one (read back
     // from its pod template) while a build runs or after one failed.
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-    let existing = deployments.get_opt(&name).await?;
+    let existing = deployments
+        .get_opt(&name)
+        .await
+        .doing(READY, || format!("reading the Deployment {name}"))?;
     let serving = match &build {
         Build::Done(module) => Some(module.clone()),
         _ => existing.as_ref().and_then(serving_module),
     };
     let mut rolled = false;
     if let (Some(module), false) = (&serving, matches!(build, Build::Invalid(_))) {
-        let desired = resources::deployment(&func, &ctx.settings, module);
-        rolled = apply_if_changed_with(&deployments, existing.as_ref(), &desired).await?;
+        let desired = resources::deployment(func, &ctx.settings, module);
+        rolled = apply_if_changed_with(&deployments, existing.as_ref(), &desired)
+            .await
+            .doing(READY, || format!("applying the Deployment {name}"))?;
         let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
-        let service = resources::service(&func);
-        apply_if_changed(&services, &service).await?;
-        remove_renamed_services(&services, &func, &service.name_any()).await?;
+        let service = resources::service(func);
+        apply_if_changed(&services, &service)
+            .await
+            .doing(READY, || format!("applying the Service {}", service.name_any()))?;
+        remove_renamed_services(&services, func, &service.name_any()).await?;
     }
 
     // 5. Status and events.
     let deployment_now = if rolled { None } else { existing.as_ref() };
-    let status = status_for(&func, &build, source_digest, serving.as_ref(), deployment_now);
+    let status = status_for(func, &build, source_digest, serving.as_ref(), deployment_now);
     let old = func.status.clone().unwrap_or_default();
     let status = keep_transition_times(status, &old);
-    publish_transitions(&ctx, &func, &old, &status).await;
+    publish_transitions(ctx, func, &old, &status).await;
     if status != old {
-        let functions: Api<Function> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch = serde_json::json!({
-            "apiVersion": "wasmless.io/v1alpha1",
-            "kind": "Function",
-            "status": status,
-        });
-        functions
-            .patch_status(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch))
-            .await?;
+        write_status(ctx, func, &status)
+            .await
+            .doing(None, || format!("writing the status of {name}"))?;
     }
 
     // Once the current module serves everywhere, older builds are garbage.
     if let (Build::Done(module), Some(Phase::Ready)) = (&build, status.phase)
         && func.spec.module.is_none()
     {
-        collect_old_builds(&ctx, &ns, &name, &module.source_digest).await?;
+        collect_old_builds(ctx, &ns, &name, &module.source_digest)
+            .await
+            .doing(None, || format!("deleting the older builds of {name}"))?;
     }
 
-    ctx.failures
-        .lock()
-        .expect("failure counts")
-        .remove(&ObjectRef::from_obj(&*func));
     Ok(match (&build, status.phase) {
         (Build::Running { .. }, _) => Action::requeue(Duration::from_secs(15)),
-        (Build::Failed(_) | Build::Invalid(_), _) => Action::await_change(),
+        (Build::Failed { .. } | Build::Invalid(_), _) => Action::await_change(),
         (_, Some(Phase::Ready)) => Action::requeue(Duration::from_secs(600)),
         _ => Action::requeue(Duration::from_secs(30)),
     })
@@ -166,6 +219,55 @@ pub fn error_policy(func: Arc<Function>, error: &Error, ctx: Arc<Context>) -> Ac
     let delay = Duration::from_secs(1u64 << (*count - 1).min(8)).min(Duration::from_secs(300));
     tracing::warn!(function = %func.name_any(), %error, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
+}
+
+async fn write_status(ctx: &Context, func: &Function, status: &FunctionStatus) -> Result<(), Error> {
+    let functions: Api<Function> = Api::namespaced(ctx.client.clone(), &func.namespace().unwrap_or_default());
+    let patch = serde_json::json!({
+        "apiVersion": "wasmless.io/v1alpha1",
+        "kind": "Function",
+        "status": status,
+    });
+    functions
+        .patch_status(
+            &func.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Puts a failed step on the condition it belongs to (`Built` for the source and the
+/// build, `Ready` for the Deployment and the Service), reason `ReconcileError`, with a
+/// Warning Event; the rest of the status stays as the last reconcile wrote it.
+async fn report_failure(ctx: &Context, func: &Function, failed: &Failed) {
+    let Some(kind) = failed.condition else { return };
+    let mut message = format!("{}: {}", failed.doing, failed.error);
+    if matches!(&failed.error, Error::Kube(kube::Error::Api(status)) if status.code == 403) {
+        message.push_str(
+            " — the operator's ServiceAccount is not allowed this: install the RBAC of this version (kubectl apply -k deploy/)",
+        );
+    }
+    message.push_str("; retrying with backoff");
+    let old = func.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    let failed_condition = condition(kind, false, REASON_RECONCILE_ERROR, message, func.metadata.generation);
+    match status.conditions.iter_mut().find(|c| c.type_ == kind) {
+        Some(existing) => *existing = failed_condition,
+        None => status.conditions.push(failed_condition),
+    }
+    if status.phase.is_none() || (kind == CONDITION_READY && status.phase == Some(Phase::Ready)) {
+        status.phase = Some(Phase::Pending);
+    }
+    status.observed_generation = func.metadata.generation;
+    let status = keep_transition_times(status, &old);
+    publish_transitions(ctx, func, &old, &status).await;
+    if status != old
+        && let Err(error) = write_status(ctx, func, &status).await
+    {
+        tracing::warn!(function = %func.name_any(), %error, "could not report the failed step on status");
+    }
 }
 
 /// Runs the controller until a shutdown signal (or until `stop` resolves).
@@ -216,15 +318,19 @@ fn prebuilt_module(image: &crate::crd::ModuleImage) -> Result<Module, String> {
         // A prebuilt module has no source: its own digest names it.
         source_digest: digest,
         location: ModuleLocation::Oci { reference },
+        code: None,
     })
 }
 
 /// Steps 2-3: reuse a module already built from this source, or run (or read) its Job.
-async fn build(func: &Function, ctx: &Context, ns: &str, digest: &Digest, storage: Storage) -> Result<Build, Error> {
+async fn build(func: &Function, ctx: &Context, ns: &str, digest: &Digest, storage: Storage) -> Result<Build, Failed> {
     let name = func.name_any();
     match storage {
         Storage::ConfigMap => {
-            if let Some(module) = find_chunks(ctx, func, ns, digest).await? {
+            if let Some(module) = find_chunks(ctx, func, ns, digest)
+                .await
+                .doing(BUILT, || format!("reading the module ConfigMaps of {name}"))?
+            {
                 return Ok(Build::Done(module));
             }
         }
@@ -237,12 +343,21 @@ async fn build(func: &Function, ctx: &Context, ns: &str, digest: &Digest, storag
     }
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
     let job_name = resources::job_name(&name, digest);
-    let Some(job) = jobs.get_opt(&job_name).await? else {
-        ensure_builder_rbac(ctx, ns).await?;
-        let publish = resources::publish_target(func, storage, &ctx.settings, digest).ok_or(Error::NoRegistry)?;
+    let Some(job) = jobs
+        .get_opt(&job_name)
+        .await
+        .doing(BUILT, || format!("reading the build Job {job_name}"))?
+    else {
+        ensure_builder_rbac(ctx, ns).await.doing(BUILT, || {
+            format!("writing the builder's ServiceAccount, Role and RoleBinding in {ns}")
+        })?;
+        let publish = resources::publish_target(func, storage, &ctx.settings, digest)
+            .ok_or(Error::NoRegistry)
+            .doing(BUILT, || "choosing where the build publishes".into())?;
         let job = resources::build_job(func, &ctx.settings, digest, &publish);
         jobs.patch(&job_name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&job))
-            .await?;
+            .await
+            .doing(BUILT, || format!("creating the build Job {job_name}"))?;
         return Ok(Build::Running { job: job_name });
     };
     let conditions = job
@@ -251,44 +366,97 @@ async fn build(func: &Function, ctx: &Context, ns: &str, digest: &Digest, storag
         .and_then(|s| s.conditions.clone())
         .unwrap_or_default();
     let is = |kind: &str| conditions.iter().any(|c| c.type_ == kind && c.status == "True");
-    if is("Failed") {
-        let message = termination_message(ctx, ns, &job_name).await?.unwrap_or_else(|| {
-            let reason = conditions.iter().find(|c| c.type_ == "Failed");
-            format!(
-                "build Job {job_name} failed: {}",
-                reason
-                    .and_then(|c| c.message.clone())
-                    .unwrap_or_else(|| "no message".into())
-            )
+    let last_pod = || async {
+        last_termination(ctx, ns, &job_name)
+            .await
+            .doing(BUILT, || format!("reading the pods of the build Job {job_name}"))
+    };
+    if let Some(failed) = conditions.iter().find(|c| c.type_ == "Failed" && c.status == "True") {
+        // What stopped the builder comes first: after a deadline or an out-of-memory kill,
+        // the termination message is only the log tail (FallbackToLogsOnError), which
+        // says nothing about why the build ended.
+        if failed.reason.as_deref() == Some("DeadlineExceeded") {
+            let deadline = job
+                .spec
+                .as_ref()
+                .and_then(|s| s.active_deadline_seconds)
+                .unwrap_or_default();
+            return Ok(Build::Failed {
+                reason: "DeadlineExceeded",
+                message: format!(
+                    "build Job {job_name} ran longer than its deadline of {deadline} s and was stopped; \
+                     the build may hang on this source, or the node is overloaded: fix the source, or delete the Job to build again"
+                ),
+            });
+        }
+        let terminated = last_pod().await?;
+        if let Some(terminated) = &terminated
+            && terminated.reason.as_deref() == Some("OOMKilled")
+        {
+            return Ok(Build::Failed {
+                reason: "OOMKilled",
+                message: format!(
+                    "the builder of Job {job_name} ran out of memory (its container's limit is {}) and was killed; \
+                     delete the Job to build again, or make the handler smaller",
+                    resources::BUILDER_MEMORY_LIMIT
+                ),
+            });
+        }
+        let message = terminated
+            .and_then(|t| t.message)
+            .filter(|m| !m.trim().is_empty())
+            .unwrap_or_else(|| {
+                format!(
+                    "build Job {job_name} failed ({}): {}",
+                    failed.reason.as_deref().unwrap_or("no reason"),
+                    failed.message.as_deref().unwrap_or("no message")
+                )
+            });
+        return Ok(Build::Failed {
+            reason: "BuildFailed",
+            message: resources::cut_message(&message),
         });
-        return Ok(Build::Failed(resources::cut_message(&message)));
     }
+    let failed = |message: String| Build::Failed {
+        reason: "BuildFailed",
+        message,
+    };
     if is("Complete") {
         return Ok(match storage {
             // The chunks were looked for above: a build that succeeded without them
             // published somewhere else.
-            Storage::ConfigMap => Build::Failed(format!(
+            Storage::ConfigMap => failed(format!(
                 "build Job {job_name} succeeded but no complete set of module ConfigMaps labelled {}={},{}={} exists",
                 labels::FUNCTION,
                 name,
                 labels::SOURCE_DIGEST,
                 labels::digest_value(digest)
             )),
-            Storage::Oci => match termination_message(ctx, ns, &job_name).await? {
-                Some(message) => oci_module_from_result(&message, digest).unwrap_or_else(Build::Failed),
-                None => Build::Failed(format!("build Job {job_name} succeeded but left no result")),
+            Storage::Oci => match last_pod()
+                .await?
+                .and_then(|t| t.message)
+                .filter(|m| !m.trim().is_empty())
+            {
+                Some(message) => oci_module_from_result(&message, digest).unwrap_or_else(failed),
+                None => failed(format!("build Job {job_name} succeeded but left no result")),
             },
         });
     }
     Ok(Build::Running { job: job_name })
 }
 
-/// The builder's result line: `{"digest":"sha256:..","size":N,"published":".."}`.
+/// The builder's result line: `{"digest":"sha256:..","size":N,"published":"..","code":{"digest":..}}`.
 #[derive(serde::Deserialize)]
 struct BuildResult {
     digest: String,
     size: Option<u64>,
     published: String,
+    code: Option<BuildResultCode>,
+}
+
+#[derive(serde::Deserialize)]
+struct BuildResultCode {
+    digest: String,
 }
 
 fn oci_module_from_result(message: &str, source_digest: &Digest) -> Result<Build, String> {
@@ -300,10 +468,21 @@ fn oci_module_from_result(message: &str, source_digest: &Digest) -> Result<Build
     let result: BuildResult = serde_json::from_str(line)
         .map_err(|e| format!("the build's result {line:?} is not the builder's JSON line: {e}"))?;
     let digest = result.digest.parse().map_err(|e| format!("the build's result: {e}"))?;
+    let code = match result.code {
+        Some(code) => Some(Code {
+            digest: code
+                .digest
+                .parse()
+                .map_err(|e| format!("the build's result: code: {e}"))?,
+            chunks: 0,
+        }),
+        None => None,
+    };
     Ok(Build::Done(Module {
         digest,
         size: result.size,
         source_digest: *source_digest,
+        code,
         location: ModuleLocation::Oci {
             reference: result
                 .published
@@ -327,14 +506,20 @@ fn oci_module_from_status(func: &Function, digest: &Digest) -> Option<Module> {
         digest: status.module_digest.as_deref()?.parse().ok()?,
         size: status.module_size.and_then(|s| u64::try_from(s).ok()),
         source_digest: *digest,
+        code: status
+            .code_digest
+            .as_deref()
+            .and_then(|d| d.parse().ok())
+            .map(|digest| Code { digest, chunks: 0 }),
         location: ModuleLocation::Oci {
             reference: reference.to_string(),
         },
     })
 }
 
-/// The complete chunk set built from `digest`, if the builder published one. The builder
-/// cannot know the Function's UID, so the chunks get their owner reference here.
+/// The complete chunk set built from `digest`, if the builder published one, with the
+/// compiled code's chunks when those are complete too. The chunks get the Function as
+/// their owner here, in case the builder did not know its UID.
 async fn find_chunks(ctx: &Context, func: &Function, ns: &str, digest: &Digest) -> Result<Option<Module>, Error> {
     let name = func.name_any();
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
@@ -345,45 +530,81 @@ async fn find_chunks(ctx: &Context, func: &Function, ns: &str, digest: &Digest) 
         labels::SOURCE_DIGEST,
         labels::digest_value(digest)
     );
-    let found = configmaps.list(&ListParams::default().labels(&selector)).await?;
-    let chunks: Vec<&ConfigMap> = found
-        .items
-        .iter()
-        .filter(|cm| cm.annotations().contains_key(annotations::CHUNK_INDEX))
-        .collect();
-    let Some(first) = chunks.first() else {
+    // Names, labels and annotations are all it needs: not the chunks' megabytes of data.
+    let found = configmaps
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await?;
+    let Some(module) = complete_chunks(&found.items, Part::Module, &name, digest) else {
         return Ok(None);
     };
-    let annotation = |cm: &ConfigMap, key: &str| cm.annotations().get(key).cloned().unwrap_or_default();
-    let module_digest = annotation(first, annotations::MODULE_DIGEST);
-    let Ok(count) = annotation(first, annotations::CHUNK_COUNT).parse::<usize>() else {
+    let Ok(module_digest) = module.module_digest.parse::<Digest>() else {
         return Ok(None);
     };
-    let complete = (0..count).all(|index| {
-        chunks.iter().any(|cm| {
-            cm.name_any() == configmap_name(&name, digest, index)
-                && annotation(cm, annotations::MODULE_DIGEST) == module_digest
-        })
-    });
-    let Ok(module_digest) = module_digest.parse::<Digest>() else {
-        return Ok(None);
-    };
-    if !complete || count == 0 {
-        return Ok(None);
-    }
+    // Code made from another module than the one found is not this build's: never serve it.
+    let code = complete_chunks(&found.items, Part::Code, &name, digest)
+        .filter(|code| code.module_digest == module.module_digest)
+        .and_then(|code| {
+            Some(Code {
+                digest: code.annotation(annotations::CODE_DIGEST).parse().ok()?,
+                chunks: code.chunks.len(),
+            })
+        });
     let owner = func.controller_owner_ref(&());
-    for cm in &chunks {
+    for cm in &found.items {
         adopt(&configmaps, cm, owner.as_ref()).await?;
     }
     Ok(Some(Module {
         digest: module_digest,
-        size: annotation(first, annotations::MODULE_SIZE).parse().ok(),
+        size: module.annotation(annotations::MODULE_SIZE).parse().ok(),
         source_digest: *digest,
-        location: ModuleLocation::ConfigMaps { count },
+        location: ModuleLocation::ConfigMaps {
+            count: module.chunks.len(),
+        },
+        code,
     }))
 }
 
-async fn adopt(configmaps: &Api<ConfigMap>, cm: &ConfigMap, owner: Option<&OwnerReference>) -> Result<(), Error> {
+/// One part's chunk ConfigMaps, all present and agreeing on the module digest.
+struct ChunkSet<'a> {
+    chunks: Vec<&'a PartialObjectMeta<ConfigMap>>,
+    module_digest: String,
+}
+
+impl ChunkSet<'_> {
+    fn annotation(&self, key: &str) -> String {
+        self.chunks[0].annotations().get(key).cloned().unwrap_or_default()
+    }
+}
+
+fn complete_chunks<'a>(
+    found: &'a [PartialObjectMeta<ConfigMap>],
+    part: Part,
+    function: &str,
+    digest: &Digest,
+) -> Option<ChunkSet<'a>> {
+    let annotation =
+        |cm: &PartialObjectMeta<ConfigMap>, key: &str| cm.annotations().get(key).cloned().unwrap_or_default();
+    let first_name = part.configmap_name(function, digest, 0);
+    let first = found.iter().find(|cm| cm.name_any() == first_name)?;
+    let module_digest = annotation(first, annotations::MODULE_DIGEST);
+    let count = annotation(first, annotations::CHUNK_COUNT).parse::<usize>().ok()?;
+    let chunks = part
+        .configmap_names(function, digest, count)
+        .into_iter()
+        .map(|name| {
+            found
+                .iter()
+                .find(|cm| cm.name_any() == name && annotation(cm, annotations::MODULE_DIGEST) == module_digest)
+        })
+        .collect::<Option<Vec<_>>>()?;
+    (!chunks.is_empty()).then_some(ChunkSet { chunks, module_digest })
+}
+
+async fn adopt(
+    configmaps: &Api<ConfigMap>,
+    cm: &PartialObjectMeta<ConfigMap>,
+    owner: Option<&OwnerReference>,
+) -> Result<(), Error> {
     let Some(owner) = owner else { return Ok(()) };
     if cm.owner_references().iter().any(|o| o.uid == owner.uid) {
         return Ok(());
@@ -403,9 +624,10 @@ async fn adopt(configmaps: &Api<ConfigMap>, cm: &ConfigMap, owner: Option<&Owner
     Ok(())
 }
 
-/// The builder container's termination message (the compiler's output on failure, the
-/// result line on success).
-async fn termination_message(ctx: &Context, ns: &str, job_name: &str) -> Result<Option<String>, Error> {
+/// How the builder container of the Job's newest pod ended: its reason (`OOMKilled`,
+/// `Error`, …) and termination message (the compiler's output on failure, the result line
+/// on success).
+async fn last_termination(ctx: &Context, ns: &str, job_name: &str) -> Result<Option<ContainerStateTerminated>, Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let list = pods
         .list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job_name}")))
@@ -416,12 +638,11 @@ async fn termination_message(ctx: &Context, ns: &str, job_name: &str) -> Result<
     Ok(pods.iter().find_map(|pod| {
         let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
         statuses.iter().find_map(|status| {
-            let terminated = status
+            status
                 .state
                 .as_ref()
-                .and_then(|s| s.terminated.as_ref())
-                .or_else(|| status.last_state.as_ref().and_then(|s| s.terminated.as_ref()))?;
-            terminated.message.clone().filter(|m| !m.trim().is_empty())
+                .and_then(|s| s.terminated.clone())
+                .or_else(|| status.last_state.as_ref().and_then(|s| s.terminated.clone()))
         })
     }))
 }
@@ -457,6 +678,16 @@ fn serving_module(deployment: &Deployment) -> Option<Module> {
         size: template.get(annotations::MODULE_SIZE).and_then(|s| s.parse().ok()),
         source_digest: template.get(resources::SOURCE_DIGEST_ANNOTATION)?.parse().ok()?,
         location,
+        code: template
+            .get(annotations::CODE_DIGEST)
+            .and_then(|d| d.parse().ok())
+            .map(|digest| Code {
+                digest,
+                chunks: template
+                    .get(resources::CODE_CHUNK_COUNT_ANNOTATION)
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or(0),
+            }),
     })
 }
 
@@ -551,11 +782,11 @@ fn status_for(
             Some(Phase::Building),
             None,
         ),
-        Build::Failed(message) => (
+        Build::Failed { reason, message } => (
             condition(
                 CONDITION_BUILT,
                 false,
-                "BuildFailed",
+                reason,
                 message.lines().next().unwrap_or_default().to_string(),
                 generation,
             ),
@@ -628,6 +859,7 @@ fn status_for(
         module_digest_short: serving.map(|m| m.digest.short()),
         module_size: serving.and_then(|m| m.size).and_then(|s| i64::try_from(s).ok()),
         module_ref: serving.map(|m| m.reference(&func.name_any())),
+        code_digest: serving.and_then(|m| m.code.as_ref()).map(|c| c.digest.to_string()),
         url: serving.map(|_| resources::url(func)),
         build_message,
         ready_replicas: deploy_status.ready_replicas.or(serving.map(|_| 0)),
@@ -653,14 +885,16 @@ async fn publish_transitions(ctx: &Context, func: &Function, old: &FunctionStatu
         if previous.is_some_and(|p| p.status == condition.status && p.reason == condition.reason) {
             continue;
         }
-        let warning = matches!(condition.reason.as_str(), "BuildFailed" | "InvalidSpec")
-            || (condition.type_ == CONDITION_READY
-                && condition.reason == "RollingOut"
-                && previous.is_some_and(|p| p.status == "True"));
+        let warning = matches!(
+            condition.reason.as_str(),
+            "BuildFailed" | "DeadlineExceeded" | "OOMKilled" | "InvalidSpec" | REASON_RECONCILE_ERROR
+        ) || (condition.type_ == CONDITION_READY
+            && condition.reason == "RollingOut"
+            && previous.is_some_and(|p| p.status == "True"));
         let event = Event {
             type_: if warning { EventType::Warning } else { EventType::Normal },
             reason: condition.reason.clone(),
-            note: Some(resources::cut_message(&condition.message).chars().take(1000).collect()),
+            note: Some(event_note(&condition.message)),
             action: condition.type_.clone(),
             secondary: None,
         };
@@ -671,14 +905,34 @@ async fn publish_transitions(ctx: &Context, func: &Function, old: &FunctionStatu
     }
 }
 
+/// The Event API refuses a note over [`MAX_EVENT_NOTE_BYTES`] bytes (not characters):
+/// the start of the message, cut on a character boundary.
+pub fn event_note(message: &str) -> String {
+    const MARK: &str = " …";
+    let message = message.trim_end();
+    if message.len() <= MAX_EVENT_NOTE_BYTES {
+        return message.to_string();
+    }
+    let end = message.floor_char_boundary(MAX_EVENT_NOTE_BYTES - MARK.len());
+    format!("{}{MARK}", &message[..end])
+}
+
 /// Deletes this Function's Services under another name than `spec.service` now gives.
-async fn remove_renamed_services(services: &Api<Service>, func: &Function, current: &str) -> Result<(), Error> {
+async fn remove_renamed_services(services: &Api<Service>, func: &Function, current: &str) -> Result<(), Failed> {
     let selector = format!("{}={}", labels::FUNCTION, func.name_any());
     let uid = func.uid();
-    for service in services.list(&ListParams::default().labels(&selector)).await?.items {
+    let listed = services
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await
+        .doing(READY, || format!("listing the Services of {}", func.name_any()))?;
+    for service in listed.items {
         let owned = service.owner_references().iter().any(|o| Some(&o.uid) == uid.as_ref());
-        if owned && service.name_any() != current {
-            services.delete(&service.name_any(), &DeleteParams::default()).await?;
+        let old = service.name_any();
+        if owned && old != current {
+            services
+                .delete(&old, &DeleteParams::default())
+                .await
+                .doing(READY, || format!("deleting the Service {old}, renamed to {current}"))?;
         }
     }
     Ok(())
@@ -694,13 +948,13 @@ async fn collect_old_builds(ctx: &Context, ns: &str, name: &str, current: &Diges
     );
     let params = ListParams::default().labels(&selector);
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
-    for job in jobs.list(&params).await?.items {
+    for job in jobs.list_metadata(&params).await?.items {
         if job.labels().contains_key(labels::SOURCE_DIGEST) {
             jobs.delete(&job.name_any(), &DeleteParams::background()).await?;
         }
     }
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-    for cm in configmaps.list(&params).await?.items {
+    for cm in configmaps.list_metadata(&params).await?.items {
         if cm.labels().contains_key(labels::SOURCE_DIGEST) {
             configmaps.delete(&cm.name_any(), &DeleteParams::default()).await?;
         }

@@ -291,6 +291,10 @@ pub struct FunctionStatus {
     /// Where the module being served is stored (`oci://...` for OCI storage).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub module_ref: Option<String>,
+    /// sha256 of the compiled code served with the module (the stored, compressed artifact),
+    /// when the build made one: new pods load it instead of compiling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code_digest: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
     /// Compiler output of the last failed build (at most 4 KiB), or why the spec is refused.
@@ -349,6 +353,13 @@ impl FunctionSpec {
         }
         if !(1..=65535).contains(&self.server_port) {
             problems.push(format!("serverPort {} is not a port (1-65535)", self.server_port));
+        }
+        if self.server_port == crate::resources::ADMIN_PORT {
+            // The Service carries both ports, and the API server refuses two of one number.
+            problems.push(format!(
+                "serverPort {} is the Service's metrics port (the runtime's admin port): choose another, such as 8080",
+                self.server_port
+            ));
         }
         if self.replicas < 0 {
             problems.push(format!("replicas {} is negative", self.replicas));

@@ -117,15 +117,24 @@ async fn main() -> anyhow::Result<()> {
         // A standby replica is healthy and ready: it is waiting, as it should.
         state.set_ready();
         tracing::info!(lease = %args.lease_name, %identity, "waiting for the leader lease");
-        lease.acquire().await.context("acquiring the leader lease")?;
+        tokio::select! {
+            () = lease.acquire() => {}
+            () = shutdown_signal() => return Ok(()),
+        }
     }
     state.set_ready();
     tracing::info!(namespace = ?args.watch_namespace, "starting the Function controller");
     let controller = wasmless_operator::run(ctx, args.watch_namespace.as_deref(), shutdown_signal());
     if args.leader_election {
         tokio::select! {
-            () = controller => Ok(()),
-            // Exiting lets the Deployment restart this replica as a standby.
+            () = controller => {
+                // Stopped by SIGTERM (a rollout, a drain): the standby takes over now rather
+                // than when the Lease expires.
+                lease.release().await;
+                Ok(())
+            }
+            // Dropping the controller stops every reconcile; exiting lets the Deployment
+            // restart this replica as a standby.
             lost = lease.keep() => anyhow::bail!("stopped leading: {lost}"),
         }
     } else {

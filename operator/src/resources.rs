@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use std::collections::BTreeMap;
-use wasmless_artifact::{CHUNK_KEY, Digest, annotations, chunk_file_name, configmap_name, labels};
+use wasmless_artifact::{Digest, Part, annotations, labels};
 
 /// Field manager of every server-side apply.
 pub const MANAGER: &str = "wasmless-operator";
@@ -34,6 +34,8 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const CHUNK_COUNT_ANNOTATION: &str = annotations::CHUNK_COUNT;
 pub const SOURCE_DIGEST_ANNOTATION: &str = "wasmless.io/source-digest";
 pub const MODULE_REF_ANNOTATION: &str = "wasmless.io/module-ref";
+/// Pod template annotation: how many chunk ConfigMaps the compiled code has.
+pub const CODE_CHUNK_COUNT_ANNOTATION: &str = "wasmless.io/code-chunk-count";
 /// Key of the source in the source ConfigMap.
 pub const SOURCE_KEY: &str = "source";
 
@@ -47,6 +49,8 @@ pub const OCI_PLAIN_HTTP_ENV: &str = "WASMLESS_OCI_PLAIN_HTTP";
 pub const ADMIN_PORT: i32 = 9090;
 /// The UID the images run as (distroless's `nonroot`).
 pub const NON_ROOT_UID: i64 = 65532;
+/// Memory limit of the builder container (a Go build of a handler needs ~1 GiB).
+pub const BUILDER_MEMORY_LIMIT: &str = "2Gi";
 /// Compiler output kept on status: the start of it, where the first error is.
 pub const MAX_BUILD_MESSAGE_BYTES: usize = 4096;
 
@@ -58,6 +62,18 @@ pub struct Module {
     /// The source it was built from (names the chunk ConfigMaps).
     pub source_digest: Digest,
     pub location: ModuleLocation,
+    /// The builder's compiled code, stored beside the module: absent for a prebuilt module
+    /// and for builds made before there was any (their pods compile the module).
+    pub code: Option<Code>,
+}
+
+/// Compiled code, pinned by the digest of the stored artifact.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Code {
+    pub digest: Digest,
+    /// Its chunk ConfigMaps `<fn>-code-<10 hex of source digest>-<i>`, when the module is
+    /// stored in ConfigMaps (for OCI, the code is a layer of the module's artifact).
+    pub chunks: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -276,7 +292,10 @@ pub fn build_job(func: &Function, settings: &Settings, digest: &Digest, publish:
                 ("cpu".into(), Quantity("500m".into())),
                 ("memory".into(), Quantity("512Mi".into())),
             ])),
-            limits: Some(BTreeMap::from([("memory".into(), Quantity("2Gi".into()))])),
+            limits: Some(BTreeMap::from([(
+                "memory".into(),
+                Quantity(BUILDER_MEMORY_LIMIT.into()),
+            )])),
             ..Default::default()
         }),
         ..Default::default()
@@ -284,9 +303,10 @@ pub fn build_job(func: &Function, settings: &Settings, digest: &Digest, publish:
     Job {
         metadata: meta(func, job_name(&name, digest), labels.clone()),
         spec: Some(JobSpec {
-            // A compile error (the builder's exit 1) fails again if retried: it ends the Job at
-            // once. A pod lost to an eviction or a preemption does not count; anything else
-            // (out of memory, a node failing) is retried twice.
+            // A source that does not build (the builder's EXIT_SOURCE_DOES_NOT_BUILD) fails
+            // again if retried: it ends the Job at once. A pod lost to an eviction or a
+            // preemption does not count; anything else (the API server or the registry
+            // failing the publish, out of memory, a node failing) is retried twice.
             backoff_limit: Some(2),
             pod_failure_policy: Some(PodFailurePolicy {
                 rules: vec![
@@ -295,7 +315,7 @@ pub fn build_job(func: &Function, settings: &Settings, digest: &Digest, publish:
                         on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
                             container_name: Some("builder".into()),
                             operator: "In".into(),
-                            values: vec![1],
+                            values: vec![wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD],
                         }),
                         ..Default::default()
                     },
@@ -392,6 +412,24 @@ pub fn deployment(func: &Function, settings: &Settings, module: &Module) -> Depl
         args.push(format!("{}={}", var.name, var.value));
     }
     let mut annotations = prometheus_annotations();
+    if let Some(code) = &module.code {
+        // The code sits where the module does: in the same chunk volume, or as a layer of
+        // the same OCI artifact.
+        let code_arg = match &module.location {
+            ModuleLocation::ConfigMaps { .. } => "/module".to_string(),
+            ModuleLocation::Oci { reference } => format!("{}{reference}", wasmless_artifact::oci::SCHEME),
+        };
+        args.extend([
+            "--code".into(),
+            code_arg,
+            "--code-digest".into(),
+            code.digest.to_string(),
+        ]);
+        annotations.insert(annotations::CODE_DIGEST.into(), code.digest.to_string());
+        if code.chunks > 0 {
+            annotations.insert(CODE_CHUNK_COUNT_ANNOTATION.into(), code.chunks.to_string());
+        }
+    }
     annotations.insert(annotations::MODULE_DIGEST.into(), module.digest.to_string());
     annotations.insert(SOURCE_DIGEST_ANNOTATION.into(), module.source_digest.to_string());
     if let Some(size) = module.size {
@@ -402,14 +440,19 @@ pub fn deployment(func: &Function, settings: &Settings, module: &Module) -> Depl
     match &module.location {
         ModuleLocation::ConfigMaps { count } => {
             annotations.insert(CHUNK_COUNT_ANNOTATION.into(), count.to_string());
-            // One projected volume: the runtime reads a directory of NNNN.wasm.zst chunks.
-            let sources = (0..*count)
-                .map(|index| VolumeProjection {
+            // One projected volume: the runtime reads a directory of NNNN.wasm.zst chunks,
+            // and of NNNN.cwasm.lz4 chunks for the compiled code.
+            let code_chunks = module.code.as_ref().map_or(0, |code| code.chunks);
+            let parts = (0..*count)
+                .map(|index| (Part::Module, index))
+                .chain((0..code_chunks).map(|index| (Part::Code, index)));
+            let sources = parts
+                .map(|(part, index)| VolumeProjection {
                     config_map: Some(ConfigMapProjection {
-                        name: configmap_name(&name, &module.source_digest, index),
+                        name: part.configmap_name(&name, &module.source_digest, index),
                         items: Some(vec![KeyToPath {
-                            key: CHUNK_KEY.into(),
-                            path: chunk_file_name(index),
+                            key: part.configmap_key().into(),
+                            path: part.chunk_file_name(index),
                             ..Default::default()
                         }]),
                         optional: Some(false),
@@ -567,7 +610,8 @@ fn builder_meta(namespace: &str) -> ObjectMeta {
     }
 }
 
-/// The build Jobs' identity in a namespace: it may write ConfigMaps there and nothing else.
+/// The build Jobs' identity in a namespace: it may write ConfigMaps there and nothing else
+/// (not even read them).
 /// Shared by the namespace's Functions, so it carries no owner reference.
 pub fn builder_rbac(namespace: &str) -> (ServiceAccount, Role, RoleBinding) {
     let account = ServiceAccount {
@@ -579,7 +623,9 @@ pub fn builder_rbac(namespace: &str) -> (ServiceAccount, Role, RoleBinding) {
         rules: Some(vec![PolicyRule {
             api_groups: Some(vec!["".into()]),
             resources: Some(vec!["configmaps".into()]),
-            verbs: ["get", "list", "create", "update", "patch"].map(String::from).to_vec(),
+            // The builder only server-side applies its chunks, which the API server
+            // authorizes as `patch`, and as `create` for a chunk that did not exist.
+            verbs: ["create", "patch"].map(String::from).to_vec(),
             ..Default::default()
         }]),
     };

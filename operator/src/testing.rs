@@ -1,8 +1,11 @@
 //! An in-memory Kubernetes API server for tests: a `tower::Service` that a `kube::Client`
 //! talks to. It stores objects by path, answers GET, LIST (with label selectors), POST,
 //! PUT, DELETE, server-side apply and merge patches (of objects and their status), records
-//! every request, and can fail chosen requests, so reconcile tests assert on the objects
-//! the operator writes rather than on a scripted sequence of calls.
+//! every request, and can fail or hang chosen requests, so reconcile tests assert on the
+//! objects the operator writes rather than on a scripted sequence of calls. Watches are
+//! answered with nothing, ever (a quiet cluster), and lists asked for metadata only
+//! (`PartialObjectMetadataList`) get metadata only. Like the real API server it refuses
+//! an Event whose note is over 1024 bytes.
 
 use http::{Method, Request, Response, StatusCode};
 use kube::client::Body;
@@ -21,7 +24,15 @@ pub struct Recorded {
     pub path: String,
     pub query: String,
     pub content_type: String,
+    /// The Accept header: `…as=PartialObjectMetadataList…` for a metadata-only list.
+    pub accept: String,
     pub body: Option<Value>,
+    /// A server-side apply that created the object (which the API server authorizes as
+    /// `create` as well as `patch`).
+    pub created: bool,
+    /// Who sent it: `None` for [`FakeApiServer::client`], the name given to
+    /// [`FakeApiServer::as_user`] otherwise.
+    pub user: Option<String>,
 }
 
 impl Recorded {
@@ -37,12 +48,46 @@ impl Recorded {
     pub fn is_status(&self) -> bool {
         self.path.ends_with("/status")
     }
+
+    /// The RBAC verbs the request is authorized as: a server-side apply that creates the
+    /// object needs `create` as well as `patch`.
+    pub fn verbs(&self) -> Vec<&'static str> {
+        let named = parse(&self.path).is_some_and(|p| p.name.is_some());
+        let verb = match self.method {
+            Method::GET if self.query.split('&').any(|q| q == "watch=true" || q == "watch=1") => "watch",
+            Method::GET if named => "get",
+            Method::GET => "list",
+            Method::POST => "create",
+            Method::PUT => "update",
+            Method::PATCH if self.created => return vec!["patch", "create"],
+            Method::PATCH => "patch",
+            Method::DELETE if named => "delete",
+            Method::DELETE => "deletecollection",
+            _ => "unknown",
+        };
+        vec![verb]
+    }
+
+    /// `resource` or `resource/subresource`, as RBAC names it.
+    pub fn rbac_resource(&self) -> String {
+        match parse(&self.path) {
+            Some(ParsedPath {
+                resource,
+                subresource: Some(sub),
+                ..
+            }) => format!("{resource}/{sub}"),
+            Some(parsed) => parsed.resource.to_string(),
+            None => String::new(),
+        }
+    }
 }
 
 struct Fault {
     method: Method,
     path_contains: String,
     remaining: usize,
+    /// Never answer, instead of answering 500.
+    hang: bool,
 }
 
 #[derive(Default)]
@@ -53,9 +98,13 @@ struct State {
     version: u64,
 }
 
+/// Longest Event note the API server stores, in bytes.
+const MAX_EVENT_NOTE_BYTES: usize = 1024;
+
 #[derive(Clone, Default)]
 pub struct FakeApiServer {
     state: Arc<Mutex<State>>,
+    user: Option<String>,
 }
 
 struct ParsedPath<'a> {
@@ -192,6 +241,15 @@ impl FakeApiServer {
         Self::default()
     }
 
+    /// The same server, recording requests as sent by `user`: tests that play the builder or
+    /// the kubelet use it, so the operator's own requests can be told apart.
+    pub fn as_user(&self, user: &str) -> Self {
+        Self {
+            state: self.state.clone(),
+            user: Some(user.into()),
+        }
+    }
+
     /// A client whose every request this fake answers.
     pub fn client(&self) -> kube::Client {
         kube::Client::new(self.clone(), "default")
@@ -218,6 +276,18 @@ impl FakeApiServer {
             method,
             path_contains: path_contains.into(),
             remaining: times,
+            hang: false,
+        });
+    }
+
+    /// Leaves the next `times` requests of `method` whose path contains `path_contains`
+    /// without an answer, as an API server behind a broken connection would.
+    pub fn hang(&self, method: Method, path_contains: &str, times: usize) {
+        self.state.lock().expect("state").faults.push(Fault {
+            method,
+            path_contains: path_contains.into(),
+            remaining: times,
+            hang: true,
         });
     }
 
@@ -237,43 +307,78 @@ impl FakeApiServer {
         state.version.to_string()
     }
 
-    fn handle(
-        &self,
-        method: Method,
-        path: String,
-        query: String,
-        content_type: String,
-        body: Option<Value>,
-    ) -> Response<Body> {
+    /// The response, or `None` for a request never answered (a hung one, or a watch).
+    fn handle(&self, request: Recorded) -> Option<Response<Body>> {
         let mut state = self.state.lock().expect("state");
-        state.log.push(Recorded {
-            method: method.clone(),
-            path: path.clone(),
-            query: query.clone(),
-            content_type: content_type.clone(),
-            body: body.clone(),
-        });
+        let at = state.log.len();
+        state.log.push(request.clone());
+        let Recorded {
+            method,
+            path,
+            query,
+            content_type,
+            accept,
+            body,
+            ..
+        } = request;
         if let Some(fault) = state
             .faults
             .iter_mut()
             .find(|f| f.remaining > 0 && f.method == method && path.contains(&f.path_contains))
         {
             fault.remaining -= 1;
-            return respond(
+            if fault.hang {
+                return None;
+            }
+            return Some(respond(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 &status_body(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "InternalError",
                     "injected failure".into(),
                 ),
-            );
+            ));
+        }
+        if state.log[at].verbs() == ["watch"] {
+            return None;
         }
         let Some(parsed) = parse(&path) else {
-            return respond(
+            return Some(respond(
                 StatusCode::NOT_FOUND,
                 &status_body(StatusCode::NOT_FOUND, "NotFound", format!("no route {path}")),
-            );
+            ));
         };
+        if parsed.resource == "events"
+            && let Some(note) = body.as_ref().and_then(|b| b.get("note")).and_then(Value::as_str)
+            && note.len() > MAX_EVENT_NOTE_BYTES
+        {
+            // The real API server's words.
+            return Some(respond(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &status_body(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "Invalid",
+                    format!("Event is invalid: note: Too long: may not be more than {MAX_EVENT_NOTE_BYTES} bytes"),
+                ),
+            ));
+        }
+        let response = self.answer(&mut state, at, method, parsed, query, content_type, accept, body);
+        Some(response)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn answer(
+        &self,
+        state: &mut State,
+        at: usize,
+        method: Method,
+        parsed: ParsedPath<'_>,
+        query: String,
+        content_type: String,
+        accept: String,
+        body: Option<Value>,
+    ) -> Response<Body> {
+        let path = state.log[at].path.clone();
         let not_found = |name: &str| {
             respond(
                 StatusCode::NOT_FOUND,
@@ -288,17 +393,30 @@ impl FakeApiServer {
             (Method::GET, None) => {
                 let selector = query_param(&query, "labelSelector").unwrap_or_default();
                 let prefix = format!("{}/", parsed.collection);
+                let metadata_only = accept.contains("as=PartialObjectMetadataList");
                 let items: Vec<Value> = state
                     .objects
                     .iter()
                     .filter(|(p, _)| p.starts_with(&prefix) && !p[prefix.len()..].contains('/'))
                     .map(|(_, v)| v.clone())
                     .filter(|v| matches_selector(v, &selector))
+                    .map(|v| {
+                        if metadata_only {
+                            json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": v["metadata"]})
+                        } else {
+                            v
+                        }
+                    })
                     .collect();
                 let version = state.version.to_string();
+                let (api_version, kind) = if metadata_only {
+                    ("meta.k8s.io/v1", "PartialObjectMetadataList")
+                } else {
+                    ("v1", "List")
+                };
                 respond(
                     StatusCode::OK,
-                    &json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": version}, "items": items}),
+                    &json!({"apiVersion": api_version, "kind": kind, "metadata": {"resourceVersion": version}, "items": items}),
                 )
             }
             (Method::GET, Some(name)) => match state.objects.get(&format!("{}/{name}", parsed.collection)) {
@@ -325,7 +443,7 @@ impl FakeApiServer {
                         &status_body(StatusCode::CONFLICT, "AlreadyExists", format!("{name} already exists")),
                     );
                 }
-                let version = Self::next_version(&mut state);
+                let version = Self::next_version(state);
                 deep_merge(
                     &mut object,
                     &json!({"metadata": {"name": name, "uid": format!("uid-{version}"), "resourceVersion": version, "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z"}}),
@@ -345,7 +463,7 @@ impl FakeApiServer {
                         &status_body(StatusCode::CONFLICT, "Conflict", "the object has been modified".into()),
                     );
                 }
-                let version = Self::next_version(&mut state);
+                let version = Self::next_version(state);
                 deep_merge(&mut object, &json!({"metadata": {"resourceVersion": version}}));
                 state.objects.insert(key, object.clone());
                 respond(StatusCode::OK, &object)
@@ -355,11 +473,12 @@ impl FakeApiServer {
                 let patch = body.unwrap_or_default();
                 let apply = content_type.contains("apply-patch");
                 let existing = state.objects.get(&key).cloned();
-                let version = Self::next_version(&mut state);
+                let version = Self::next_version(state);
                 let object = match (existing, parsed.subresource) {
                     (None, Some(_)) => return not_found(name),
                     (None, None) if !apply => return not_found(name),
                     (None, None) => {
+                        state.log[at].created = true;
                         let mut object = patch;
                         deep_merge(
                             &mut object,
@@ -434,19 +553,28 @@ impl tower_service::Service<Request<Body>> for FakeApiServer {
             let (parts, body) = request.into_parts();
             let bytes = body.collect_bytes().await.unwrap_or_default();
             let body = (!bytes.is_empty()).then(|| serde_json::from_slice(&bytes).unwrap_or(Value::Null));
-            let content_type = parts
-                .headers
-                .get("content-type")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_string();
-            Ok(this.handle(
-                parts.method,
-                parts.uri.path().to_string(),
-                parts.uri.query().unwrap_or_default().to_string(),
-                content_type,
+            let header = |name: &str| {
+                parts
+                    .headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            let request = Recorded {
+                method: parts.method.clone(),
+                path: parts.uri.path().to_string(),
+                query: parts.uri.query().unwrap_or_default().to_string(),
+                content_type: header("content-type"),
+                accept: header("accept"),
                 body,
-            ))
+                created: false,
+                user: this.user.clone(),
+            };
+            match this.handle(request) {
+                Some(response) => Ok(response),
+                None => std::future::pending().await,
+            }
         })
     }
 }

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use wasmless_artifact::{CHUNK_KEY, Digest, annotations, compress_and_split, configmap_name, labels};
+use wasmless_artifact::{CHUNK_KEY, Digest, Part, annotations, compress_and_split, configmap_name, labels};
 use wasmless_operator::crd::{Function, Phase};
 use wasmless_operator::resources::{self, MANAGER};
 use wasmless_operator::testing::FakeApiServer;
@@ -220,6 +220,43 @@ impl Harness {
         module_digest
     }
 
+    /// What the builder publishes before the module: the compiled code's chunks.
+    async fn publish_code(&self, name: &str, wasm: &[u8], code: &[u8]) -> Digest {
+        let func = self.function(name).await;
+        let source_digest = Self::status_source_digest(&func);
+        let module_digest = Digest::of(wasm);
+        let chunks = wasmless_artifact::split_chunks(code);
+        for (index, chunk) in chunks.iter().enumerate() {
+            let cm = ConfigMap {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(Part::Code.configmap_name(name, &source_digest, index)),
+                    labels: Some(BTreeMap::from([
+                        (labels::FUNCTION.to_string(), name.to_string()),
+                        (labels::SOURCE_DIGEST.to_string(), labels::digest_value(&source_digest)),
+                        (labels::MODULE_DIGEST.to_string(), labels::digest_value(&module_digest)),
+                    ])),
+                    annotations: Some(BTreeMap::from([
+                        (annotations::MODULE_DIGEST.to_string(), module_digest.to_string()),
+                        (annotations::CODE_DIGEST.to_string(), Digest::of(code).to_string()),
+                        (annotations::CHUNK_COUNT.to_string(), chunks.len().to_string()),
+                        (annotations::CHUNK_INDEX.to_string(), index.to_string()),
+                    ])),
+                    ..Default::default()
+                },
+                binary_data: Some(BTreeMap::from([(
+                    Part::Code.configmap_key().to_string(),
+                    ByteString(chunk.clone()),
+                )])),
+                ..Default::default()
+            };
+            self.api::<ConfigMap>()
+                .create(&PostParams::default(), &cm)
+                .await
+                .expect("code chunk");
+        }
+        Digest::of(code)
+    }
+
     /// The Job's start time (a real Job controller has set one, which may not change) and now.
     async fn job_times(&self, job: &str) -> (String, String) {
         let seconds = |t: k8s_openapi::jiff::Timestamp| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
@@ -237,6 +274,12 @@ impl Harness {
 
     /// What a failed build leaves: the Job failed, its pod terminated with the compiler's output.
     async fn fail_build(&self, name: &str, compiler_output: &str) {
+        let terminated = json!({"exitCode": wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD, "reason": "Error", "message": compiler_output});
+        self.fail_build_with(name, terminated, "PodFailurePolicy").await;
+    }
+
+    /// A failed build whose pod ended as `terminated` says, and whose Job failed for `reason`.
+    async fn fail_build_with(&self, name: &str, terminated: Value, reason: &str) {
         let func = self.function(name).await;
         let job = resources::job_name(name, &Self::status_source_digest(&func));
         let pod: Pod = serde_json::from_value(json!({
@@ -257,7 +300,7 @@ impl Harness {
                 &Patch::Merge(json!({"status": {"phase": "Failed", "containerStatuses": [{
                     "name": "builder", "image": "wasmless/builder:test", "imageID": "", "ready": false,
                     "restartCount": 0,
-                    "state": {"terminated": {"exitCode": 1, "message": compiler_output}},
+                    "state": {"terminated": terminated},
                 }]}})),
             )
             .await
@@ -271,8 +314,8 @@ impl Harness {
                     "startTime": started,
                     "failed": 1,
                     "conditions": [
-                        {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded", "lastTransitionTime": now},
-                        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit", "lastTransitionTime": now},
+                        {"type": "FailureTarget", "status": "True", "reason": reason, "lastTransitionTime": now},
+                        {"type": "Failed", "status": "True", "reason": reason, "message": format!("the Job failed: {reason}"), "lastTransitionTime": now},
                     ],
                 }})),
             )
@@ -546,11 +589,18 @@ async fn new_function_starts_one_content_addressed_build(h: &Harness) {
         .map(|e| (e.name, e.value))
         .collect();
     assert_eq!(env["WASMLESS_SOURCE_DIGEST"], Some(digest.to_string()));
+    // The chunks the builder publishes are owned by the Function from the start, so a build
+    // that outlives its Function leaves nothing behind.
+    assert_eq!(env["WASMLESS_FUNCTION_UID"], func.uid());
     assert_eq!(pod.service_account_name.as_deref(), Some(resources::BUILDER_ACCOUNT));
-    // A compile error ends the build at once; an evicted pod is not a failed build.
+    // A compile error ends the build at once (anything else is retried); an evicted pod is
+    // not a failed build.
     let rules = job.spec.as_ref().unwrap().pod_failure_policy.clone().unwrap().rules;
     assert_eq!(rules[0].action, "FailJob");
-    assert_eq!(rules[0].on_exit_codes.as_ref().unwrap().values, vec![1]);
+    assert_eq!(
+        rules[0].on_exit_codes.as_ref().unwrap().values,
+        vec![wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD]
+    );
     assert_eq!(rules[1].action, "Ignore");
     let security = builder.security_context.as_ref().unwrap();
     assert_eq!(security.read_only_root_filesystem, Some(true));
@@ -633,6 +683,10 @@ async fn finished_build_rolls_out_and_becomes_ready(h: &Harness) {
     assert_eq!(flag("--env"), "GREETING=hi");
     assert_eq!(flag("--cache-dir"), "/cache");
     assert_eq!(flag("--watch-interval"), "0", "a pinned module is not polled");
+    assert!(
+        !args.contains(&"--code".to_string()),
+        "a build without compiled code (an older builder's) serves the module alone: {args:?}"
+    );
     assert_eq!(
         runtime
             .readiness_probe
@@ -712,6 +766,61 @@ async fn finished_build_rolls_out_and_becomes_ready(h: &Harness) {
         reasons.contains(&"Built".to_string()) && reasons.contains(&"Available".to_string()),
         "{reasons:?}"
     );
+}
+
+async fn compiled_code_is_mounted_beside_the_module_and_pinned(h: &Harness) {
+    h.create("hello", json!({"source": HELLO})).await;
+    h.reconcile("hello").await.unwrap();
+    let wasm = wasm("hello");
+    // Not code the runtime can load (that takes wasmtime): on a cluster its pods log the
+    // fallback and compile the module, and become available all the same.
+    let code = h.publish_code("hello", &wasm, b"compiled code for the module").await;
+    h.finish_build("hello", &wasm).await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(status(&func).code_digest, Some(code.to_string()));
+    let deployment = h.deployment("hello").await.expect("the Deployment");
+    assert_eq!(
+        template_annotation(&deployment, annotations::CODE_DIGEST),
+        code.to_string()
+    );
+    let template = deployment.spec.clone().unwrap().template;
+    let args = first_container_args(template.clone());
+    assert!(has_flag(&args, "--code", "/module"), "{args:?}");
+    assert!(has_flag(&args, "--code-digest", &code.to_string()), "{args:?}");
+    let source_digest = Harness::status_source_digest(&func);
+    let volume = template.spec.unwrap().volumes.unwrap();
+    let projected: Vec<(String, String)> = volume
+        .iter()
+        .find(|v| v.name == "module")
+        .and_then(|v| v.projected.as_ref())
+        .and_then(|p| p.sources.clone())
+        .unwrap()
+        .into_iter()
+        .map(|source| {
+            let cm = source.config_map.unwrap();
+            (cm.name, cm.items.unwrap()[0].path.clone())
+        })
+        .collect();
+    assert!(
+        projected.contains(&(
+            Part::Code.configmap_name("hello", &source_digest, 0),
+            Part::Code.chunk_file_name(0)
+        )),
+        "{projected:?}"
+    );
+    h.make_available("hello").await;
+    assert_eq!(condition(&h.reconciled("hello").await, "Ready").status, "True");
+
+    // Code made from another module than the one found is not served.
+    h.update_spec("hello", json!({"source": HELLO_V2})).await;
+    h.reconcile("hello").await.unwrap();
+    h.publish_code("hello", &wasm, b"code of the old module").await;
+    let v2 = h.finish_build("hello", &crate::wasm("v2")).await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(status(&func).module_digest, Some(v2.to_string()));
+    assert_eq!(status(&func).code_digest, None);
+    let args = first_container_args(h.deployment("hello").await.unwrap().spec.unwrap().template);
+    assert!(!args.contains(&"--code".to_string()), "{args:?}");
 }
 
 async fn unchanged_function_writes_nothing(h: &Harness) {
@@ -910,6 +1019,140 @@ async fn bad_functions_are_reported_not_fatal(h: &Harness) {
     }
 }
 
+async fn renamed_service_replaces_the_old_one(h: &Harness) {
+    ready_function(h, "hello", json!({"source": HELLO})).await;
+    h.update_spec("hello", json!({"service": "greeter"})).await;
+    let func = h.reconciled("hello").await;
+    let services: Api<Service> = h.api();
+    assert!(services.get_opt("greeter").await.unwrap().is_some());
+    assert!(
+        services.get_opt("hello").await.unwrap().is_none(),
+        "the old Service is removed"
+    );
+    assert_eq!(
+        status(&func).url,
+        Some(format!("http://greeter.{}.svc.cluster.local:8080", h.ns))
+    );
+}
+
+async fn server_port_of_the_metrics_port_is_refused_on_status(h: &Harness) {
+    h.create("clash", json!({"source": HELLO, "serverPort": 9090})).await;
+    let func = h.reconciled("clash").await;
+    assert_eq!(status(&func).phase, Some(Phase::Failed));
+    assert_eq!(condition(&func, "Built").reason, "InvalidSpec");
+    let message = status(&func).build_message.unwrap();
+    assert!(
+        message.contains("serverPort 9090 is the Service's metrics port"),
+        "{message}"
+    );
+    assert!(h.jobs("clash").await.is_empty(), "nothing is built");
+    assert!(h.api::<Service>().get_opt("clash").await.unwrap().is_none());
+    // The others are reconciled as ever.
+    h.create("fine", json!({"source": HELLO, "serverPort": 9091})).await;
+    assert_eq!(status(&h.reconciled("fine").await).phase, Some(Phase::Building));
+}
+
+async fn multibyte_compiler_output_reaches_an_event(h: &Harness) {
+    h.create("hello", json!({"source": HELLO})).await;
+    h.reconcile("hello").await.unwrap();
+    // 600 characters, 1200 bytes: over the Event API's 1024-byte limit on a note.
+    let output = format!("./handler.go:1:1: {}\n", "é".repeat(600));
+    h.fail_build("hello", &output).await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(condition(&func, "Built").reason, "BuildFailed");
+    assert!(
+        h.event_reasons("hello").await.contains(&"BuildFailed".to_string()),
+        "the Event was refused: {:?}",
+        h.event_reasons("hello").await
+    );
+}
+
+async fn build_past_its_deadline_says_so(h: &Harness) {
+    h.create("slow", json!({"source": HELLO})).await;
+    h.reconcile("slow").await.unwrap();
+    // FallbackToLogsOnError leaves the log tail as the message of a killed builder.
+    let killed = json!({"exitCode": 137, "reason": "Error", "message": "checking the source...\ncompiling Go to WebAssembly..."});
+    h.fail_build_with("slow", killed, "DeadlineExceeded").await;
+    let func = h.reconciled("slow").await;
+    assert_eq!(status(&func).phase, Some(Phase::Failed));
+    let built = condition(&func, "Built");
+    assert_eq!(built.reason, "DeadlineExceeded");
+    assert!(
+        built.message.contains("ran longer than its deadline of 900 s"),
+        "{}",
+        built.message
+    );
+    assert!(h.event_reasons("slow").await.contains(&"DeadlineExceeded".to_string()));
+}
+
+async fn builder_out_of_memory_says_so(h: &Harness) {
+    h.create("big", json!({"source": HELLO})).await;
+    h.reconcile("big").await.unwrap();
+    let killed = json!({"exitCode": 137, "reason": "OOMKilled", "message": "compiling Go to WebAssembly..."});
+    h.fail_build_with("big", killed, "BackoffLimitExceeded").await;
+    let func = h.reconciled("big").await;
+    let built = condition(&func, "Built");
+    assert_eq!(built.reason, "OOMKilled");
+    assert!(built.message.contains("ran out of memory"), "{}", built.message);
+}
+
+async fn chunks_published_after_the_function_is_gone_are_collected(h: &Harness) {
+    let func = h.create("doomed", json!({"source": HELLO})).await;
+    let func = h.reconciled(&func.name_any()).await;
+    let uid = func.uid().unwrap();
+    let job = &h.jobs("doomed").await[0];
+    let env = job.spec.clone().unwrap().template.spec.unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap();
+    assert!(
+        env.iter()
+            .any(|e| e.name == "WASMLESS_FUNCTION_UID" && e.value.as_deref() == Some(uid.as_str())),
+        "the builder learns whose chunks it publishes: {env:?}"
+    );
+    h.api::<Function>()
+        .delete("doomed", &DeleteParams::background())
+        .await
+        .unwrap();
+    // The builder, still running, publishes a chunk owned as it owns them (by UID, not
+    // the controller), after its Function is gone.
+    let chunk: ConfigMap = serde_json::from_value(json!({
+        "metadata": {
+            "name": configmap_name("doomed", &Harness::status_source_digest(&func), 0),
+            "labels": {labels::FUNCTION: "doomed"},
+            "ownerReferences": [{"apiVersion": "wasmless.io/v1alpha1", "kind": "Function", "name": "doomed",
+                                 "uid": uid, "controller": false, "blockOwnerDeletion": false}],
+        },
+        "binaryData": {CHUNK_KEY: ""},
+    }))
+    .unwrap();
+    h.api::<ConfigMap>()
+        .create(&PostParams::default(), &chunk)
+        .await
+        .unwrap();
+    if h.fake.is_some() {
+        return; // no garbage collector here
+    }
+    let params = ListParams::default().labels(&format!("{}=doomed", labels::FUNCTION));
+    for _ in 0..60 {
+        if h.api::<ConfigMap>().list(&params).await.unwrap().items.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    panic!(
+        "ConfigMaps of the deleted Function were left: {:?}",
+        h.api::<ConfigMap>()
+            .list(&params)
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|c| c.name_any())
+            .collect::<Vec<_>>()
+    );
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         /// Against the in-memory API server.
@@ -939,12 +1182,19 @@ macro_rules! scenarios {
 scenarios!(
     new_function_starts_one_content_addressed_build,
     finished_build_rolls_out_and_becomes_ready,
+    compiled_code_is_mounted_beside_the_module_and_pinned,
     unchanged_function_writes_nothing,
     source_change_builds_once_and_rolls_out,
     failed_build_keeps_serving_previous_module,
     replicas_zero_scales_to_zero,
     everything_is_owned_by_the_function,
     bad_functions_are_reported_not_fatal,
+    renamed_service_replaces_the_old_one,
+    server_port_of_the_metrics_port_is_refused_on_status,
+    multibyte_compiler_output_reaches_an_event,
+    build_past_its_deadline_says_so,
+    builder_out_of_memory_says_so,
+    chunks_published_after_the_function_is_gone_are_collected,
 );
 
 // ---- fake-only scenarios: what a real API server cannot be made to do ----
@@ -1022,21 +1272,85 @@ async fn goless_function_field_is_accepted_as_source() {
 }
 
 #[tokio::test]
-async fn renamed_service_replaces_the_old_one() {
+async fn a_failed_step_is_reported_on_status_and_cleared_by_the_retry() {
     let h = Harness::fake();
+    let fake = h.fake.as_ref().unwrap();
     ready_function(&h, "hello", json!({"source": HELLO})).await;
     h.update_spec("hello", json!({"service": "greeter"})).await;
-    let func = h.reconciled("hello").await;
-    let services: Api<Service> = h.api();
-    assert!(services.get_opt("greeter").await.unwrap().is_some());
-    assert!(
-        services.get_opt("hello").await.unwrap().is_none(),
-        "the old Service is removed"
-    );
+    // As when the operator's RBAC lacked `delete` on Services: the rename fails every time.
+    fake.fail(http::Method::DELETE, "/services/hello", 1);
+    let error = h
+        .reconcile("hello")
+        .await
+        .expect_err("the old Service cannot be deleted");
+    assert!(error.to_string().contains("injected failure"), "{error}");
+    let func = h.function("hello").await;
+    let ready = condition(&func, "Ready");
     assert_eq!(
-        status(&func).url.as_deref(),
-        Some("http://greeter.default.svc.cluster.local:8080")
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "ReconcileError")
     );
+    assert!(
+        ready
+            .message
+            .starts_with("deleting the Service hello, renamed to greeter: "),
+        "{}",
+        ready.message
+    );
+    assert_eq!(status(&func).observed_generation, func.metadata.generation);
+    assert!(h.event_reasons("hello").await.contains(&"ReconcileError".to_string()));
+    // The retry succeeds and puts the condition right.
+    let func = h.reconciled("hello").await;
+    assert_eq!(condition(&func, "Ready").reason, "Available");
+    assert!(h.api::<Service>().get_opt("hello").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_failed_build_step_is_reported_on_built() {
+    let h = Harness::fake();
+    let fake = h.fake.as_ref().unwrap();
+    h.create("hello", json!({"source": HELLO})).await;
+    fake.fail(http::Method::PATCH, "/jobs/", 1);
+    h.reconcile("hello").await.expect_err("the Job write failed");
+    let func = h.function("hello").await;
+    let built = condition(&func, "Built");
+    assert_eq!(built.reason, "ReconcileError");
+    assert!(
+        built.message.starts_with("creating the build Job hello-build-"),
+        "{}",
+        built.message
+    );
+    assert_eq!(status(&func).phase, Some(Phase::Pending));
+}
+
+#[tokio::test]
+async fn chunks_are_found_from_their_metadata_not_their_data() {
+    let h = Harness::fake();
+    let fake = h.fake.as_ref().unwrap();
+    ready_function(&h, "hello", json!({"source": HELLO})).await;
+    fake.clear_requests();
+    h.reconcile("hello").await.unwrap();
+    let lists: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.resource() == "configmaps" && r.verbs() == ["list"])
+        .collect();
+    assert!(!lists.is_empty());
+    for list in lists {
+        assert!(
+            list.accept.contains("as=PartialObjectMetadataList"),
+            "a ConfigMap list that reads the chunks' data: {list:?}"
+        );
+    }
+}
+
+#[test]
+fn event_notes_are_cut_to_1024_bytes_on_a_character_boundary() {
+    use wasmless_operator::controller::{MAX_EVENT_NOTE_BYTES, event_note};
+    let note = event_note(&"é".repeat(600));
+    assert!(note.len() <= MAX_EVENT_NOTE_BYTES, "{} bytes", note.len());
+    assert!(note.starts_with("éé") && note.ends_with('…'));
+    assert_eq!(event_note("short"), "short");
 }
 
 #[tokio::test]
@@ -1082,7 +1396,10 @@ async fn oci_storage_publishes_to_the_registry_and_serves_by_reference() {
         "registry.local:5000/fns/default/hello@sha256:{}",
         Digest::of(b"manifest").hex()
     );
-    let result = format!(r#"{{"digest":"{module}","size":10,"published":"oci://{reference}"}}"#);
+    let code = Digest::of(b"oci code");
+    let result = format!(
+        r#"{{"digest":"{module}","size":10,"published":"oci://{reference}","code":{{"digest":"{code}","size":4}}}}"#
+    );
     h.fail_build("hello", &result).await; // the pod and its termination message …
     h.api::<Job>() // … but the Job succeeded
         .patch_status(
@@ -1098,6 +1415,8 @@ async fn oci_storage_publishes_to_the_registry_and_serves_by_reference() {
     let deployment = h.deployment("hello").await.unwrap();
     let args = first_container_args(deployment.spec.unwrap().template);
     assert!(has_flag(&args, "--module", &format!("oci://{reference}")), "{args:?}");
+    assert!(has_flag(&args, "--code", &format!("oci://{reference}")), "{args:?}");
+    assert!(has_flag(&args, "--code-digest", &code.to_string()), "{args:?}");
     // Later reconciles find the module from status, without the Job's pod.
     let pods: Api<Pod> = h.api();
     pods.delete(
@@ -1108,6 +1427,9 @@ async fn oci_storage_publishes_to_the_registry_and_serves_by_reference() {
     .unwrap();
     let func = h.reconciled("hello").await;
     assert_eq!(status(&func).module_digest, Some(module.to_string()));
+    assert_eq!(status(&func).code_digest, Some(code.to_string()));
+    let args = first_container_args(h.deployment("hello").await.unwrap().spec.unwrap().template);
+    assert!(has_flag(&args, "--code-digest", &code.to_string()), "{args:?}");
 }
 
 #[tokio::test]
@@ -1133,6 +1455,77 @@ async fn only_one_replica_holds_the_lease_until_it_expires() {
     let leases = fake.objects("/leases/");
     assert_eq!(leases[0]["spec"]["holderIdentity"], "b");
     assert_eq!(leases[0]["spec"]["leaseTransitions"], 1);
+}
+
+#[tokio::test]
+async fn a_hung_renewal_gives_up_leadership_before_the_lease_expires() {
+    use wasmless_operator::leader::LeaseLock;
+    let fake = FakeApiServer::new();
+    let lease = LeaseLock::new(
+        fake.client(),
+        "wasmless-system",
+        "wasmless-operator",
+        "a",
+        Duration::from_secs(3),
+    );
+    assert!(lease.try_acquire_or_renew().await.unwrap());
+    let renewed = std::time::Instant::now();
+    // The API server stops answering (a half-open connection): renewals never return.
+    fake.hang(http::Method::GET, "/leases/", usize::MAX);
+    let lost = tokio::time::timeout(Duration::from_secs(10), lease.keep())
+        .await
+        .expect("keep() returns while the renewal hangs");
+    let led_for = renewed.elapsed();
+    assert!(
+        led_for < Duration::from_secs(3),
+        "led {led_for:?} after the last renewal, past the 3 s a standby waits: {lost}"
+    );
+    assert!(lost.contains("not renewed within"), "{lost}");
+}
+
+#[tokio::test]
+async fn a_released_lease_is_taken_at_once() {
+    use wasmless_operator::leader::LeaseLock;
+    let fake = FakeApiServer::new();
+    let lease = |who: &str| {
+        LeaseLock::new(
+            fake.client(),
+            "wasmless-system",
+            "wasmless-operator",
+            who,
+            Duration::from_secs(60),
+        )
+    };
+    let (a, b) = (lease("a"), lease("b"));
+    assert!(a.try_acquire_or_renew().await.unwrap());
+    assert!(!b.try_acquire_or_renew().await.unwrap(), "held for a minute");
+    a.release().await;
+    assert!(
+        b.try_acquire_or_renew().await.unwrap(),
+        "b takes the released lease without waiting"
+    );
+    assert!(!a.try_acquire_or_renew().await.unwrap());
+    // Releasing a lease someone else holds changes nothing.
+    a.release().await;
+    assert_eq!(fake.objects("/leases/")[0]["spec"]["holderIdentity"], "b");
+}
+
+#[tokio::test]
+async fn an_api_error_while_acquiring_is_retried() {
+    use wasmless_operator::leader::LeaseLock;
+    let fake = FakeApiServer::new();
+    let lease = LeaseLock::new(
+        fake.client(),
+        "wasmless-system",
+        "wasmless-operator",
+        "a",
+        Duration::from_secs(1),
+    );
+    fake.fail(http::Method::GET, "/leases/", 2);
+    tokio::time::timeout(Duration::from_secs(5), lease.acquire())
+        .await
+        .expect("acquired once the API server answers");
+    assert_eq!(fake.objects("/leases/")[0]["spec"]["holderIdentity"], "a");
 }
 
 #[tokio::test]
@@ -1407,27 +1800,191 @@ fn repo_root() -> std::path::PathBuf {
         .to_path_buf()
 }
 
-#[test]
-fn kustomize_renders_objects_that_parse_as_their_kinds() {
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+/// The objects `kubectl kustomize <dir>` renders, or `None` (and why, on stderr) without kubectl.
+fn kustomize(dir: &str) -> Option<Vec<Value>> {
     use serde::Deserialize;
     let output = match std::process::Command::new("kubectl")
         .arg("kustomize")
-        .arg(repo_root().join("deploy"))
+        .arg(repo_root().join(dir))
         .output()
     {
         Ok(output) => output,
         Err(error) => {
             eprintln!("skipping: kubectl is not installed ({error}); scripts/setup.sh installs it");
-            return;
+            return None;
         }
     };
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let rendered = String::from_utf8(output.stdout).unwrap();
+    Some(
+        serde_yaml::Deserializer::from_str(&rendered)
+            .map(|document| Value::deserialize(document).unwrap())
+            .collect(),
+    )
+}
+
+/// `(resource, verb)` for every verb the rendered Roles and ClusterRoles grant.
+fn granted(objects: &[Value]) -> std::collections::BTreeSet<(String, String)> {
+    let mut granted = std::collections::BTreeSet::new();
+    for object in objects
+        .iter()
+        .filter(|o| o["kind"] == "ClusterRole" || o["kind"] == "Role")
+    {
+        for rule in object["rules"].as_array().unwrap() {
+            for resource in rule["resources"].as_array().unwrap() {
+                for verb in rule["verbs"].as_array().unwrap() {
+                    granted.insert((resource.as_str().unwrap().into(), verb.as_str().unwrap().into()));
+                }
+            }
+        }
+    }
+    granted
+}
+
+/// Everything the operator does to the API, on one in-memory server: the controller's
+/// watches and a reconcile through them, a build, a rollout, a repeated Event, a rebuild
+/// with repaired builder RBAC, a failed build, the collection of the old builds, a
+/// renamed Service, and the Lease taken, renewed and released. `(resource, verb)` of each
+/// request the operator sent.
+async fn what_the_operator_uses() -> std::collections::BTreeSet<(String, String)> {
+    use wasmless_operator::leader::LeaseLock;
+    let fake = FakeApiServer::new();
+    let tests = fake.as_user("tests");
+    let h = Harness {
+        ctx: Arc::new(Context::new(fake.client(), settings(), Metrics::default(), None)),
+        client: tests.client(),
+        fake: Some(tests),
+        ns: "default".into(),
+    };
+    h.create("hello", json!({"source": HELLO})).await;
+    // The controller as `main` runs it: lists, watches (answered by silence) and reconciles.
+    wasmless_operator::run(
+        h.ctx.clone(),
+        Some("default"),
+        tokio::time::sleep(Duration::from_secs(2)),
+    )
+    .await;
+    assert_eq!(
+        status(&h.function("hello").await).phase,
+        Some(Phase::Building),
+        "reconciled by the controller"
+    );
+    h.finish_build("hello", &wasm("hello")).await;
+    h.reconcile("hello").await.unwrap();
+    h.make_available("hello").await;
+    h.reconcile("hello").await.unwrap();
+    // A rollout and back: the same `Available` Event again, which the recorder patches.
+    h.update_spec("hello", json!({"env": [{"name": "A", "value": "1"}]}))
+        .await;
+    h.reconcile("hello").await.unwrap();
+    h.make_available("hello").await;
+    assert_eq!(status(&h.reconciled("hello").await).phase, Some(Phase::Ready));
+    // Someone edits the builder's RBAC; the next build puts it back.
+    for resource in ["serviceaccounts", "roles", "rolebindings"] {
+        let group = if resource == "serviceaccounts" {
+            "/api/v1"
+        } else {
+            "/apis/rbac.authorization.k8s.io/v1"
+        };
+        let request = http::Request::patch(format!(
+            "{group}/namespaces/default/{resource}/{}",
+            resources::BUILDER_ACCOUNT
+        ))
+        .header("content-type", "application/merge-patch+json")
+        .body(serde_json::to_vec(&json!({"metadata": {"labels": {resources::MANAGED_BY_LABEL: "someone"}}})).unwrap())
+        .unwrap();
+        h.client.request::<Value>(request).await.unwrap();
+    }
+    h.update_spec("hello", json!({"source": HELLO_V2})).await;
+    h.reconcile("hello").await.unwrap();
+    h.fail_build("hello", "./handler.go:1:1: an error").await;
+    h.reconcile("hello").await.unwrap();
+    // Back to the first source: built already; once Ready, the failed build is collected.
+    h.update_spec("hello", json!({"source": HELLO, "service": "greeter"}))
+        .await;
+    h.reconcile("hello").await.unwrap();
+    h.make_available("hello").await;
+    h.reconcile("hello").await.unwrap();
+    assert_eq!(h.jobs("hello").await.len(), 1, "the failed build was collected");
+    assert!(h.api::<Service>().get_opt("hello").await.unwrap().is_none(), "renamed");
+
+    let lease = LeaseLock::new(
+        fake.client(),
+        "wasmless-system",
+        "wasmless-operator",
+        "a",
+        Duration::from_secs(15),
+    );
+    lease.acquire().await;
+    assert!(lease.try_acquire_or_renew().await.unwrap());
+    lease.release().await;
+
+    let mut used = std::collections::BTreeSet::new();
+    for request in fake.requests().into_iter().filter(|r| r.user.is_none()) {
+        for verb in request.verbs() {
+            used.insert((request.rbac_resource(), verb.to_string()));
+        }
+    }
+    used
+}
+
+#[tokio::test]
+async fn rendered_rbac_grants_exactly_the_verbs_the_operator_uses() {
+    let Some(rendered) = kustomize("deploy") else { return };
+    let granted = granted(&rendered);
+    let used = what_the_operator_uses().await;
+    let unused: Vec<_> = granted.difference(&used).collect();
+    let missing: Vec<_> = used.difference(&granted).collect();
+    assert!(
+        unused.is_empty() && missing.is_empty(),
+        "deploy/rbac.yaml grants what the operator never uses: {unused:?}; and lacks what it uses: {missing:?}"
+    );
+    // A Role may grant only what its writer holds: the builder's, in each namespace.
+    let (_, role, _) = resources::builder_rbac("default");
+    for verb in &role.rules.unwrap()[0].verbs {
+        assert!(
+            granted.contains(&("configmaps".into(), verb.clone())),
+            "the operator cannot grant {verb}"
+        );
+    }
+}
+
+#[test]
+fn namespaced_install_grants_the_operator_one_namespace_only() {
+    let Some(rendered) = kustomize("deploy-namespaced") else {
+        return;
+    };
+    let of_kind = |kind: &str| rendered.iter().filter(|o| o["kind"] == kind).collect::<Vec<_>>();
+    assert!(of_kind("ClusterRoleBinding").is_empty(), "no cluster-wide grant");
+    let bindings = of_kind("RoleBinding");
+    let grant = bindings
+        .iter()
+        .find(|b| b["roleRef"]["kind"] == "ClusterRole")
+        .expect("a RoleBinding of the operator's ClusterRole");
+    assert_eq!(grant["metadata"]["namespace"], "functions");
+    assert_eq!(grant["roleRef"]["name"], "wasmless-operator");
+    assert_eq!(grant["subjects"][0]["name"], "wasmless-operator");
+    assert_eq!(grant["subjects"][0]["namespace"], "wasmless-system");
+    let deployment = of_kind("Deployment")[0];
+    let env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap();
+    assert!(
+        env.iter()
+            .any(|e| e["name"] == "WASMLESS_WATCH_NAMESPACE" && e["value"] == "functions"),
+        "the operator watches the namespace it is granted: {env:?}"
+    );
+    // The same verbs as the cluster-wide install, where they are granted.
+    assert_eq!(granted(&rendered), granted(&kustomize("deploy").unwrap()));
+}
+
+#[test]
+fn kustomize_renders_objects_that_parse_as_their_kinds() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let Some(rendered) = kustomize("deploy") else { return };
     let mut kinds = Vec::new();
-    for document in serde_yaml::Deserializer::from_str(&rendered) {
-        let value = Value::deserialize(document).unwrap();
+    for value in rendered {
         let kind = value["kind"].as_str().unwrap().to_string();
         let namespace = value
             .pointer("/metadata/namespace")
@@ -1468,6 +2025,19 @@ fn kustomize_renders_objects_that_parse_as_their_kinds() {
                 );
             }
             "RoleBinding" => drop(parse!(RoleBinding)),
+            "ValidatingAdmissionPolicy" => {
+                let policy = parse!(k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy);
+                let conditions = policy.spec.unwrap().match_conditions.unwrap();
+                assert!(
+                    conditions[0]
+                        .expression
+                        .contains("system:serviceaccount:wasmless-system:wasmless-operator"),
+                    "the policy names the operator's ServiceAccount in its namespace"
+                );
+            }
+            "ValidatingAdmissionPolicyBinding" => drop(parse!(
+                k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding
+            )),
             "Service" => drop(parse!(Service)),
             "Deployment" => {
                 let deployment = parse!(Deployment);
@@ -1491,9 +2061,16 @@ fn kustomize_renders_objects_that_parse_as_their_kinds() {
             }
             other => panic!("unexpected kind {other}"),
         }
+        // Kustomize does not know the admission policies are cluster-scoped and gives them a
+        // namespace, which the API server drops.
         if !matches!(
             kind.as_str(),
-            "Namespace" | "CustomResourceDefinition" | "ClusterRole" | "ClusterRoleBinding"
+            "Namespace"
+                | "CustomResourceDefinition"
+                | "ClusterRole"
+                | "ClusterRoleBinding"
+                | "ValidatingAdmissionPolicy"
+                | "ValidatingAdmissionPolicyBinding"
         ) {
             assert_eq!(namespace.as_deref(), Some("wasmless-system"), "{kind}");
         }
@@ -1511,7 +2088,9 @@ fn kustomize_renders_objects_that_parse_as_their_kinds() {
             "Role",
             "RoleBinding",
             "Service",
-            "ServiceAccount"
+            "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding"
         ]
     );
 }

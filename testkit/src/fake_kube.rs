@@ -12,6 +12,11 @@ use std::sync::{Arc, Mutex};
 #[derive(Clone, Default)]
 pub struct FakeKube {
     pub config_maps: Arc<Mutex<BTreeMap<(String, String), Value>>>,
+    /// Status codes the next applies are answered with instead of being stored, one each
+    /// (a busy API server: 409, 429, 500, 503 …).
+    pub apply_failures: Arc<Mutex<std::collections::VecDeque<u16>>>,
+    /// Every apply received, failed or not: `(namespace, name)`.
+    pub applies: Arc<Mutex<Vec<(String, String)>>>,
 }
 
 pub struct RunningFakeKube {
@@ -76,6 +81,13 @@ async fn apply(
     headers: axum::http::HeaderMap,
     body: String,
 ) -> Result<axum::Json<Value>, (StatusCode, String)> {
+    state.applies.lock().unwrap().push((ns.clone(), name.clone()));
+    if let Some(code) = state.apply_failures.lock().unwrap().pop_front() {
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code,
+            "reason": "InternalError", "message": "injected failure"});
+        return Err((status, body.to_string()));
+    }
     let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
     if content_type != "application/apply-patch+yaml" {
         return Err((
