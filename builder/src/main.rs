@@ -16,7 +16,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Build (or take from the cache), validate, write and optionally publish a module.
-    Build(BuildArgs),
+    Build(Box<BuildArgs>),
     /// Download the Rust SDK's dependencies, for builds with --vendor-dir and no network.
     Vendor {
         /// Directory to fill.
@@ -28,8 +28,10 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Build(args) => {
-            if !command::run(args, &|step| eprintln!("{step}...")).await {
-                std::process::exit(1);
+            stop_on_sigterm(&args.termination_log)?;
+            let status = command::run(*args, &|step| eprintln!("{step}...")).await;
+            if status != 0 {
+                std::process::exit(status);
             }
             Ok(())
         }
@@ -39,4 +41,37 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// A builder is its container's PID 1, which the kernel does not stop on SIGTERM by
+/// default: without this, a builder past its Job's deadline (or a Job deleted) would go on
+/// compiling through the grace period and could still publish. It stops at once instead;
+/// ending PID 1 ends the compiler processes it started. On a thread of its own, because
+/// the compilers run blocking on the runtime's threads.
+fn stop_on_sigterm(termination_log: &std::path::Path) -> anyhow::Result<()> {
+    let termination_log = termination_log.to_owned();
+    let (registered, is_registered) = std::sync::mpsc::channel();
+    std::thread::Builder::new().name("sigterm".into()).spawn(move || {
+        let signals = tokio::runtime::Builder::new_current_thread().enable_io().build();
+        let terminate = signals.and_then(|signals| {
+            let terminate =
+                signals.block_on(async { tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) });
+            terminate.map(|terminate| (signals, terminate))
+        });
+        let (signals, mut terminate) = match terminate {
+            Ok(ok) => {
+                let _ = registered.send(Ok(()));
+                ok
+            }
+            Err(error) => return drop(registered.send(Err(error))),
+        };
+        signals.block_on(terminate.recv());
+        let message = "stopped by SIGTERM before the build finished; nothing more is published";
+        eprintln!("error: {message}");
+        command::write_termination_log(&termination_log, message);
+        std::process::exit(128 + 15);
+    })?;
+    // Registered before the build starts, so no SIGTERM can come unhandled.
+    is_registered.recv()??;
+    Ok(())
 }

@@ -378,3 +378,49 @@ fn rust_handlers_build_offline_from_a_vendor_directory() {
     let built = result(&output);
     assert_eq!(built["cached"], false);
 }
+
+#[test]
+fn sigterm_stops_a_build_at_once_and_nothing_is_written() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let (_, source) = write_example_source(dir.path(), "hello-go");
+    let output = dir.path().join("out.wasm");
+    let termination_log = dir.path().join("termination-log");
+    std::fs::write(&termination_log, "").unwrap();
+    let mut builder = build_command("go", &source, &output, &dir.path().join("cache"))
+        // An empty Go build cache: the compile lasts long enough to be interrupted.
+        .env("GOCACHE", dir.path().join("go-build"))
+        .env("WASMLESS_TERMINATION_LOG", &termination_log)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(builder.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("compiling go") {
+        line.clear();
+        assert_ne!(
+            stderr.read_line(&mut line).unwrap(),
+            0,
+            "the builder ended before compiling"
+        );
+    }
+    // As the kubelet stops a Job's pod past its deadline.
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &builder.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = builder.wait().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    assert_eq!(status.code(), Some(143), "{rest}");
+    assert!(rest.contains("stopped by SIGTERM"), "{rest}");
+    assert!(
+        std::fs::read_to_string(&termination_log)
+            .unwrap()
+            .contains("stopped by SIGTERM"),
+        "the reason is the pod's termination message"
+    );
+    assert!(!output.exists(), "a stopped build writes no module");
+}
