@@ -179,11 +179,11 @@ goless_sample() {
   local table
   table=$(kubectl get fn -n "$NS")
   echo "$table"
-  expect_eq "$(awk 'NR == 1 { print $1, $2, $3, $4, $5, $6 }' <<<"$table")" "NAME LANGUAGE PHASE DIGEST URL AGE" "kubectl get fn's columns"
+  expect_eq "$(awk 'NR == 1 { print $1, $2, $3, $4, $5, $6, $7 }' <<<"$table")" "NAME LANGUAGE PHASE READY DIGEST URL AGE" "kubectl get fn's columns"
   local digest
   digest=$(fn_field hello .status.moduleDigest)
-  expect_eq "$(awk '$1 == "hello" { print $2, $3, $4, $5 }' <<<"$table")" \
-    "go Ready ${digest:7:10} http://hello.$NS.svc.cluster.local:9000" "kubectl get fn's row"
+  expect_eq "$(awk '$1 == "hello" { print $2, $3, $4, $5, $6 }' <<<"$table")" \
+    "go Ready 1 ${digest:7:10} http://hello.$NS.svc.cluster.local:9000" "kubectl get fn's row"
   expect_eq "$(get_service hello)" "This works!" "GET through the Service"
   ok
 }
@@ -358,6 +358,38 @@ new_function() {
     "$1" "${3:-}" "$source" | kubectl apply -n "$NS" -f - >/dev/null
 }
 
+ready_pods() { # FUNCTION: its runtime pods that are Ready
+  kubectl get pods -n "$NS" -l "wasmless.io/function=$1,wasmless.io/component=runtime" \
+    -o 'jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c True || true
+}
+
+replicas_are() { # FUNCTION N: spec, ready pods and kubectl get fn's READY all say N
+  [[ $(fn_field "$1" .spec.replicas) == "$2" && $(ready_pods "$1") == "$2" &&
+    $(fn_field "$1" .status.readyReplicas) == "$2" ]]
+}
+
+scale_and_autoscale() {
+  step "kubectl scale fn/hello --replicas=3, then an HPA on the Function: the operator keeps what they write"
+  kubectl scale fn/hello -n "$NS" --replicas=3 >/dev/null
+  wait_until 120 "3 ready pods of hello" replicas_are hello 3
+  kubectl get fn hello -n "$NS"
+  expect_eq "$(kubectl get fn hello -n "$NS" --no-headers | awk '{ print $4 }')" 3 "kubectl get fn's READY"
+  # The example HPA, bounded to 2: above its maxReplicas, the HPA scales down without any
+  # metric. (A CPU target needs metrics-server and the API aggregation layer, which the test
+  # cluster does not run.)
+  sed 's/maxReplicas: 10/maxReplicas: 2/' examples/hello-go/hpa.yaml | kubectl apply -n "$NS" -f - >/dev/null
+  wait_until 120 "the HPA to scale hello to 2" replicas_are hello 2
+  kubectl get hpa hello -n "$NS"
+  expect_contains "$(kubectl describe hpa hello -n "$NS")" "above Spec.MaxReplicas" "the HPA's event"
+  # The operator keeps the HPA's count: it writes only the Deployment, never spec.replicas.
+  sleep 20
+  replicas_are hello 2 || fail "hello did not stay at the HPA's 2: $(kubectl get fn,deploy hello -n "$NS" --no-headers)"
+  kubectl delete hpa hello -n "$NS" >/dev/null
+  kubectl scale fn/hello -n "$NS" --replicas=1 >/dev/null
+  wait_until 120 "1 ready pod of hello" replicas_are hello 1
+  ok
+}
+
 least_privilege() {
   step "the operator's RBAC and admission policy: its own objects only, builder RBAC as written"
   echo "kubectl auth can-i --list --as=$OPERATOR_ACCOUNT -n $NS:"
@@ -480,7 +512,7 @@ namespaced_install() {
   ok
 }
 
-steps=(install_operator goless_sample new_pod_precompiled least_privilege prometheus_scrapes port_clash rename_service rolling_update
+steps=(install_operator goless_sample new_pod_precompiled scale_and_autoscale least_privilege prometheus_scrapes port_clash rename_service rolling_update
   compile_error oci_storage failover delete_function build_deadline delete_during_build namespaced_install)
 # Steps build on each other; naming some (`e2e/run.sh install_operator goless_sample`) runs only those.
 for name in "${@:-${steps[@]}}"; do

@@ -863,6 +863,8 @@ fn status_for(
         url: serving.map(|_| resources::url(func)),
         build_message,
         ready_replicas: deploy_status.ready_replicas.or(serving.map(|_| 0)),
+        replicas: deploy_status.replicas.or(serving.map(|_| 0)),
+        selector: Some(resources::runtime_selector(func)),
     }
 }
 

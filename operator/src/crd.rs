@@ -51,9 +51,17 @@ pub const MAX_SOURCE_BYTES: usize = 512 * 1024;
     doc = "An HTTP function: handler source built once to WebAssembly and served by the Wasmless runtime",
     printcolumn(name = "Language", type_ = "string", json_path = ".spec.language"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
     printcolumn(name = "Digest", type_ = "string", json_path = ".status.moduleDigestShort"),
     printcolumn(name = "URL", type_ = "string", json_path = ".status.url"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    // `kubectl scale fn/hello` and a HorizontalPodAutoscaler write spec.replicas through
+    // this; the HPA finds the pods to measure by status.selector.
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
     validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 46")
         .message("a Function's name must be a DNS label of at most 46 characters: it names the Service and the build Jobs (<name>-build-<10 hex>, at most 63)")
 )]
@@ -302,6 +310,13 @@ pub struct FunctionStatus {
     pub build_message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_replicas: Option<i32>,
+    /// The runtime pods that exist (ready or not), for the scale subresource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// The label selector of the runtime pods, in its string form, for the scale
+    /// subresource: a HorizontalPodAutoscaler reads the pods' metrics through it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
 }
 
 impl FunctionSpec {

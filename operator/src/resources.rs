@@ -139,6 +139,16 @@ fn labels_for(func: &Function, component: &str) -> BTreeMap<String, String> {
     ])
 }
 
+/// The runtime pods' label selector in its string form (`a=b,c=d`), as the scale
+/// subresource carries it.
+pub fn runtime_selector(func: &Function) -> String {
+    labels_for(func, "runtime")
+        .iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn meta(func: &Function, name: String, labels: BTreeMap<String, String>) -> ObjectMeta {
     ObjectMeta {
         name: Some(name),

@@ -146,6 +146,23 @@ impl Harness {
             .expect("update Function");
     }
 
+    /// `kubectl scale fn/<name> --replicas=<n>`, as an autoscaler writes it: through the
+    /// scale subresource on a real API server; the in-memory one has no subresources but
+    /// status, so there it is the spec field the subresource maps to.
+    async fn scale(&self, name: &str, replicas: i32) {
+        if self.fake.is_some() {
+            return self.update_spec(name, json!({"replicas": replicas})).await;
+        }
+        self.api::<Function>()
+            .patch_scale(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+            )
+            .await
+            .expect("patch the scale subresource");
+    }
+
     async fn function(&self, name: &str) -> Function {
         self.api::<Function>().get(name).await.expect("get Function")
     }
@@ -925,6 +942,38 @@ async fn replicas_zero_scales_to_zero(h: &Harness) {
     assert_eq!(h.jobs("hello").await.len(), 1, "scaling does not rebuild");
 }
 
+async fn scaling_a_function_scales_its_deployment(h: &Harness) {
+    let (_, module) = ready_function(h, "hello", json!({"source": HELLO})).await;
+    h.scale("hello", 3).await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(func.spec.replicas, 3, "the scale subresource writes spec.replicas");
+    let deployment = h.deployment("hello").await.unwrap();
+    assert_eq!(deployment.spec.as_ref().unwrap().replicas, Some(3));
+    assert_eq!(
+        template_annotation(&deployment, annotations::MODULE_DIGEST),
+        module.to_string()
+    );
+    // What an autoscaler reads to find the pods it measures: exactly the Deployment's.
+    let selector = status(&func).selector.expect("status.selector");
+    let match_labels = deployment.spec.as_ref().unwrap().selector.match_labels.clone().unwrap();
+    let expected: Vec<String> = match_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    assert_eq!(selector, expected.join(","));
+    if h.fake.is_none() {
+        let scale = h
+            .api::<Function>()
+            .get_scale("hello")
+            .await
+            .expect("get the scale subresource");
+        assert_eq!(scale.spec.and_then(|s| s.replicas), Some(3));
+        assert_eq!(scale.status.and_then(|s| s.selector), Some(selector));
+    }
+    // Reconciling again keeps what the autoscaler wrote, and does not rebuild.
+    let func = h.reconciled("hello").await;
+    assert_eq!(func.spec.replicas, 3);
+    assert_eq!(h.deployment("hello").await.unwrap().spec.unwrap().replicas, Some(3));
+    assert_eq!(h.jobs("hello").await.len(), 1, "scaling does not rebuild");
+}
+
 async fn everything_is_owned_by_the_function(h: &Harness) {
     let (func, _) = ready_function(h, "hello", json!({"source": HELLO})).await;
     let uid = func.uid().unwrap();
@@ -1187,6 +1236,7 @@ scenarios!(
     source_change_builds_once_and_rolls_out,
     failed_build_keeps_serving_previous_module,
     replicas_zero_scales_to_zero,
+    scaling_a_function_scales_its_deployment,
     everything_is_owned_by_the_function,
     bad_functions_are_reported_not_fatal,
     renamed_service_replaces_the_old_one,
@@ -1787,8 +1837,16 @@ fn crd_has_printer_columns_short_name_and_status() {
         .iter()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(columns, ["Language", "Phase", "Digest", "URL", "Age"]);
-    assert!(version.subresources.as_ref().unwrap().status.is_some());
+    assert_eq!(columns, ["Language", "Phase", "Ready", "Digest", "URL", "Age"]);
+    let subresources = version.subresources.as_ref().unwrap();
+    assert!(subresources.status.is_some());
+    let scale = subresources
+        .scale
+        .as_ref()
+        .expect("the scale subresource, for kubectl scale and HPAs");
+    assert_eq!(scale.spec_replicas_path, ".spec.replicas");
+    assert_eq!(scale.status_replicas_path, ".status.replicas");
+    assert_eq!(scale.label_selector_path.as_deref(), Some(".status.selector"));
 }
 
 // ---- install and images ----
