@@ -390,6 +390,43 @@ scale_and_autoscale() {
   ok
 }
 
+cli_deploy() {
+  step "wasmless deploy, get and logs: a URL that answers This works!, the compiler's message for a broken handler"
+  local wasmless=${CARGO_TARGET_DIR:-$HOME/.cache/wasmless/target}/release/wasmless ns=e2e-cli out url
+  kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+  out=$("$wasmless" deploy examples/hello-go -n "$ns" --timeout 10m)
+  echo "$out"
+  url=$(awk '/^From a node: / { print $4 }' <<<"$out")
+  [[ -n $url ]] || fail "wasmless deploy printed no address: $out"
+  expect_eq "$(get "$url")" "This works!" "GET of the URL wasmless deploy printed"
+  # A bare handler with a syntax error: a Function named after its directory, Failed.
+  mkdir -p "$WORK/broken-greeter"
+  printf 'package handlers
+
+import "net/http"
+
+func Handler(w http.ResponseWriter, r *http.Request) {
+	w.Write([]byte("hi")
+}
+' \
+    >"$WORK/broken-greeter/handler.go"
+  local status=0
+  out=$("$wasmless" deploy "$WORK/broken-greeter" -n "$ns" --timeout 10m 2>&1) || status=$?
+  echo "$out" | tail -3
+  [[ $status -ne 0 ]] || fail "wasmless deploy of a broken handler exited 0"
+  expect_contains "$out" "Function broken-greeter failed (BuildFailed)" "wasmless deploy's error"
+  expect_contains "$out" "syntax error" "the compiler's message"
+  out=$("$wasmless" get -n "$ns")
+  echo "$out"
+  expect_eq "$(awk '$1 == "hello" { print $2, $3, $4 }' <<<"$out")" "go Ready 1" "wasmless get's hello row"
+  expect_eq "$(awk '$1 == "broken-greeter" { print $3 }' <<<"$out")" "Failed" "wasmless get's broken-greeter row"
+  out=$("$wasmless" logs hello -n "$ns" --tail 5)
+  expect_contains "$out" '"message":"request"' "wasmless logs hello"
+  expect_contains "$out" "[hello-" "wasmless logs' pod prefix"
+  kubectl delete namespace "$ns" --wait=false >/dev/null
+  ok
+}
+
 least_privilege() {
   step "the operator's RBAC and admission policy: its own objects only, builder RBAC as written"
   echo "kubectl auth can-i --list --as=$OPERATOR_ACCOUNT -n $NS:"
@@ -512,7 +549,7 @@ namespaced_install() {
   ok
 }
 
-steps=(install_operator goless_sample new_pod_precompiled scale_and_autoscale least_privilege prometheus_scrapes port_clash rename_service rolling_update
+steps=(install_operator goless_sample new_pod_precompiled scale_and_autoscale cli_deploy least_privilege prometheus_scrapes port_clash rename_service rolling_update
   compile_error oci_storage failover delete_function build_deadline delete_during_build namespaced_install)
 # Steps build on each other; naming some (`e2e/run.sh install_operator goless_sample`) runs only those.
 for name in "${@:-${steps[@]}}"; do

@@ -1,3 +1,4 @@
+mod cluster;
 mod dev;
 mod function_file;
 
@@ -18,6 +19,12 @@ enum Command {
     Build(wasmless_builder::command::BuildArgs),
     /// Serve a module (wasmless-runtime).
     Serve(Box<wasmless_runtime::Config>),
+    /// Apply a Function to the current kubeconfig's cluster, follow its build, print its URL.
+    Deploy(cluster::deploy::DeployArgs),
+    /// List Functions, as `kubectl get fn` does.
+    Get(cluster::get::GetArgs),
+    /// Stream the request and handler log lines of a Function's pods.
+    Logs(cluster::logs::LogsArgs),
     /// Print the Function CustomResourceDefinition (`wasmless crd | kubectl apply -f -`).
     Crd,
 }
@@ -37,6 +44,9 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Deploy(args) => cluster::deploy::run(args).await,
+        Command::Get(args) => cluster::get::run(args).await,
+        Command::Logs(args) => cluster::logs::run(args).await,
         Command::Crd => {
             print!("{}", wasmless_operator::crd_yaml());
             Ok(())

@@ -1,0 +1,307 @@
+//! `wasmless deploy <function.yaml | dir | handler file>`: applies the Function (the file
+//! `kubectl apply` takes, or one made from a bare handler), follows its build with a
+//! spinner, and prints the URL once it is Ready, or the compiler's message if it failed.
+
+use super::{Target, explain};
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use wasmless_operator::Function;
+use wasmless_operator::crd::Phase;
+
+/// The field manager of what `deploy` applies, as `kubectl apply --server-side` uses its own.
+const FIELD_MANAGER: &str = "wasmless-cli";
+
+#[derive(clap::Args)]
+pub struct DeployArgs {
+    /// A function.yaml, a directory holding one (or one handler file), or a handler file
+    /// (handler.go, handler.rs, handler.wat).
+    pub path: PathBuf,
+    /// The Function's name, for a bare handler [default: its directory's name].
+    #[arg(long)]
+    pub name: Option<String>,
+    /// How long to wait for Ready before giving up (the build goes on).
+    #[arg(long, default_value = "10m", value_parser = wasmless_runtime::config::parse_duration)]
+    pub timeout: Duration,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
+    let mut function = manifest(&args.path, args.name.as_deref())?;
+    let name = function["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let target = Target {
+        namespace: args
+            .target
+            .namespace
+            .clone()
+            .or_else(|| function["metadata"]["namespace"].as_str().map(String::from)),
+    };
+    let (client, namespace) = target.connect().await?;
+    function["metadata"]["namespace"] = json!(namespace);
+    let api: Api<Function> = Api::namespaced(client.clone(), &namespace);
+    let applied = api
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&function),
+        )
+        .await
+        .map_err(|e| explain(e, &format!("applying Function {name} in namespace {namespace}")))?;
+    let generation = applied.metadata.generation.unwrap_or_default();
+
+    let spinner = ProgressBar::new_spinner().with_style(ProgressStyle::with_template("{spinner} {msg}").unwrap());
+    spinner.enable_steady_tick(Duration::from_millis(100));
+    spinner.set_message(format!("{name}: applied, waiting for the operator"));
+    let deadline = tokio::time::Instant::now() + args.timeout;
+    let ready = loop {
+        let current = api
+            .get(&name)
+            .await
+            .map_err(|e| explain(e, &format!("reading Function {name}")))?;
+        let status = current.status.clone().unwrap_or_default();
+        let observed = status.observed_generation.unwrap_or_default() >= generation;
+        match status.phase.filter(|_| observed) {
+            Some(Phase::Ready) => break current,
+            Some(Phase::Failed) => {
+                spinner.finish_and_clear();
+                let reason = condition(&status, "Built")
+                    .map(|c| c.reason.clone())
+                    .unwrap_or_default();
+                bail!(
+                    "Function {name} failed ({reason}):\n{}",
+                    status.build_message.unwrap_or_default().trim_end()
+                );
+            }
+            phase => spinner.set_message(progress(&name, phase, &status)),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            spinner.finish_and_clear();
+            bail!(
+                "Function {name} is not Ready after {:?} ({}); the operator goes on: follow it with `wasmless get {name}`",
+                args.timeout,
+                progress(&name, status.phase, &status)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    spinner.finish_and_clear();
+    let status = ready.status.unwrap_or_default();
+    println!(
+        "{name} is Ready: module {}, {} ready replica(s)",
+        status.module_digest_short.as_deref().unwrap_or("-"),
+        status.ready_replicas.unwrap_or_default()
+    );
+    println!("URL: {}", status.url.as_deref().unwrap_or("-"));
+    // The in-cluster name resolves only in pods; a node reaches the Service's address.
+    let service = ready.spec.service.clone().unwrap_or_else(|| name.clone());
+    if let Ok(svc) = Api::<Service>::namespaced(client, &namespace).get(&service).await
+        && let Some(spec) = svc.spec
+        && let Some(ip) = spec.cluster_ip.filter(|ip| ip != "None")
+    {
+        println!("From a node: http://{ip}:{}/", ready.spec.server_port);
+    }
+    Ok(())
+}
+
+fn condition<'a>(
+    status: &'a wasmless_operator::FunctionStatus,
+    kind: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    status.conditions.iter().find(|c| c.type_ == kind)
+}
+
+/// The spinner's line: the phase and what the condition that holds it back says.
+fn progress(name: &str, phase: Option<Phase>, status: &wasmless_operator::FunctionStatus) -> String {
+    let phase = phase.map(Phase::as_str).unwrap_or("Pending");
+    let why = match phase {
+        "Building" | "Pending" if condition(status, "Built").is_some_and(|c| c.status != "True") => {
+            condition(status, "Built")
+        }
+        _ => condition(status, "Ready"),
+    };
+    match why {
+        Some(c) if !c.message.is_empty() => format!("{name}: {phase}: {}", c.message),
+        _ => format!("{name}: {phase}"),
+    }
+}
+
+/// The Function to apply, as JSON: a function.yaml as written (so `deploy` owns only the
+/// fields it names, and an autoscaler's `replicas` is left alone), or one made from a
+/// bare handler. Checked here first, so a mistake is reported before anything is sent.
+pub fn manifest(path: &Path, name: Option<&str>) -> anyhow::Result<Value> {
+    let yaml = if path.is_dir() && path.join("function.yaml").exists() {
+        Some(path.join("function.yaml"))
+    } else if matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
+        Some(path.to_path_buf())
+    } else {
+        None
+    };
+    let mut function = match yaml {
+        Some(yaml) => {
+            let text = std::fs::read_to_string(&yaml).with_context(|| format!("cannot read {}", yaml.display()))?;
+            let value: Value =
+                serde_yaml::from_str(&text).with_context(|| format!("{} is not YAML", yaml.display()))?;
+            if value["apiVersion"] != "wasmless.io/v1alpha1" || value["kind"] != "Function" {
+                bail!(
+                    "{} is not a Function: it needs `apiVersion: wasmless.io/v1alpha1` and `kind: Function`",
+                    yaml.display()
+                );
+            }
+            value
+        }
+        None => from_handler(path)?,
+    };
+    if let Some(name) = name {
+        function["metadata"]["name"] = json!(name);
+    }
+    let parsed: Function = serde_json::from_value(function.clone())
+        .with_context(|| format!("{} does not describe a Function", path.display()))?;
+    let name = parsed.metadata.name.clone().unwrap_or_default();
+    let mut problems: Vec<String> = wasmless_operator::crd::name_problem(&name).into_iter().collect();
+    problems.extend(parsed.spec.problems());
+    if !problems.is_empty() {
+        bail!("{}: {}", path.display(), problems.join("; "));
+    }
+    Ok(function)
+}
+
+/// A Function around a handler file, or the one handler file of a directory, named after
+/// its directory.
+fn from_handler(path: &Path) -> anyhow::Result<Value> {
+    let file = if path.is_dir() {
+        let found: Vec<PathBuf> = ["handler.go", "handler.rs", "handler.wat", "lib.rs"]
+            .iter()
+            .map(|n| path.join(n))
+            .filter(|p| p.exists())
+            .collect();
+        match found.as_slice() {
+            [one] => one.clone(),
+            [] => bail!(
+                "{} has no function.yaml and no handler.go, handler.rs or handler.wat",
+                path.display()
+            ),
+            _ => bail!("{} has several handler files: name the one to deploy", path.display()),
+        }
+    } else {
+        path.to_path_buf()
+    };
+    let language = match file.extension().and_then(|e| e.to_str()) {
+        Some("go") => "go",
+        Some("rs") => "rust",
+        Some("wat") => "wat",
+        Some("wasm") => bail!(
+            "{}: a prebuilt module is deployed from an OCI registry (`spec.module`), not from a file",
+            file.display()
+        ),
+        _ => bail!(
+            "cannot tell the language of {}: use .go, .rs, .wat or a function.yaml",
+            file.display()
+        ),
+    };
+    let source = std::fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
+    let directory = file
+        .canonicalize()
+        .ok()
+        .and_then(|f| {
+            f.parent()
+                .and_then(|d| d.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default();
+    Ok(json!({
+        "apiVersion": "wasmless.io/v1alpha1",
+        "kind": "Function",
+        "metadata": {"name": dns_label(&directory)},
+        "spec": {"language": language, "source": source},
+    }))
+}
+
+/// A directory's name as a Function name: lower case, other characters as `-`.
+fn dns_label(text: &str) -> String {
+    let mapped: String = text
+        .to_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_lowercase() || c.is_ascii_digit() {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let trimmed = mapped.trim_matches(|c: char| c == '-' || c.is_ascii_digit());
+    if trimmed.is_empty() {
+        "function".into()
+    } else {
+        trimmed.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_function_yaml_is_applied_as_written() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let function = manifest(&root.join("examples/hello-go"), None).unwrap();
+        assert_eq!(function["metadata"]["name"], "hello");
+        assert_eq!(function["spec"]["serverPort"], 9000);
+        assert!(
+            function["spec"].get("replicas").is_none(),
+            "no default is added, so deploy never owns (and resets) an autoscaler's replicas"
+        );
+    }
+
+    #[test]
+    fn a_bare_handler_becomes_a_function_named_after_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let project = dir.path().join("My_Greeter");
+        std::fs::create_dir(&project).unwrap();
+        let handler =
+            "package handlers\n\nimport \"net/http\"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {}\n";
+        std::fs::write(project.join("handler.go"), handler).unwrap();
+        for path in [project.clone(), project.join("handler.go")] {
+            let function = manifest(&path, None).unwrap();
+            assert_eq!(function["metadata"]["name"], "my-greeter");
+            assert_eq!(function["spec"]["language"], "go");
+            assert_eq!(function["spec"]["source"], handler);
+        }
+        let renamed = manifest(&project, Some("greeter")).unwrap();
+        assert_eq!(renamed["metadata"]["name"], "greeter");
+    }
+
+    #[test]
+    fn mistakes_are_reported_before_anything_is_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        let cases = [
+            (write("main.go", "package main\n\nfunc main() {}\n"), "package main"),
+            (write("notes.txt", "hello"), "cannot tell the language"),
+            (
+                write("pod.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n"),
+                "is not a Function",
+            ),
+            (
+                write(
+                    "empty.yaml",
+                    "apiVersion: wasmless.io/v1alpha1\nkind: Function\nmetadata: {name: empty}\nspec: {source: \"  \"}\n",
+                ),
+                "source is empty",
+            ),
+        ];
+        for (path, expected) in cases {
+            let error = format!("{:#}", manifest(&path, None).unwrap_err());
+            assert!(error.contains(expected), "{}: {error}", path.display());
+        }
+    }
+}

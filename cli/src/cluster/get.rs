@@ -1,0 +1,90 @@
+//! `wasmless get`: the Functions of a namespace, as `kubectl get fn` prints them.
+
+use super::{Target, explain};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, ListParams};
+use wasmless_operator::Function;
+
+#[derive(clap::Args)]
+pub struct GetArgs {
+    /// Only this Function.
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+pub async fn run(args: GetArgs) -> anyhow::Result<()> {
+    let (client, namespace) = args.target.connect().await?;
+    let api: Api<Function> = Api::namespaced(client, &namespace);
+    let functions = match &args.name {
+        Some(name) => vec![
+            api.get(name)
+                .await
+                .map_err(|e| explain(e, &format!("reading Function {name}")))?,
+        ],
+        None => {
+            api.list(&ListParams::default())
+                .await
+                .map_err(|e| explain(e, "listing Functions"))?
+                .items
+        }
+    };
+    if functions.is_empty() {
+        eprintln!("no Functions in namespace {namespace}");
+        return Ok(());
+    }
+    print!("{}", table(&functions, Timestamp::now()));
+    Ok(())
+}
+
+/// The columns of the CRD's printer columns, in their order.
+pub fn table(functions: &[Function], now: Timestamp) -> String {
+    let header = ["NAME", "LANGUAGE", "PHASE", "READY", "DIGEST", "URL", "AGE"].map(String::from);
+    let rows: Vec<[String; 7]> = functions
+        .iter()
+        .map(|f| {
+            let status = f.status.clone().unwrap_or_default();
+            let dash = || "-".to_string();
+            [
+                f.metadata.name.clone().unwrap_or_default(),
+                f.spec.language.as_str().to_string(),
+                status.phase.map(|p| p.as_str().to_string()).unwrap_or_else(dash),
+                status.ready_replicas.map(|r| r.to_string()).unwrap_or_else(dash),
+                status.module_digest_short.unwrap_or_else(dash),
+                status.url.unwrap_or_else(dash),
+                f.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| age(now.duration_since(t.0)))
+                    .unwrap_or_else(dash),
+            ]
+        })
+        .collect();
+    let widths: Vec<usize> = (0..7)
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].len())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in std::iter::once(&header).chain(&rows) {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        out.push_str(cells.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// An age as kubectl shows it: `42s`, `7m`, `3h`, `12d`.
+fn age(elapsed: SignedDuration) -> String {
+    let seconds = elapsed.as_secs().max(0);
+    match seconds {
+        s if s < 120 => format!("{s}s"),
+        s if s < 2 * 3600 => format!("{}m", s / 60),
+        s if s < 2 * 86400 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
