@@ -6,7 +6,8 @@ use super::{Target, explain};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -89,6 +90,24 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
+    // Ready means the pods are available; the Service routes to them once their endpoints
+    // are published, which can come a moment later for a new Service.
+    let service = ready.spec.service.clone().unwrap_or_else(|| name.clone());
+    spinner.set_message(format!("{name}: Ready, waiting for Service {service} to list its pods"));
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
+    let by_service = ListParams::default().labels(&format!("kubernetes.io/service-name={service}"));
+    let endpoints_deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::time::Instant::now() < endpoints_deadline {
+        let listed = slices.list(&by_service).await.map(|l| l.items).unwrap_or_default();
+        if listed
+            .iter()
+            .flat_map(|slice| &slice.endpoints)
+            .any(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     spinner.finish_and_clear();
     let status = ready.status.unwrap_or_default();
     println!(
@@ -98,7 +117,6 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
     );
     println!("URL: {}", status.url.as_deref().unwrap_or("-"));
     // The in-cluster name resolves only in pods; a node reaches the Service's address.
-    let service = ready.spec.service.clone().unwrap_or_else(|| name.clone());
     if let Ok(svc) = Api::<Service>::namespaced(client, &namespace).get(&service).await
         && let Some(spec) = svc.spec
         && let Some(ip) = spec.cluster_ip.filter(|ip| ip != "None")
