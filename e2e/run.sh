@@ -418,6 +418,7 @@ func Handler(w http.ResponseWriter, r *http.Request) {
   [[ $status -ne 0 ]] || fail "wasmless deploy of a broken handler exited 0"
   expect_contains "$out" "Function broken-greeter failed (BuildFailed)" "wasmless deploy's error"
   expect_contains "$out" "syntax error" "the compiler's message"
+  [[ $out != *backtrace* ]] || fail "wasmless deploy printed a backtrace: $out"
   out=$("$wasmless" get -n "$ns")
   echo "$out"
   expect_eq "$(awk '$1 == "hello" { print $2, $3, $4 }' <<<"$out")" "go Ready 1" "wasmless get's hello row"
