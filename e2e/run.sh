@@ -221,11 +221,20 @@ prometheus_scrapes() {
   "$prometheus" --config.file "$WORK/prometheus.yml" --storage.tsdb.path "$WORK/prometheus" \
     --web.listen-address "127.0.0.1:$port" >"$WORK/prometheus.log" 2>&1 &
   PIDS+=($!)
-  # One request was sent in the step before; these make it `sent + 1`.
+  # The pods count what they served since they started, and earlier steps scale hello up
+  # and down: what Prometheus sees first is the baseline, the requests sent add to it.
+  value_of() {
+    curl -fsS "http://127.0.0.1:$port/api/v1/query" --data-urlencode "query=$1" |
+      python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else "none")'
+  }
+  wait_until 90 "Prometheus to scrape hello's pods" \
+    eval '[[ $(value_of "count(wasmless_module_info{function=\"hello\"})") != none ]]'
+  local query='sum(wasmless_requests_total{function="hello"})' baseline
+  baseline=$(value_of "$query")
+  [[ $baseline == none ]] && baseline=0
   local url
   url=$(service_url hello)
   for ((i = 0; i < sent; i++)); do get "$url" >/dev/null; done
-  local query='sum(wasmless_requests_total{function="hello"})'
   scraped_within() {
     local deadline=$((SECONDS + $1))
     until scraped 2>/dev/null; do
@@ -235,10 +244,9 @@ prometheus_scrapes() {
   }
   scraped() {
     local value
-    value=$(curl -fsS "http://127.0.0.1:$port/api/v1/query" --data-urlencode "query=$query" |
-      python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else "none")')
-    echo "$query = $value" >"$WORK/scraped"
-    [[ $value == "$((sent + 1))" ]]
+    value=$(value_of "$query")
+    echo "$query = $value (baseline $baseline, $sent sent)" >"$WORK/scraped"
+    [[ $value == "$((baseline + sent))" ]]
   }
   if ! scraped_within 90; then
     tail -20 "$WORK/prometheus.log"
