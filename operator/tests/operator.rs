@@ -1482,19 +1482,15 @@ async fn oci_storage_publishes_to_the_registry_and_serves_by_reference() {
     assert!(has_flag(&args, "--code-digest", &code.to_string()), "{args:?}");
 }
 
+/// The operator's Lease as replica `who` holds it, on the in-memory API server.
+fn operator_lease(fake: &FakeApiServer, who: &str, ttl: Duration) -> wasmless_operator::leader::LeaseLock {
+    wasmless_operator::leader::LeaseLock::new(fake.client(), "wasmless-system", "wasmless-operator", who, ttl)
+}
+
 #[tokio::test]
 async fn only_one_replica_holds_the_lease_until_it_expires() {
-    use wasmless_operator::leader::LeaseLock;
     let fake = FakeApiServer::new();
-    let lease = |who: &str| {
-        LeaseLock::new(
-            fake.client(),
-            "wasmless-system",
-            "wasmless-operator",
-            who,
-            Duration::from_secs(1),
-        )
-    };
+    let lease = |who: &str| operator_lease(&fake, who, Duration::from_secs(1));
     let (a, b) = (lease("a"), lease("b"));
     assert!(a.try_acquire_or_renew().await.unwrap(), "a takes the free lease");
     assert!(!b.try_acquire_or_renew().await.unwrap(), "b waits while a holds it");
@@ -1509,15 +1505,8 @@ async fn only_one_replica_holds_the_lease_until_it_expires() {
 
 #[tokio::test]
 async fn a_hung_renewal_gives_up_leadership_before_the_lease_expires() {
-    use wasmless_operator::leader::LeaseLock;
     let fake = FakeApiServer::new();
-    let lease = LeaseLock::new(
-        fake.client(),
-        "wasmless-system",
-        "wasmless-operator",
-        "a",
-        Duration::from_secs(3),
-    );
+    let lease = operator_lease(&fake, "a", Duration::from_secs(3));
     assert!(lease.try_acquire_or_renew().await.unwrap());
     let renewed = std::time::Instant::now();
     // The API server stops answering (a half-open connection): renewals never return.
@@ -1535,17 +1524,8 @@ async fn a_hung_renewal_gives_up_leadership_before_the_lease_expires() {
 
 #[tokio::test]
 async fn a_released_lease_is_taken_at_once() {
-    use wasmless_operator::leader::LeaseLock;
     let fake = FakeApiServer::new();
-    let lease = |who: &str| {
-        LeaseLock::new(
-            fake.client(),
-            "wasmless-system",
-            "wasmless-operator",
-            who,
-            Duration::from_secs(60),
-        )
-    };
+    let lease = |who: &str| operator_lease(&fake, who, Duration::from_secs(60));
     let (a, b) = (lease("a"), lease("b"));
     assert!(a.try_acquire_or_renew().await.unwrap());
     assert!(!b.try_acquire_or_renew().await.unwrap(), "held for a minute");
@@ -1562,15 +1542,8 @@ async fn a_released_lease_is_taken_at_once() {
 
 #[tokio::test]
 async fn an_api_error_while_acquiring_is_retried() {
-    use wasmless_operator::leader::LeaseLock;
     let fake = FakeApiServer::new();
-    let lease = LeaseLock::new(
-        fake.client(),
-        "wasmless-system",
-        "wasmless-operator",
-        "a",
-        Duration::from_secs(1),
-    );
+    let lease = operator_lease(&fake, "a", Duration::from_secs(1));
     fake.fail(http::Method::GET, "/leases/", 2);
     tokio::time::timeout(Duration::from_secs(5), lease.acquire())
         .await
@@ -1905,7 +1878,6 @@ fn granted(objects: &[Value]) -> std::collections::BTreeSet<(String, String)> {
 /// renamed Service, and the Lease taken, renewed and released. `(resource, verb)` of each
 /// request the operator sent.
 async fn what_the_operator_uses() -> std::collections::BTreeSet<(String, String)> {
-    use wasmless_operator::leader::LeaseLock;
     let fake = FakeApiServer::new();
     let tests = fake.as_user("tests");
     let h = Harness {
@@ -1966,13 +1938,7 @@ async fn what_the_operator_uses() -> std::collections::BTreeSet<(String, String)
     assert_eq!(h.jobs("hello").await.len(), 1, "the failed build was collected");
     assert!(h.api::<Service>().get_opt("hello").await.unwrap().is_none(), "renamed");
 
-    let lease = LeaseLock::new(
-        fake.client(),
-        "wasmless-system",
-        "wasmless-operator",
-        "a",
-        Duration::from_secs(15),
-    );
+    let lease = operator_lease(&fake, "a", Duration::from_secs(15));
     lease.acquire().await;
     assert!(lease.try_acquire_or_renew().await.unwrap());
     lease.release().await;
