@@ -107,9 +107,44 @@ pub fn compiler_config(target: &CompileTarget) -> wasmtime::Result<Config> {
 pub fn build_engine(limits: &RequestLimits, target: &CompileTarget) -> wasmtime::Result<Engine> {
     let mut config = compiler_config(target)?;
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling_config(limits)));
+    if CODE_RUNS_IN_PLACE {
+        config.with_custom_code_memory(Some(std::sync::Arc::new(ExecutableInPlace)));
+    }
     let engine = Engine::new(&config)?;
     start_epoch_ticker(&engine);
     Ok(engine)
+}
+
+/// Whether precompiled code runs where it was decoded (`Module::deserialize_raw`), which
+/// needs [`ExecutableInPlace`]: on x86-64 Linux, where the instruction cache needs no
+/// flushing after code is written. Elsewhere wasmtime copies the code into memory of its own.
+pub const CODE_RUNS_IN_PLACE: bool = cfg!(all(target_os = "linux", target_arch = "x86_64"));
+
+/// Makes a range of code executable, and writable again, with `mprotect`: what wasmtime
+/// does for the memory it maps itself, done for memory it was handed
+/// (`deserialize_raw` of a decoded code artifact, saving a copy of 10+ MB on a new pod's
+/// start). W^X holds: a range is never writable and executable at once.
+struct ExecutableInPlace;
+
+impl wasmtime::CustomCodeMemory for ExecutableInPlace {
+    fn required_alignment(&self) -> usize {
+        rustix::param::page_size()
+    }
+
+    fn publish_executable(&self, ptr: *const u8, len: usize) -> wasmtime::Result<()> {
+        use rustix::mm::MprotectFlags;
+        // SAFETY: wasmtime hands over a page-aligned range of code it owns and has finished
+        // writing; nothing else holds a writable reference to it.
+        unsafe { rustix::mm::mprotect(ptr.cast_mut().cast(), len, MprotectFlags::READ | MprotectFlags::EXEC) }
+            .map_err(|e| wasmtime::Error::msg(format!("cannot make {len} bytes of code executable: {e}")))
+    }
+
+    fn unpublish_executable(&self, ptr: *const u8, len: usize) -> wasmtime::Result<()> {
+        use rustix::mm::MprotectFlags;
+        // SAFETY: wasmtime guarantees no code runs from this range any more.
+        unsafe { rustix::mm::mprotect(ptr.cast_mut().cast(), len, MprotectFlags::READ | MprotectFlags::WRITE) }
+            .map_err(|e| wasmtime::Error::msg(format!("cannot make {len} bytes of code writable: {e}")))
+    }
 }
 
 /// Hex sha256 over `Engine::precompile_compatibility_hash()`: wasmtime's version, the

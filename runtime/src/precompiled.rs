@@ -177,28 +177,40 @@ pub fn open(
     // SAFETY: the bytes are the pinned artifact (digest checked by `ModuleSource::load_code`), made
     // by the builder from the pinned module for an engine whose compatibility hash equals
     // this one's, and wasmtime checks the ELF header, flags and this CPU again as it loads
-    // them (into memory of its own: the image is unmapped after).
+    // them. In place (`deserialize_raw`), the image's pages become the code: the image is
+    // then kept for the life of the process (below). Otherwise wasmtime copies the code
+    // into memory of its own and the image is unmapped after.
     let loaded = unsafe {
-        let code = image.code();
-        match header.kind {
-            CodeKind::Component => {
-                Component::deserialize(engine, code).map(|c| (Compiled::Component(c), Abi::HttpComponent))
+        match (header.kind, engine::CODE_RUNS_IN_PLACE) {
+            (CodeKind::Component, true) => Component::deserialize_raw(engine, image.code_in_place())
+                .map(|c| (Compiled::Component(c), Abi::HttpComponent)),
+            (CodeKind::Module, true) => wasmtime::Module::deserialize_raw(engine, image.code_in_place())
+                .map(|m| (Compiled::Module(m), Abi::CgiCommand)),
+            (CodeKind::Component, false) => {
+                Component::deserialize(engine, image.code()).map(|c| (Compiled::Component(c), Abi::HttpComponent))
             }
-            CodeKind::Module => {
-                wasmtime::Module::deserialize(engine, code).map(|m| (Compiled::Module(m), Abi::CgiCommand))
+            (CodeKind::Module, false) => {
+                wasmtime::Module::deserialize(engine, image.code()).map(|m| (Compiled::Module(m), Abi::CgiCommand))
             }
         }
     };
+    if loaded.is_ok() && engine::CODE_RUNS_IN_PLACE {
+        // The module (and every instance and clone of it) runs from these pages, and
+        // wasmtime does not say when the last of them is gone: they stay mapped until the
+        // process exits, as a binary's own code does. One image per process: a module
+        // swapped in later is compiled into wasmtime's own memory.
+        std::mem::forget(image);
+    }
     Ok(match loaded {
         Ok((compiled, abi)) => Opened::Loaded(compiled, abi),
         Err(error) => Opened::Fallback(Fallback::Deserialize(format!("{error:#}"))),
     })
 }
 
-/// The decompressed artifact in an anonymous mapping of its own, returned to the system as
-/// soon as wasmtime has taken the code. The code (after the 64 KiB header block) is
-/// page-aligned, so `Module::deserialize_raw` could run it in place, saving one copy of
-/// 10+ MB; that needs a `CustomCodeMemory` to make it executable, not done yet.
+/// The decompressed artifact in an anonymous mapping of its own. The code (after the 64 KiB
+/// header block) is page-aligned, so `deserialize_raw` runs it in place, saving a copy of
+/// 10+ MB (the engine's `ExecutableInPlace` makes its text executable); where that is not
+/// available, wasmtime copies the code and the mapping is returned to the system.
 struct CodeImage {
     memory: NonNull<u8>,
     len: usize,
@@ -234,6 +246,13 @@ impl CodeImage {
         let out = unsafe { std::slice::from_raw_parts_mut(image.memory.as_ptr(), len) };
         image.header = decode_code_into(verified, out)?;
         Ok(image)
+    }
+
+    /// The `.cwasm` bytes, for wasmtime to run where they are.
+    fn code_in_place(&self) -> NonNull<[u8]> {
+        // SAFETY: as for `code`; the pointer stays inside the mapping.
+        let start = unsafe { self.memory.add(CODE_HEADER_BYTES) };
+        NonNull::slice_from_raw_parts(start, self.len - CODE_HEADER_BYTES)
     }
 
     fn code(&self) -> &[u8] {
