@@ -10,9 +10,9 @@ use k8s_openapi::api::batch::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort,
-    EmptyDirVolumeSource, EnvVar, HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ProjectedVolumeSource, SeccompProfile, SecurityContext, Service, ServiceAccount,
-    ServicePort, ServiceSpec, SleepAction, Volume, VolumeMount, VolumeProjection,
+    EmptyDirVolumeSource, EnvVar, HTTPGetAction, KeyToPath, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ProjectedVolumeSource, SeccompProfile, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Volume,
+    VolumeMount, VolumeProjection,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -40,10 +40,16 @@ pub const CODE_CHUNK_COUNT_ANNOTATION: &str = "wasmless.io/code-chunk-count";
 pub const SOURCE_KEY: &str = "source";
 
 pub const HTTP_PORT: i32 = 8080;
-/// How long a terminating runtime pod keeps serving before it is sent SIGTERM: the time
-/// kube-proxy (and any other endpoint watcher) needs to stop routing new requests to it.
-/// Without it a rolling update refuses the requests that are still routed to old pods.
-pub const ENDPOINT_REMOVAL_DELAY_SECONDS: i64 = 5;
+/// How long a terminating runtime pod keeps accepting and serving after SIGTERM (the
+/// runtime's `--drain-delay`, with readiness already false): the time kube-proxy (and any
+/// other endpoint watcher) needs to stop routing new requests to it. Without it a rolling
+/// update refuses the requests that are still routed to old pods.
+pub const DRAIN_DELAY_SECONDS: i64 = 5;
+/// Then the time requests in flight get to finish (the runtime's `--shutdown-grace`).
+pub const SHUTDOWN_GRACE_SECONDS: i64 = 30;
+/// The pod's `terminationGracePeriodSeconds`: above the drain delay and the grace
+/// together, so the kubelet's SIGKILL never cuts a drain short.
+pub const TERMINATION_GRACE_PERIOD_SECONDS: i64 = DRAIN_DELAY_SECONDS + SHUTDOWN_GRACE_SECONDS + 5;
 /// Environment variable naming registries spoken to over plain HTTP (builder and runtime).
 pub const OCI_PLAIN_HTTP_ENV: &str = "WASMLESS_OCI_PLAIN_HTTP";
 pub const ADMIN_PORT: i32 = 9090;
@@ -416,6 +422,10 @@ pub fn deployment(func: &Function, settings: &Settings, module: &Module) -> Depl
         // carry the source digest): there is nothing to watch for.
         "--watch-interval".into(),
         "0".into(),
+        "--drain-delay".into(),
+        format!("{DRAIN_DELAY_SECONDS}s"),
+        "--shutdown-grace".into(),
+        format!("{SHUTDOWN_GRACE_SECONDS}s"),
     ];
     for var in &spec.env {
         args.push("--env".into());
@@ -504,15 +514,6 @@ pub fn deployment(func: &Function, settings: &Settings, module: &Module) -> Depl
         ]),
         readiness_probe: Some(probe("/readyz", 2)),
         liveness_probe: Some(probe("/healthz", 10)),
-        lifecycle: Some(Lifecycle {
-            pre_stop: Some(LifecycleHandler {
-                sleep: Some(SleepAction {
-                    seconds: ENDPOINT_REMOVAL_DELAY_SECONDS,
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
         env: Some(oci_plain_http_env(settings).collect()).filter(|env: &Vec<EnvVar>| !env.is_empty()),
         resources: spec.resources.clone(),
         security_context: Some(restricted_container_security()),
@@ -548,6 +549,8 @@ pub fn deployment(func: &Function, settings: &Settings, module: &Module) -> Depl
                     enable_service_links: Some(false),
                     security_context: Some(restricted_pod_security()),
                     containers: vec![container],
+                    // No preStop sleep: the runtime's own drain delay keeps it serving.
+                    termination_grace_period_seconds: Some(TERMINATION_GRACE_PERIOD_SECONDS),
                     volumes: Some(volumes),
                     ..Default::default()
                 }),

@@ -700,6 +700,15 @@ async fn finished_build_rolls_out_and_becomes_ready(h: &Harness) {
     assert_eq!(flag("--env"), "GREETING=hi");
     assert_eq!(flag("--cache-dir"), "/cache");
     assert_eq!(flag("--watch-interval"), "0", "a pinned module is not polled");
+    // Graceful termination: the runtime serves on for the drain delay (endpoints are
+    // removed asynchronously), then drains; the kubelet waits longer than both.
+    assert_eq!(flag("--drain-delay"), "5s");
+    assert_eq!(flag("--shutdown-grace"), "30s");
+    assert_eq!(pod.termination_grace_period_seconds, Some(40));
+    assert!(
+        runtime.lifecycle.as_ref().is_none_or(|l| l.pre_stop.is_none()),
+        "the drain delay replaces the preStop sleep"
+    );
     assert!(
         !args.contains(&"--code".to_string()),
         "a build without compiled code (an older builder's) serves the module alone: {args:?}"

@@ -81,9 +81,44 @@ pub struct Config {
     #[arg(long, env = "WASMLESS_WATCH_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub watch_interval: Duration,
 
-    /// Time in-flight requests get to finish after SIGTERM.
+    /// Time in-flight requests get to finish once the runtime stops accepting (after
+    /// SIGTERM and the drain delay).
     #[arg(long, env = "WASMLESS_SHUTDOWN_GRACE", default_value = "30s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+
+    /// After SIGTERM, how long to keep accepting and serving (with readiness false and
+    /// `Connection: close` on every response) before closing the listener: the time load
+    /// balancers need to stop routing here. The operator sets 5s.
+    #[arg(long, env = "WASMLESS_DRAIN_DELAY", default_value = "0s", value_parser = parse_duration)]
+    pub drain_delay: Duration,
+
+    /// Time a client has to send a request's headers, from its first byte (or from
+    /// connecting); then the connection is closed.
+    #[arg(long, env = "WASMLESS_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_nonzero_duration)]
+    pub header_read_timeout: Duration,
+
+    /// Time a client has to send a request's whole body; then it gets a 408.
+    #[arg(long, env = "WASMLESS_BODY_READ_TIMEOUT", default_value = "30s", value_parser = parse_nonzero_duration)]
+    pub body_read_timeout: Duration,
+
+    /// Time a keep-alive connection may sit idle between requests before it is closed.
+    #[arg(long, env = "WASMLESS_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_nonzero_duration)]
+    pub idle_timeout: Duration,
+
+    /// Largest request line and header block; larger gets a 431 (e.g. `64Ki`).
+    #[arg(long, env = "WASMLESS_MAX_HEADER_SIZE", default_value = "64Ki", value_parser = parse_header_size)]
+    pub max_header_size: u64,
+
+    /// Connections open at once on the function's port; more are answered 503 and closed.
+    #[arg(long, env = "WASMLESS_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: u32,
+
+    /// Request body bytes being received at once, across all requests (each request
+    /// reserves its Content-Length, or `--max-request-body` when it has none); a body
+    /// that does not fit gets a 503. The concurrency permit is taken only once the body
+    /// is in, so slow uploads cannot hold it.
+    #[arg(long, env = "WASMLESS_UPLOAD_BUDGET", default_value = "64Mi", value_parser = parse_bytes)]
+    pub upload_budget: u64,
 }
 
 impl Config {
@@ -140,6 +175,22 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(seconds).map_err(|_| format!("{text:?} is out of range"))
 }
 
+fn parse_nonzero_duration(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        Duration::ZERO => Err(format!("{text:?} must be more than zero")),
+        duration => Ok(duration),
+    }
+}
+
+/// hyper cannot parse a request line in less, and a header block over 16 MiB is no
+/// header block.
+fn parse_header_size(text: &str) -> Result<u64, String> {
+    match parse_bytes(text)? {
+        size @ 1024..=0x100_0000 => Ok(size),
+        _ => Err(format!("{text:?} is out of range: between 1Ki and 16Mi")),
+    }
+}
+
 fn parse_env_pair(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
@@ -168,6 +219,43 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
         assert!(parse_duration("10 parsecs").is_err());
+    }
+
+    #[test]
+    fn edge_limits_refuse_nonsense() {
+        assert!(parse_nonzero_duration("0s").is_err());
+        assert_eq!(parse_nonzero_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_header_size("64Ki"), Ok(64 << 10));
+        assert!(parse_header_size("100").is_err());
+        assert!(parse_header_size("1Gi").is_err());
+    }
+
+    #[test]
+    fn edge_limits_have_defaults_and_env_twins() {
+        let config = Config::parse_from(["wasmless-runtime", "--module", "m.wasm"]);
+        assert_eq!(config.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(config.body_read_timeout, Duration::from_secs(30));
+        assert_eq!(config.idle_timeout, Duration::from_secs(60));
+        assert_eq!(config.max_header_size, 64 << 10);
+        assert_eq!(config.max_connections, 1024);
+        assert_eq!(config.upload_budget, 64 << 20);
+        assert_eq!(config.drain_delay, Duration::ZERO);
+        let command = <Config as clap::CommandFactory>::command();
+        for flag in [
+            "header_read_timeout",
+            "body_read_timeout",
+            "idle_timeout",
+            "max_header_size",
+            "max_connections",
+            "upload_budget",
+            "drain_delay",
+        ] {
+            let arg = command.get_arguments().find(|a| a.get_id() == flag).unwrap();
+            assert_eq!(
+                arg.get_env().and_then(|e| e.to_str()),
+                Some(format!("WASMLESS_{}", flag.to_uppercase()).as_str())
+            );
+        }
     }
 
     #[test]

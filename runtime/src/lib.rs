@@ -9,6 +9,7 @@
 pub mod abi;
 pub mod compile;
 pub mod config;
+pub mod edge;
 pub mod engine;
 pub mod handler;
 pub mod limits;
@@ -56,8 +57,9 @@ pub struct Bound {
     pub admin: SocketAddr,
 }
 
-/// Serves `config` until `shutdown` resolves, then lets requests in flight finish
-/// (for at most `--shutdown-grace`). `on_bound` hears the addresses once serving.
+/// Serves `config` until `shutdown` resolves, then serves on for `--drain-delay` (not
+/// ready, closing every keep-alive connection after its next response), stops accepting
+/// and lets requests in flight finish (for at most `--shutdown-grace`). `on_bound` hears the addresses once serving.
 pub async fn serve(
     config: Config,
     shutdown: impl Future<Output = ()> + Send,
@@ -110,7 +112,14 @@ pub async fn serve(
 
     let listener = bind(config.listen_addr()).await?;
     let function_addr = listener.local_addr()?;
-    let state = FunctionState::new(handler, loader, metrics, &config.function, function_addr.port());
+    let state = FunctionState::new(
+        handler,
+        loader,
+        metrics.clone(),
+        &config.function,
+        function_addr.port(),
+        server::Uploads::from_config(&config),
+    );
     if !config.watch_interval.is_zero() {
         tokio::spawn(reload::watch(
             source,
@@ -119,12 +128,14 @@ pub async fn serve(
             state.clone(),
         ));
     }
-    let app = server::function_router(state).into_make_service_with_connect_info::<SocketAddr>();
-    let (draining_tx, draining) = tokio::sync::watch::channel(false);
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        let mut draining = draining;
-        let _ = draining.wait_for(|draining| *draining).await;
-    });
+    let (phase_tx, phase) = tokio::sync::watch::channel(edge::Phase::Serving);
+    let mut server = tokio::spawn(edge::serve(
+        listener,
+        server::function_router(state),
+        edge::EdgeLimits::from_config(&config),
+        metrics,
+        phase,
+    ));
     readiness.set(true);
     tracing::info!(function = %config.function, address = %function_addr, admin = %admin_addr, "serving");
     on_bound(Bound {
@@ -132,15 +143,26 @@ pub async fn serve(
         admin: admin_addr,
     });
 
-    let mut server = std::pin::pin!(server.into_future());
     tokio::select! {
-        result = &mut server => result?,
+        result = &mut server => {
+            // The accept loop only returns once told to: this is a panic.
+            result.map_err(std::io::Error::other)?;
+        }
         () = shutdown => {
+            // Endpoints are removed asynchronously: keep serving while load balancers
+            // catch up with the readiness that just went false.
             readiness.set(false);
-            tracing::info!(grace_seconds = config.shutdown_grace.as_secs_f64(), "shutting down: finishing requests in flight");
-            let _ = draining_tx.send(true);
+            tracing::info!(
+                drain_delay_seconds = config.drain_delay.as_secs_f64(),
+                grace_seconds = config.shutdown_grace.as_secs_f64(),
+                "shutting down: serving on through the drain delay, then finishing requests in flight"
+            );
+            let _ = phase_tx.send(edge::Phase::Draining);
+            tokio::time::sleep(config.drain_delay).await;
+            tracing::info!("drain delay over: no longer accepting connections");
+            let _ = phase_tx.send(edge::Phase::Closing);
             match tokio::time::timeout(config.shutdown_grace, server).await {
-                Ok(result) => result?,
+                Ok(result) => result.map_err(std::io::Error::other)?,
                 Err(_) => tracing::warn!("shutdown grace ran out with requests still in flight"),
             }
         }

@@ -38,6 +38,55 @@ struct FallbackLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusedLabels {
+    function: Function,
+    reason: &'static str,
+}
+
+/// Why the edge refused a client: the `reason` label of `wasmless_refused_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Headers not complete within `--header-read-timeout`: the connection is closed.
+    HeaderTimeout,
+    /// Body not complete within `--body-read-timeout`: 408.
+    BodyTimeout,
+    /// Request line and headers over `--max-header-size` (or too many headers): 431.
+    HeaderTooLarge,
+    /// `--max-connections` open already: 503, connection closed.
+    ConnectionLimit,
+    /// Body over `--max-request-body`: 413.
+    BodyTooLarge,
+    /// `--upload-budget` taken by bodies being received: 503.
+    UploadBudget,
+    /// `--max-concurrency` requests running: 503.
+    Busy,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 7] = [
+        Refusal::HeaderTimeout,
+        Refusal::BodyTimeout,
+        Refusal::HeaderTooLarge,
+        Refusal::ConnectionLimit,
+        Refusal::BodyTooLarge,
+        Refusal::UploadBudget,
+        Refusal::Busy,
+    ];
+
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refusal::HeaderTimeout => "header_timeout",
+            Refusal::BodyTimeout => "body_timeout",
+            Refusal::HeaderTooLarge => "header_too_large",
+            Refusal::ConnectionLimit => "connection_limit",
+            Refusal::BodyTooLarge => "body_too_large",
+            Refusal::UploadBudget => "upload_budget",
+            Refusal::Busy => "busy",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModuleLabels {
     function: Function,
     digest: String,
@@ -55,6 +104,8 @@ pub struct Metrics {
     module_load: Family<FunctionLabels, Gauge<f64, AtomicU64>>,
     module_info: Family<ModuleLabels, Gauge>,
     compile_fallbacks: Family<FallbackLabels, Counter>,
+    refused: Family<RefusedLabels, Counter>,
+    connections_open: Family<FunctionLabels, Gauge>,
 }
 
 impl Metrics {
@@ -73,6 +124,8 @@ impl Metrics {
         let module_load = Family::default();
         let module_info = Family::default();
         let compile_fallbacks = Family::default();
+        let refused = Family::default();
+        let connections_open = Family::default();
         // prometheus-client appends `_total` to counters.
         registry.register(
             "wasmless_requests",
@@ -110,8 +163,29 @@ impl Metrics {
             "Precompiled code given but not used, so the module was compiled here, by reason",
             compile_fallbacks.clone(),
         );
+        registry.register(
+            "wasmless_refused",
+            "Clients the HTTP edge refused or cut off, by reason",
+            refused.clone(),
+        );
+        registry.register(
+            "wasmless_connections_open",
+            "Connections open on the function's port",
+            connections_open.clone(),
+        );
+        let function = Arc::new(function.to_string());
+        // Every reason is exported from the start (at 0), so a rate over it has a baseline.
+        for refusal in Refusal::ALL {
+            let _ = refused.get_or_create(&RefusedLabels {
+                function: function.clone(),
+                reason: refusal.reason(),
+            });
+        }
+        let _ = connections_open.get_or_create(&FunctionLabels {
+            function: function.clone(),
+        });
         Self {
-            function: Arc::new(function.to_string()),
+            function,
             registry,
             requests,
             request_duration,
@@ -121,7 +195,26 @@ impl Metrics {
             module_load,
             module_info,
             compile_fallbacks,
+            refused,
+            connections_open,
         }
+    }
+
+    /// Counts one client the edge refused or cut off.
+    pub fn refuse(&self, refusal: Refusal) {
+        self.refused
+            .get_or_create(&RefusedLabels {
+                function: self.function.clone(),
+                reason: refusal.reason(),
+            })
+            .inc();
+    }
+
+    /// Counts an open connection until the guard is dropped.
+    pub fn connection_open(&self) -> InFlight {
+        let gauge = self.connections_open.get_or_create(&self.function_labels()).clone();
+        gauge.inc();
+        InFlight(gauge)
     }
 
     /// Precompiled code could not be used (`reason`: `engine`, `cpu`, `unavailable`,

@@ -3,13 +3,14 @@
 
 use crate::handler::{Connection, LoadedHandler};
 use crate::loader::Loader;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Refusal};
 use arc_swap::ArcSwap;
 use axum::Router;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use bytes::Bytes;
 use http::{StatusCode, header};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,7 +28,32 @@ pub struct FunctionState {
     pub metrics: Arc<Metrics>,
     pub function: Arc<str>,
     permits: Arc<Semaphore>,
+    uploads: Arc<Uploads>,
     local_port: u16,
+}
+
+/// Request bodies being received: a budget of bytes of its own, apart from the
+/// concurrency permits, and a time limit on each.
+pub struct Uploads {
+    budget: Arc<Semaphore>,
+    budget_bytes: u32,
+    read_timeout: Duration,
+}
+
+impl Uploads {
+    /// `budget_bytes` is capped at 4 GiB (what one reservation can hold).
+    pub fn new(budget_bytes: u64, read_timeout: Duration) -> Self {
+        let budget_bytes = u32::try_from(budget_bytes).unwrap_or(u32::MAX).max(1);
+        Self {
+            budget: Arc::new(Semaphore::new(budget_bytes as usize)),
+            budget_bytes,
+            read_timeout,
+        }
+    }
+
+    pub fn from_config(config: &crate::Config) -> Self {
+        Self::new(config.upload_budget, config.body_read_timeout)
+    }
 }
 
 impl FunctionState {
@@ -37,6 +63,7 @@ impl FunctionState {
         metrics: Arc<Metrics>,
         function: &str,
         local_port: u16,
+        uploads: Uploads,
     ) -> Self {
         let permits = Arc::new(Semaphore::new(loader.limits().max_concurrency as usize));
         Self {
@@ -45,6 +72,7 @@ impl FunctionState {
             metrics,
             function: function.into(),
             permits,
+            uploads: Arc::new(uploads),
             local_port,
         }
     }
@@ -92,22 +120,20 @@ async fn record_metrics(State(state): State<FunctionState>, request: Request, ne
     response
 }
 
+/// The body first (under the upload budget and its time limit), then a concurrency
+/// permit for the handler alone: a client that uploads slowly holds no permit.
 async fn serve_function(
     State(state): State<FunctionState>,
     ConnectInfo(remote): ConnectInfo<SocketAddr>,
     request: Request,
 ) -> Response {
-    let Ok(permit) = state.permits.clone().try_acquire_owned() else {
-        let limit = state.loader.limits().max_concurrency;
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(header::RETRY_AFTER, "1")],
-            format!("too busy: this function serves at most {limit} requests at once; retry\n"),
-        )
-            .into_response();
-    };
+    // Every permit taken: say so before the client uploads anything.
+    if state.permits.available_permits() == 0 {
+        return busy(&state);
+    }
     let limit = state.loader.limits().max_request_body;
     let too_large = || {
+        state.metrics.refuse(Refusal::BodyTooLarge);
         (
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("the request body is over this function's {limit}-byte limit\n"),
@@ -122,16 +148,47 @@ async fn serve_function(
         return too_large();
     }
     let (parts, body) = request.into_parts();
-    let body = match axum::body::to_bytes(body, limit).await {
-        Ok(body) => body,
-        Err(error) if is_length_limit(&error) => return too_large(),
-        Err(error) => {
+    let body = if http_body::Body::is_end_stream(&body) {
+        Bytes::new()
+    } else {
+        let uploads = &state.uploads;
+        let reserve = declared
+            .map_or(limit as u64, |length| length.max(1))
+            .min(u64::from(uploads.budget_bytes)) as u32;
+        let Ok(_reserved) = uploads.budget.clone().try_acquire_many_owned(reserve) else {
+            state.metrics.refuse(Refusal::UploadBudget);
             return (
-                StatusCode::BAD_REQUEST,
-                format!("cannot read the request body: {error}\n"),
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, "1")],
+                "too busy: too many request bodies are being received at once; retry\n",
             )
                 .into_response();
+        };
+        match tokio::time::timeout(uploads.read_timeout, axum::body::to_bytes(body, limit)).await {
+            Ok(Ok(body)) => body,
+            Ok(Err(error)) if is_length_limit(&error) => return too_large(),
+            Ok(Err(error)) => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the request body: {error}\n"),
+                )
+                    .into_response();
+            }
+            Err(_) => {
+                state.metrics.refuse(Refusal::BodyTimeout);
+                let seconds = uploads.read_timeout.as_secs_f64();
+                return (
+                    StatusCode::REQUEST_TIMEOUT,
+                    // The rest of the body is never read: the connection cannot be reused.
+                    [(header::CONNECTION, "close")],
+                    format!("the request body did not arrive within {seconds}s\n"),
+                )
+                    .into_response();
+            }
         }
+    };
+    let Ok(permit) = state.permits.clone().try_acquire_owned() else {
+        return busy(&state);
     };
 
     let handler = state.handler.load_full();
@@ -150,6 +207,17 @@ async fn serve_function(
             (failure.status(), failure.public_message()).into_response()
         }
     }
+}
+
+fn busy(state: &FunctionState) -> Response {
+    state.metrics.refuse(Refusal::Busy);
+    let limit = state.loader.limits().max_concurrency;
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::RETRY_AFTER, "1")],
+        format!("too busy: this function serves at most {limit} requests at once; retry\n"),
+    )
+        .into_response()
 }
 
 fn is_length_limit(error: &axum::Error) -> bool {

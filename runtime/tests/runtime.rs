@@ -2,6 +2,7 @@
 //! real toolchains: a Rust component built with the SDK, Goless handlers built with Go,
 //! and small WAT commands.
 
+mod adversarial;
 mod support;
 
 use serde_json::Value;

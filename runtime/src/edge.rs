@@ -1,0 +1,410 @@
+//! The function port's edge: its own accept loop (in place of `axum::serve`), so that
+//! every connection gets the limits a port facing anyone needs — a cap on open
+//! connections, a time limit on headers, a size limit on them, an idle timeout on
+//! keep-alive — and so that shutdown can drain politely.
+//!
+//! The timeouts are one watchdog per connection, not hyper's `header_read_timeout`:
+//! hyper arms that timer as soon as it waits for a request head, which on a keep-alive
+//! connection includes the idle time after a response, so an idle connection would be
+//! cut at the header timeout. Here the connection is in one of three states — waiting
+//! for a head (from connecting, or from the first byte after an idle gap), idle between
+//! requests, or serving a request — and each has its own deadline (serving has none here:
+//! the handler's `--timeout` and the body's `--body-read-timeout` bound it).
+
+use crate::metrics::{Metrics, Refusal};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use bytes::Bytes;
+use http::{HeaderValue, Request, header};
+use http_body::{Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
+use tower::ServiceExt;
+
+/// The limits of the edge, from the command line.
+#[derive(Debug, Clone)]
+pub struct EdgeLimits {
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_header_size: usize,
+    pub max_connections: usize,
+}
+
+impl EdgeLimits {
+    pub fn from_config(config: &crate::Config) -> Self {
+        Self {
+            header_read_timeout: config.header_read_timeout,
+            idle_timeout: config.idle_timeout,
+            max_header_size: usize::try_from(config.max_header_size).unwrap_or(usize::MAX),
+            max_connections: config.max_connections as usize,
+        }
+    }
+}
+
+/// Where the server is in its life; only moves forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    Serving,
+    /// SIGTERM came: still accepting and serving, every response says `Connection: close`.
+    Draining,
+    /// The listener is closed; connections finish their request in flight and close.
+    Closing,
+}
+
+/// How often at most the "connection limit reached" warning is logged.
+const LIMIT_WARNING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// What a client over `--max-connections` reads before its connection is closed.
+fn connection_limit_response() -> Vec<u8> {
+    let body = "too many connections: this function's limit is reached; retry\n";
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n\
+         retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Accepts on `listener` and serves `router` on every connection until `phase` reaches
+/// [`Phase::Closing`]; then stops accepting and returns once every connection is closed.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: EdgeLimits,
+    metrics: Arc<Metrics>,
+    mut phase: watch::Receiver<Phase>,
+) {
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
+    let limits = Arc::new(limits);
+    // Every connection task holds a sender; `recv` returns `None` once all are gone.
+    let (open_tx, mut all_closed) = mpsc::channel::<()>(1);
+    let refusal = connection_limit_response();
+    let mut last_warning: Option<Instant> = None;
+    let mut refused_since_warning: u64 = 0;
+    loop {
+        let (stream, remote) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors, or a connection reset before it was
+                    // accepted: nothing to do but wait a little rather than spin.
+                    tracing::warn!(%error, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = closing(&mut phase) => break,
+        };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            metrics.refuse(Refusal::ConnectionLimit);
+            refused_since_warning += 1;
+            if last_warning.is_none_or(|at| at.elapsed() >= LIMIT_WARNING_INTERVAL) {
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    refused = refused_since_warning,
+                    "connection limit reached: new connections are answered 503 and closed (--max-connections)"
+                );
+                last_warning = Some(Instant::now());
+                refused_since_warning = 0;
+            }
+            // Never wait on this client: what does not fit in the socket buffer is lost.
+            let _ = stream.try_write(&refusal);
+            continue;
+        };
+        let open = metrics.connection_open();
+        let connection = Connection {
+            router: router.clone(),
+            limits: limits.clone(),
+            metrics: metrics.clone(),
+            phase: phase.clone(),
+            remote,
+        };
+        let open_tx = open_tx.clone();
+        tokio::spawn(async move {
+            connection.run(stream).await;
+            drop((permit, open, open_tx));
+        });
+    }
+    drop(listener);
+    drop(open_tx);
+    let _ = all_closed.recv().await;
+}
+
+struct Connection {
+    router: Router,
+    limits: Arc<EdgeLimits>,
+    metrics: Arc<Metrics>,
+    phase: watch::Receiver<Phase>,
+    remote: SocketAddr,
+}
+
+impl Connection {
+    async fn run(self, stream: TcpStream) {
+        let _ = stream.set_nodelay(true);
+        let activity = Arc::new(Activity::new());
+        let io = TokioIo::new(WatchedIo {
+            inner: stream,
+            activity: activity.clone(),
+        });
+        let service = {
+            let router = self.router.clone();
+            let phase = self.phase.clone();
+            let remote = self.remote;
+            let activity = activity.clone();
+            hyper::service::service_fn(move |mut request: Request<Incoming>| {
+                let done = activity.request_started();
+                request.extensions_mut().insert(ConnectInfo(remote));
+                let answer = router.clone().oneshot(request.map(Body::new));
+                let phase = phase.clone();
+                async move {
+                    let Ok(mut response) = answer.await;
+                    if *phase.borrow() >= Phase::Draining {
+                        // Tell keep-alive clients to come back through the load balancer.
+                        response
+                            .headers_mut()
+                            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                    }
+                    Ok::<_, Infallible>(response.map(|body| Tracked { body, _done: done }))
+                }
+            })
+        };
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .keep_alive(true)
+            .header_read_timeout(None)
+            .max_header_size(self.limits.max_header_size);
+        if self.limits.max_header_size > DEFAULT_MAX_BUF_SIZE {
+            builder.max_buf_size(self.limits.max_header_size);
+        }
+        let connection = builder.serve_connection(io, service);
+        let mut connection = std::pin::pin!(connection);
+        let mut phase = self.phase.clone();
+        let mut closing = false;
+        loop {
+            let changed = activity.changed.notified();
+            let deadline = activity.deadline(&self.limits);
+            tokio::select! {
+                biased;
+                result = connection.as_mut() => {
+                    if let Err(error) = result {
+                        if error.is_parse_too_large() {
+                            self.metrics.refuse(Refusal::HeaderTooLarge);
+                        }
+                        tracing::debug!(remote = %self.remote, %error, "connection ended with an error");
+                    }
+                    return;
+                }
+                () = self::closing(&mut phase), if !closing => {
+                    // Idle connections close now; one serving a request answers it with
+                    // `Connection: close` and then closes.
+                    closing = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+                () = changed => {}
+                () = sleep_until(deadline) => {
+                    match activity.state() {
+                        State::Head if activity.expired(&self.limits) => {
+                            self.metrics.refuse(Refusal::HeaderTimeout);
+                            tracing::debug!(remote = %self.remote, "closing a connection whose headers did not arrive in time");
+                            return;
+                        }
+                        State::Idle if activity.expired(&self.limits) => {
+                            tracing::debug!(remote = %self.remote, "closing an idle connection");
+                            return;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// hyper's own read buffer limit (8 KiB + 100 × 4 KiB); raised only for larger headers.
+const DEFAULT_MAX_BUF_SIZE: usize = 8192 + 4096 * 100;
+
+/// Resolves once the server is closing (or its phase can no longer change).
+async fn closing(phase: &mut watch::Receiver<Phase>) {
+    let _ = phase.wait_for(|phase| *phase >= Phase::Closing).await;
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Waiting for a request's head: since connecting, or since its first byte.
+    Head = 0,
+    /// Between requests on a keep-alive connection.
+    Idle = 1,
+    /// A request is being served.
+    Busy = 2,
+}
+
+/// A connection's state and since when, shared by the socket (reads), the service
+/// (requests start and end) and the watchdog.
+struct Activity {
+    state: AtomicU8,
+    /// Nanoseconds from `epoch` to the last change of state.
+    since: AtomicU64,
+    epoch: Instant,
+    changed: Notify,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            state: AtomicU8::new(State::Head as u8),
+            since: AtomicU64::new(0),
+            epoch: Instant::now(),
+            changed: Notify::new(),
+        }
+    }
+
+    fn state(&self) -> State {
+        match self.state.load(Ordering::Acquire) {
+            0 => State::Head,
+            1 => State::Idle,
+            _ => State::Busy,
+        }
+    }
+
+    fn set(&self, state: State) {
+        self.since.store(self.now(), Ordering::Release);
+        self.state.store(state as u8, Ordering::Release);
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Bytes came in. After an idle gap they start the next request's head, and its clock.
+    fn read(&self) {
+        if self.state.load(Ordering::Relaxed) == State::Idle as u8 {
+            self.since.store(self.now(), Ordering::Release);
+            if self
+                .state
+                .compare_exchange(
+                    State::Idle as u8,
+                    State::Head as u8,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                self.changed.notify_one();
+            }
+        }
+    }
+
+    /// A request's head is in; the returned guard marks the connection idle once the
+    /// response (or the request, if it was dropped) is finished with.
+    fn request_started(self: &Arc<Self>) -> RequestDone {
+        self.set(State::Busy);
+        RequestDone(self.clone())
+    }
+
+    fn deadline(&self, limits: &EdgeLimits) -> Option<Instant> {
+        let since = self.epoch + Duration::from_nanos(self.since.load(Ordering::Acquire));
+        match self.state() {
+            State::Head => Some(since + limits.header_read_timeout),
+            State::Idle => Some(since + limits.idle_timeout),
+            State::Busy => None,
+        }
+    }
+
+    fn expired(&self, limits: &EdgeLimits) -> bool {
+        self.deadline(limits).is_some_and(|deadline| Instant::now() >= deadline)
+    }
+}
+
+struct RequestDone(Arc<Activity>);
+
+impl Drop for RequestDone {
+    fn drop(&mut self) {
+        self.0.set(State::Idle);
+        self.0.changed.notify_one();
+    }
+}
+
+/// The socket, telling the connection's [`Activity`] when bytes arrive.
+struct WatchedIo {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for WatchedIo {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.activity.read();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for WatchedIo {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// A response body that marks its request done when hyper drops it (after the last byte).
+struct Tracked {
+    body: Body,
+    _done: RequestDone,
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
