@@ -227,7 +227,12 @@ prometheus_scrapes() {
     curl -fsS "http://127.0.0.1:$port/api/v1/query" --data-urlencode "query=$1" |
       python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else "none")'
   }
-  pods_scraped() { [[ $(value_of 'count(wasmless_module_info{function="hello"})') =~ ^[0-9]+$ ]]; }
+  # Every pod of hello (a terminating one too) scraped, so the baseline holds all they counted.
+  pods_scraped() {
+    local pods
+    pods=$(kubectl get pods -n "$NS" -l wasmless.io/function=hello,wasmless.io/component=runtime --no-headers | wc -l)
+    [[ $(value_of 'count(wasmless_module_info{function="hello"})') == "$pods" ]]
+  }
   wait_until 90 "Prometheus to scrape hello's pods" pods_scraped
   local query='sum(wasmless_requests_total{function="hello"})' baseline
   baseline=$(value_of "$query")
