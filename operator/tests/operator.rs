@@ -185,16 +185,15 @@ impl Harness {
             .unwrap()
     }
 
-    /// What the builder does: publish the module's chunks, labelled, then exit 0.
-    async fn finish_build(&self, name: &str, wasm: &[u8]) -> Digest {
-        let func = self.function(name).await;
-        let source_digest = Self::status_source_digest(&func);
+    /// Creates one part's chunk ConfigMaps, labelled and annotated as the builder writes
+    /// them; `about` is the part's own annotation (the module's size, the code's digest).
+    async fn create_chunks(&self, name: &str, part: Part, wasm: &[u8], chunks: &[Vec<u8>], about: (&str, String)) {
+        let source_digest = Self::status_source_digest(&self.function(name).await);
         let module_digest = Digest::of(wasm);
-        let chunks = compress_and_split(wasm);
         for (index, chunk) in chunks.iter().enumerate() {
             let cm = ConfigMap {
                 metadata: kube::api::ObjectMeta {
-                    name: Some(configmap_name(name, &source_digest, index)),
+                    name: Some(part.configmap_name(name, &source_digest, index)),
                     labels: Some(BTreeMap::from([
                         (labels::FUNCTION.to_string(), name.to_string()),
                         (labels::SOURCE_DIGEST.to_string(), labels::digest_value(&source_digest)),
@@ -202,13 +201,16 @@ impl Harness {
                     ])),
                     annotations: Some(BTreeMap::from([
                         (annotations::MODULE_DIGEST.to_string(), module_digest.to_string()),
-                        (annotations::MODULE_SIZE.to_string(), wasm.len().to_string()),
+                        (about.0.to_string(), about.1.clone()),
                         (annotations::CHUNK_COUNT.to_string(), chunks.len().to_string()),
                         (annotations::CHUNK_INDEX.to_string(), index.to_string()),
                     ])),
                     ..Default::default()
                 },
-                binary_data: Some(BTreeMap::from([(CHUNK_KEY.to_string(), ByteString(chunk.clone()))])),
+                binary_data: Some(BTreeMap::from([(
+                    part.configmap_key().to_string(),
+                    ByteString(chunk.clone()),
+                )])),
                 ..Default::default()
             };
             self.api::<ConfigMap>()
@@ -216,6 +218,15 @@ impl Harness {
                 .await
                 .expect("chunk");
         }
+    }
+
+    /// What the builder does: publish the module's chunks, labelled, then exit 0.
+    async fn finish_build(&self, name: &str, wasm: &[u8]) -> Digest {
+        let source_digest = Self::status_source_digest(&self.function(name).await);
+        let module_digest = Digest::of(wasm);
+        let size = (annotations::MODULE_SIZE, wasm.len().to_string());
+        self.create_chunks(name, Part::Module, wasm, &compress_and_split(wasm), size)
+            .await;
         let job = resources::job_name(name, &source_digest);
         let (started, now) = self.job_times(&job).await;
         self.api::<Job>()
@@ -239,38 +250,9 @@ impl Harness {
 
     /// What the builder publishes before the module: the compiled code's chunks.
     async fn publish_code(&self, name: &str, wasm: &[u8], code: &[u8]) -> Digest {
-        let func = self.function(name).await;
-        let source_digest = Self::status_source_digest(&func);
-        let module_digest = Digest::of(wasm);
-        let chunks = wasmless_artifact::split_chunks(code);
-        for (index, chunk) in chunks.iter().enumerate() {
-            let cm = ConfigMap {
-                metadata: kube::api::ObjectMeta {
-                    name: Some(Part::Code.configmap_name(name, &source_digest, index)),
-                    labels: Some(BTreeMap::from([
-                        (labels::FUNCTION.to_string(), name.to_string()),
-                        (labels::SOURCE_DIGEST.to_string(), labels::digest_value(&source_digest)),
-                        (labels::MODULE_DIGEST.to_string(), labels::digest_value(&module_digest)),
-                    ])),
-                    annotations: Some(BTreeMap::from([
-                        (annotations::MODULE_DIGEST.to_string(), module_digest.to_string()),
-                        (annotations::CODE_DIGEST.to_string(), Digest::of(code).to_string()),
-                        (annotations::CHUNK_COUNT.to_string(), chunks.len().to_string()),
-                        (annotations::CHUNK_INDEX.to_string(), index.to_string()),
-                    ])),
-                    ..Default::default()
-                },
-                binary_data: Some(BTreeMap::from([(
-                    Part::Code.configmap_key().to_string(),
-                    ByteString(chunk.clone()),
-                )])),
-                ..Default::default()
-            };
-            self.api::<ConfigMap>()
-                .create(&PostParams::default(), &cm)
-                .await
-                .expect("code chunk");
-        }
+        let digest = (annotations::CODE_DIGEST, Digest::of(code).to_string());
+        self.create_chunks(name, Part::Code, wasm, &wasmless_artifact::split_chunks(code), digest)
+            .await;
         Digest::of(code)
     }
 

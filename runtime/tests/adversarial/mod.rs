@@ -132,14 +132,7 @@ fn open_fds(runtime: &Runtime) -> usize {
 }
 
 async fn metrics(runtime: &Runtime) -> String {
-    client()
-        .get(runtime.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    super::get(runtime.admin_url("/metrics")).await.1
 }
 
 async fn refused(runtime: &Runtime, reason: &str) -> f64 {
@@ -432,15 +425,12 @@ async fn trickled_body_gets_408_and_uploads_have_their_own_budget() {
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // The slow upload holds 100 of the 150 bytes of the budget and no concurrency permit.
-    let answer = exchange(
-        runtime.function,
-        format!(
-            "POST /echo HTTP/1.1\r\nHost: function\r\nContent-Length: 100\r\n\r\n{}",
-            "y".repeat(100)
-        )
-        .as_bytes(),
+    let post_100 = format!(
+        "POST /echo HTTP/1.1\r\nHost: function\r\nContent-Length: 100\r\n\r\n{}",
+        "y".repeat(100)
     )
-    .await;
+    .into_bytes();
+    let answer = exchange(runtime.function, &post_100).await;
     assert_eq!(answer.status, 503, "over the upload budget");
     assert!(String::from_utf8_lossy(&answer.body).contains("request bodies"));
     assert_eq!(refused(&runtime, "upload_budget").await, 1.0);
@@ -462,15 +452,7 @@ async fn trickled_body_gets_408_and_uploads_have_their_own_budget() {
     );
     assert_eq!(refused(&runtime, "body_timeout").await, 1.0);
 
-    let answer = exchange(
-        runtime.function,
-        format!(
-            "POST /echo HTTP/1.1\r\nHost: function\r\nContent-Length: 100\r\n\r\n{}",
-            "y".repeat(100)
-        )
-        .as_bytes(),
-    )
-    .await;
+    let answer = exchange(runtime.function, &post_100).await;
     assert_eq!(answer.status, 200, "the budget is released");
 }
 
