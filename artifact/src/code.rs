@@ -117,15 +117,30 @@ pub fn decoded_code_size(compressed: &[u8]) -> Result<usize, CodeError> {
 /// [`decoded_code_size`] bytes; returns its header. The `.cwasm` bytes are
 /// `out[CODE_HEADER_BYTES..]`.
 pub fn decode_code_into(compressed: &[u8], out: &mut [u8]) -> Result<CodeHeader, CodeError> {
-    let written =
-        lz4_flex::block::decompress_into(&compressed[4..], out).map_err(|e| CodeError::Decompress(e.to_string()))?;
+    decompress_code_into(compressed, out)?;
+    code_header(out)
+}
+
+/// The LZ4 step of [`decode_code_into`] alone: bounds-checked, it only writes into `out`
+/// whatever the input, so it may run on bytes whose digest is still being checked.
+pub fn decompress_code_into(compressed: &[u8], out: &mut [u8]) -> Result<(), CodeError> {
+    let stream = compressed
+        .get(4..)
+        .ok_or_else(|| CodeError::Decompress("shorter than its size prefix".into()))?;
+    let written = lz4_flex::block::decompress_into(stream, out).map_err(|e| CodeError::Decompress(e.to_string()))?;
     if written != out.len() {
         return Err(CodeError::Decompress(format!(
             "{written} bytes decompressed, {} announced",
             out.len()
         )));
     }
-    let header = std::str::from_utf8(&out[..CODE_HEADER_BYTES]).map_err(|_| CodeError::NotCode)?;
+    Ok(())
+}
+
+/// The header of decompressed code (what [`decompress_code_into`] wrote).
+pub fn code_header(decompressed: &[u8]) -> Result<CodeHeader, CodeError> {
+    let block = decompressed.get(..CODE_HEADER_BYTES).ok_or(CodeError::NotCode)?;
+    let header = std::str::from_utf8(block).map_err(|_| CodeError::NotCode)?;
     parse_header(header.trim_end_matches('\n'))
 }
 

@@ -30,6 +30,7 @@ use module_source::{LoadError, ModuleSource};
 use server::{FunctionState, Readiness};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::net::TcpListener;
 
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +81,24 @@ pub async fn serve(
             .into_future(),
     );
 
+    let source = ModuleSource::parse(&config.module);
+    let expected = source.known_digest(config.module_digest).await;
+    // A new pod's code is read, verified and decompressed on other threads while this one
+    // makes the engine: neither needs the other, and each takes milliseconds.
+    let started = Instant::now();
+    let code = match &config.code {
+        Some(code) => {
+            let module = expected.ok_or(ServeError::CodeWithoutModuleDigest)?;
+            let code_digest = config.code_digest.ok_or(ServeError::UnpinnedCode)?;
+            let code = precompiled::CodeSource::parse(code);
+            let loading = tokio::spawn({
+                let code = code.clone();
+                async move { code.load_code(code_digest).await }
+            });
+            Some((code, module, loading))
+        }
+        None => None,
+    };
     let loader = Arc::new(Loader::new(
         limits::RequestLimits::from_config(&config),
         config.env.clone(),
@@ -87,17 +106,14 @@ pub async fn serve(
         metrics.clone(),
         config.cache_dir.clone(),
     )?);
-    let source = ModuleSource::parse(&config.module);
-    let expected = source.known_digest(config.module_digest).await;
     // The builder's code first (a new pod: nothing to compile), then this node's cache (a
     // restart), then the module itself, compiled here.
     let mut handler = None;
-    if let Some(code) = &config.code {
-        let module = expected.ok_or(ServeError::CodeWithoutModuleDigest)?;
-        let code_digest = config.code_digest.ok_or(ServeError::UnpinnedCode)?;
-        handler = loader
-            .load_precompiled(&precompiled::CodeSource::parse(code), code_digest, module)
-            .await?;
+    if let Some((code, module, loading)) = code {
+        let loaded = loading
+            .await
+            .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()));
+        handler = loader.load_precompiled(&code, loaded, module, started).await?;
     }
     if handler.is_none()
         && let Some(digest) = expected

@@ -9,7 +9,7 @@ use crate::handler::{LoadedHandler, Shared};
 use crate::limits::RequestLimits;
 use crate::metrics::Metrics;
 use crate::module_source::VerifiedModule;
-use crate::precompiled::{self, CodeRefused, CodeSource, Opened};
+use crate::precompiled::{self, CodeRefused, CodeSource, Fallback, Opened, VerifiedCode};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -107,31 +107,32 @@ impl Loader {
         }
     }
 
-    /// Links the code the builder compiled for `module`, pinned by `code_digest`, so that
-    /// nothing is compiled here. `Ok(None)`: the code cannot be used on this host (logged
-    /// and counted); compile the module instead. `Err`: the code is not what was pinned, or
-    /// not made from `module`, and nothing may run.
+    /// Links the code the builder compiled for `module`, read and verified by
+    /// [`CodeSource::load_code`] since `started`, so that nothing is compiled here.
+    /// `Ok(None)`: the code cannot be used on this host (logged and counted); compile the
+    /// module instead. `Err`: the code is not what was pinned, or not made from `module`,
+    /// and nothing may run.
     pub async fn load_precompiled(
         &self,
         source: &CodeSource,
-        code_digest: Digest,
+        code: Result<Result<VerifiedCode, Fallback>, CodeRefused>,
         module: Digest,
+        started: Instant,
     ) -> Result<Option<LoadedHandler>, ModuleError> {
-        let started = Instant::now();
-        let opened = match source.load_code(&code_digest).await? {
+        let opened = match code? {
             Ok(verified) => {
                 let read_and_verified = started.elapsed();
                 let engine = self.engine.clone();
                 let target = self.target.clone();
                 let source = source.clone();
                 let opened = tokio::task::spawn_blocking(move || {
-                    precompiled::open(&engine, &target, &source, &verified, &module)
+                    precompiled::open(&engine, &target, &source, verified, &module)
                 })
                 .await
                 .map_err(|e| ModuleError::Engine(e.to_string()))??;
                 tracing::debug!(
-                    read_and_verify_ms = read_and_verified.as_secs_f64() * 1000.0,
-                    decode_and_load_ms = (started.elapsed() - read_and_verified).as_secs_f64() * 1000.0,
+                    read_verify_and_decompress_ms = read_and_verified.as_secs_f64() * 1000.0,
+                    load_ms = (started.elapsed() - read_and_verified).as_secs_f64() * 1000.0,
                     "precompiled code opened"
                 );
                 opened
