@@ -72,13 +72,16 @@ def main():
     parser.add_argument("--start", type=float, required=True, help="unix time the range starts")
     parser.add_argument("--end", type=float, default=None, help="unix time it ends (default now)")
     parser.add_argument("--rate-interval", default="30s")
+    parser.add_argument("--function", action="append", default=[],
+                        help="what $function stands for (repeatable); default: every value of its own query")
+    parser.add_argument("--source", default="the e2e test cluster", help="where the data came from, for the header")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     end = args.end or time.time()
     start = args.start
     step = max(1.0, (end - start) / 240)
     dashboard = dq.load(args.dashboard)
-    functions = dq.variable_values(args.prometheus, dashboard, "function")
+    functions = args.function or dq.variable_values(args.prometheus, dashboard, "function")
     range_ = f"{int(math.ceil(end - start))}s"
 
     panels = dashboard["panels"]
@@ -91,7 +94,7 @@ def main():
     span = (f"{datetime.fromtimestamp(start, timezone.utc):%Y-%m-%d %H:%M:%S} to "
             f"{datetime.fromtimestamp(end, timezone.utc):%H:%M:%S} UTC")
     fig.text(0.008, 1 - 0.65 / height,
-             f"Prometheus: the e2e test cluster     Function: All ({', '.join(functions)})     {span}",
+             f"Prometheus: {args.source}     Function: All ({', '.join(functions)})     {span}",
              color=MUTED, fontsize=10, va="center")
 
     for panel in panels:
@@ -130,6 +133,12 @@ def main():
                 points = [(t, v) for t, v in points if math.isfinite(v)]
                 if points:
                     lines.append((legend(target.get("legendFormat", ""), series["metric"]), points))
+        if panel["type"] == "bargauge" and not lines:
+            inner.grid(False)
+            inner.set_xticks([])
+            inner.set_yticks([])
+            inner.text(0.5, 0.5, "No data", transform=inner.transAxes, color=MUTED, ha="center", va="center")
+            continue
         if panel["type"] == "bargauge":
             lines.sort()
             inner.grid(False)
@@ -149,10 +158,12 @@ def main():
             times, values = zip(*points)
             inner.plot(times, values, color=PALETTE[i % len(PALETTE)], linewidth=1.3, label=name)
         inner.set_xlim(datetime.fromtimestamp(start, timezone.utc), datetime.fromtimestamp(end, timezone.utc))
-        inner.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M", tz=timezone.utc))
+        inner.xaxis.set_major_formatter(
+            mdates.DateFormatter("%H:%M" if end - start > 1200 else "%H:%M:%S", tz=timezone.utc))
         inner.xaxis.set_major_locator(mdates.AutoDateLocator(maxticks=6))
-        bottom_value, top_value = inner.get_ylim()
-        inner.set_ylim(min(0, bottom_value), top_value if top_value > 0 else 1)
+        # As Grafana does for counts and rates: from 0, and a gauge that stayed at 0 on a 0-1 axis.
+        highest = max((v for _, points in lines for _, v in points), default=0)
+        inner.set_ylim(0, highest * 1.1 if highest > 0 else 1)
         if not lines:
             inner.text(0.5, 0.5, "No data", transform=inner.transAxes, color=MUTED, ha="center", va="center")
         else:

@@ -111,10 +111,12 @@ def main():
     parser.add_argument("--dashboard", default=str(DASHBOARD))
     parser.add_argument("--range", default="10m", help="what $__range stands for: the time the run sent requests over")
     parser.add_argument("--rate-interval", default="1m", help="what $__rate_interval stands for")
+    parser.add_argument("--function", action="append", default=[],
+                        help="what $function stands for (repeatable); default: every value of its own query")
     args = parser.parse_args()
     dashboard = load(args.dashboard)
     try:
-        functions = variable_values(args.prometheus, dashboard, "function")
+        functions = args.function or variable_values(args.prometheus, dashboard, "function")
     except QueryError as error:
         print(f"FAILED: the $function variable's query: {error}", file=sys.stderr)
         return 1
