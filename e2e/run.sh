@@ -261,6 +261,70 @@ prometheus_scrapes() {
   ok
 }
 
+# The handler the dashboard step sends varied requests to: 200s, a 404 and a 500 it answers,
+# and an exit without an answer, which the runtime counts as a trap of kind exit (a panic
+# would not do: the Go SDK turns one into a 500 answer).
+dash_handler() {
+  printf '%s\n' 'package handlers' '' 'import (' '	"net/http"' '	"os"' ')' '' \
+    'func Handler(w http.ResponseWriter, r *http.Request) {' \
+    '	switch r.URL.Path {' \
+    '	case "/missing":' '		http.NotFound(w, r)' \
+    '	case "/fail":' '		http.Error(w, "failed on purpose", http.StatusInternalServerError)' \
+    '	case "/exit":' '		os.Exit(3)' \
+    '	default:' '		w.Write([]byte("ok"))' \
+    '	}' '}'
+}
+
+dashboard_queries() {
+  step "every query of the Grafana dashboard parses and returns data from Prometheus, after varied requests and a failed build"
+  local prometheus=http://127.0.0.1:19090 start
+  start=$(date +%s)
+  curl -fsS "$prometheus/-/ready" >/dev/null || fail "no Prometheus at $prometheus: run the prometheus_scrapes step first"
+  # Created now, while Prometheus scrapes the operator, so that its build counters are seen
+  # at 0 before the builds end.
+  local source
+  source=$(dash_handler | sed 's/^/    /')
+  printf 'apiVersion: wasmless.io/v1alpha1\nkind: Function\nmetadata: {name: dash}\nspec:\n  language: go\n  source: |\n%s\n' \
+    "$source" | kubectl apply -n "$NS" -f - >/dev/null
+  source=$(printf 'package handlers\n\nimport "net/http"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {\n\tundefinedHelper(w)\n}\n' | sed 's/^/    /')
+  printf 'apiVersion: wasmless.io/v1alpha1\nkind: Function\nmetadata: {name: dash-broken}\nspec:\n  language: go\n  source: |\n%s\n' \
+    "$source" | kubectl apply -n "$NS" -f - >/dev/null
+  kubectl wait fn/dash -n "$NS" --for=condition=Ready --timeout=600s >/dev/null
+  wait_until 600 "dash-broken's build to fail" phase_is dash-broken Failed
+  prometheus_has() {
+    curl -fsS "$prometheus/api/v1/query" --data-urlencode "query=$1" |
+      python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["data"]["result"] else 1)'
+  }
+  wait_until 60 "Prometheus to scrape dash's pod" prometheus_has 'wasmless_module_info{function="dash"}'
+  wait_until 60 "Prometheus to scrape the operator's replicas of dash" prometheus_has 'wasmless_function_replicas{function="dash",state="ready"} == 1'
+  wait_until 60 "Prometheus to see dash-broken's failed build" prometheus_has 'wasmless_operator_builds_total{function="dash-broken",result="failed"} == 1'
+  local url round i code big
+  url=$(service_url dash)
+  big=$(head -c 70000 /dev/zero | tr '\0' a)
+  # Rounds a few scrapes apart, so that rates and increases have more than one sample.
+  for round in 1 2 3 4 5 6; do
+    for ((i = 0; i < 20; i++)); do get "$url" >/dev/null; done
+    expect_eq "$(curl -sS -o /dev/null -w '%{http_code}' --max-time 5 "${url}missing")" 404 "GET /missing"
+    expect_eq "$(curl -sS -o /dev/null -w '%{http_code}' --max-time 5 "${url}fail")" 500 "GET /fail"
+    expect_eq "$(curl -sS -o /dev/null -w '%{http_code}' --max-time 5 "${url}exit")" 500 "GET /exit (a trap)"
+    # Headers over --max-header-size (64 KiB): refused by the edge, counted as header_too_large.
+    code=$(curl -sS -o /dev/null -w '%{http_code}' --max-time 5 -H "X-Padding: $big" "$url" || true)
+    expect_eq "$code" 431 "a request with 70 kB of headers"
+    sleep 3
+  done
+  expect_eq "$(get "$url")" ok "GET / after the traps"
+  sleep 3 # the last round scraped
+  local range=$(($(date +%s) - start + 60))s
+  python3 e2e/dashboard_queries.py --prometheus "$prometheus" --range "$range" --rate-interval 1m ||
+    fail "some panels of deploy/grafana/wasmless.json have no data (above)"
+  if [[ -n ${WASMLESS_DASHBOARD_PICTURE:-} ]]; then
+    "${WASMLESS_PICTURE_PYTHON:-python3}" e2e/dashboard_picture.py --prometheus "$prometheus" \
+      --start "$((start - 60))" --out "$WASMLESS_DASHBOARD_PICTURE"
+  fi
+  kubectl delete fn dash dash-broken -n "$NS" --wait=true >/dev/null
+  ok
+}
+
 rolling_update() {
   step "a source change: one new build, a rolling update with zero failed requests, old pods gone"
   local before
@@ -565,7 +629,7 @@ namespaced_install() {
   ok
 }
 
-steps=(install_operator goless_sample new_pod_precompiled scale_and_autoscale cli_deploy least_privilege prometheus_scrapes port_clash rename_service rolling_update
+steps=(install_operator goless_sample new_pod_precompiled scale_and_autoscale cli_deploy least_privilege prometheus_scrapes dashboard_queries port_clash rename_service rolling_update
   compile_error oci_storage failover delete_function build_deadline delete_during_build namespaced_install)
 # Steps build on each other; naming some (`e2e/run.sh install_operator goless_sample`) runs only those.
 for name in "${@:-${steps[@]}}"; do

@@ -22,8 +22,11 @@ unformatted=$("$(go env GOROOT)/bin/gofmt" -l sdk/go runtime/tests/handlers)
 [[ -z $unformatted ]] || { echo "gofmt would change: $unformatted"; exit 1; }
 (cd sdk/go && GOOS=wasip1 GOARCH=wasm GOFLAGS=-mod=mod GOPROXY=off go vet ./...)
 
-step "shell scripts parse"
+step "shell and Python scripts parse, the dashboard is JSON"
 for script in scripts/*.sh e2e/*.sh bench/*.sh; do bash -n "$script"; done
+# The dashboard check and picture (standard library; matplotlib imported only when drawing).
+python3 -c 'import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]' e2e/dashboard_queries.py e2e/dashboard_picture.py
+python3 -c 'import json, sys; json.load(open(sys.argv[1]))' deploy/grafana/wasmless.json
 
 step "cargo clippy"
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings

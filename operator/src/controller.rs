@@ -1,6 +1,7 @@
 //! The Function controller: `reconcile` follows DESIGN.md's steps, `error_policy` backs off.
 
 use crate::crd::{Function, FunctionStatus, Phase, Storage};
+use crate::metrics::BuildOutcome;
 use crate::resources::{self, Code, MANAGER, Module, ModuleLocation};
 use crate::{Error, Metrics, Settings};
 use futures::StreamExt;
@@ -192,6 +193,14 @@ async fn reconcile_steps(func: &Function, ctx: &Context) -> Result<Action, Faile
             .await
             .doing(None, || format!("writing the status of {name}"))?;
     }
+    // Counted once status records it, so a status write that fails and is retried does
+    // not count the same build twice.
+    ctx.metrics.builds_seen(&name, &ns);
+    if func.spec.module.is_none()
+        && let Some(result) = build_ended(&old, &status)
+    {
+        ctx.metrics.build_ended(&name, &ns, result);
+    }
 
     // Once the current module serves everywhere, older builds are garbage.
     if let (Build::Done(module), Some(Phase::Ready)) = (&build, status.phase)
@@ -285,23 +294,25 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<O
     }
     // Only what a Function made is watched, not every ConfigMap in the cluster.
     let owned = watcher::Config::default().labels(labels::FUNCTION);
-    Controller::new(
+    let controller = Controller::new(
         api::<Function>(&client, namespace),
         watcher::Config::default().any_semantic(),
-    )
-    .owns(api::<ConfigMap>(&client, namespace), owned.clone())
-    .owns(api::<Job>(&client, namespace), owned.clone())
-    .owns(api::<Deployment>(&client, namespace), owned.clone())
-    .owns(api::<Service>(&client, namespace), owned)
-    .graceful_shutdown_on(stop)
-    .run(reconcile, error_policy, ctx)
-    .for_each(|result| async move {
-        match result {
-            Ok((object, _)) => tracing::debug!(function = %object.name, "reconciled"),
-            Err(error) => tracing::debug!(%error, "reconcile did not complete"),
-        }
-    })
-    .await;
+    );
+    ctx.metrics.watch(controller.store());
+    controller
+        .owns(api::<ConfigMap>(&client, namespace), owned.clone())
+        .owns(api::<Job>(&client, namespace), owned.clone())
+        .owns(api::<Deployment>(&client, namespace), owned.clone())
+        .owns(api::<Service>(&client, namespace), owned)
+        .graceful_shutdown_on(stop)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => tracing::debug!(function = %object.name, "reconciled"),
+                Err(error) => tracing::debug!(%error, "reconcile did not complete"),
+            }
+        })
+        .await;
 }
 
 /// A prebuilt module (`spec.module`): nothing to build, the runtime pulls it by digest.
@@ -866,6 +877,25 @@ fn status_for(
         replicas: deploy_status.replicas.or(serving.map(|_| 0)),
         selector: Some(resources::runtime_selector(func)),
     }
+}
+
+/// The build result `new` reports that `old` did not: a `Built` condition whose reason is a
+/// build's end, for another source or after another reason. A failed step in between
+/// (`ReconcileError`) leaves the outcome that was already there uncounted again: the same
+/// module digest after a success, the same message after a failure.
+fn build_ended(old: &FunctionStatus, new: &FunctionStatus) -> Option<BuildOutcome> {
+    let built = |status: &FunctionStatus| status.conditions.iter().find(|c| c.type_ == CONDITION_BUILT).cloned();
+    let now = built(new)?;
+    let result = BuildOutcome::of_reason(&now.reason)?;
+    let Some(before) = built(old) else { return Some(result) };
+    let repeated = old.source_digest == new.source_digest
+        && (before.reason == now.reason
+            || (before.reason == REASON_RECONCILE_ERROR
+                && match result {
+                    BuildOutcome::Succeeded => old.module_digest == new.module_digest,
+                    _ => old.build_message == new.build_message,
+                }));
+    (!repeated).then_some(result)
 }
 
 /// A condition whose status did not change keeps the time it last changed.

@@ -1,10 +1,22 @@
-//! The operator's own Prometheus metrics.
+//! The operator's own Prometheus metrics: its reconciles, the builds it saw end, and the
+//! replicas of every Function it watches.
+//!
+//! The Function's namespace is the label `function_namespace`, not `namespace`: Prometheus
+//! scrapes the operator in its own namespace, and the shipped scrape configuration
+//! (deploy/prometheus/prometheus.yml) sets `namespace` to the pod's, which would rename a
+//! scraped `namespace` to `exported_namespace`.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use crate::crd::Function;
+use kube::ResourceExt;
+use kube::runtime::reflector::Store;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -12,11 +24,71 @@ pub struct ErrorLabels {
     pub error: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub function: String,
+    pub function_namespace: String,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReplicaLabels {
+    function: String,
+    function_namespace: String,
+    state: &'static str,
+}
+
+/// How a build ended, as the `Built` condition reports it: the `result` label of
+/// `wasmless_operator_builds_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BuildOutcome {
+    /// The module was published (`Built`).
+    Succeeded,
+    /// The builder exited with an error, the compiler's output on status (`BuildFailed`).
+    Failed,
+    /// The Job ran past its deadline (`DeadlineExceeded`).
+    DeadlineExceeded,
+    /// The builder ran out of memory (`OOMKilled`).
+    OomKilled,
+}
+
+impl BuildOutcome {
+    pub const ALL: [BuildOutcome; 4] = [
+        BuildOutcome::Succeeded,
+        BuildOutcome::Failed,
+        BuildOutcome::DeadlineExceeded,
+        BuildOutcome::OomKilled,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            BuildOutcome::Succeeded => "succeeded",
+            BuildOutcome::Failed => "failed",
+            BuildOutcome::DeadlineExceeded => "deadline_exceeded",
+            BuildOutcome::OomKilled => "oom_killed",
+        }
+    }
+
+    /// The result a `Built` condition's reason reports, if it reports one.
+    pub fn of_reason(reason: &str) -> Option<Self> {
+        match reason {
+            "Built" => Some(BuildOutcome::Succeeded),
+            "BuildFailed" => Some(BuildOutcome::Failed),
+            "DeadlineExceeded" => Some(BuildOutcome::DeadlineExceeded),
+            "OOMKilled" => Some(BuildOutcome::OomKilled),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     pub reconciles: Counter,
     pub failures: Family<ErrorLabels, Counter>,
     pub duration: Histogram,
+    pub builds: Family<BuildLabels, Counter>,
+    /// The controller's cache of Functions, read on every scrape; set once it runs.
+    functions: Arc<OnceLock<Store<Function>>>,
 }
 
 impl Default for Metrics {
@@ -25,6 +97,8 @@ impl Default for Metrics {
             reconciles: Counter::default(),
             failures: Family::default(),
             duration: Histogram::new([0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
+            builds: Family::default(),
+            functions: Arc::default(),
         }
     }
 }
@@ -46,7 +120,19 @@ impl Metrics {
             "Time a reconcile took",
             self.duration.clone(),
         );
+        registry.register(
+            "wasmless_operator_builds",
+            "Builds this operator saw end, by Function and result (succeeded, failed, deadline_exceeded, oom_killed)",
+            self.builds.clone(),
+        );
+        registry.register_collector(Box::new(Replicas(self.functions.clone())));
         self
+    }
+
+    /// Serves `wasmless_function_replicas` from the controller's cache of Functions, so a
+    /// deleted Function's series go with it. Only the first store given is used.
+    pub fn watch(&self, functions: Store<Function>) {
+        let _ = self.functions.set(functions);
     }
 
     /// Counts a reconcile and times it until the returned guard drops.
@@ -64,6 +150,61 @@ impl Metrics {
                 error: error.metric_label().into(),
             })
             .inc();
+    }
+
+    /// Exports every build result of a Function at 0 (once), so that the first build
+    /// that ends shows as an increase rather than as a series appearing at 1.
+    pub fn builds_seen(&self, function: &str, namespace: &str) {
+        for result in BuildOutcome::ALL {
+            let _ = self.builds.get_or_create(&build_labels(function, namespace, result));
+        }
+    }
+
+    pub fn build_ended(&self, function: &str, namespace: &str, result: BuildOutcome) {
+        self.builds
+            .get_or_create(&build_labels(function, namespace, result))
+            .inc();
+    }
+}
+
+fn build_labels(function: &str, namespace: &str, result: BuildOutcome) -> BuildLabels {
+    BuildLabels {
+        function: function.into(),
+        function_namespace: namespace.into(),
+        result: result.label(),
+    }
+}
+
+/// `wasmless_function_replicas{state="desired"|"ready"}`: `spec.replicas` (what the user,
+/// `kubectl scale` or an autoscaler asked for) and `status.readyReplicas` of each Function.
+struct Replicas(Arc<OnceLock<Store<Function>>>);
+
+impl std::fmt::Debug for Replicas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replicas").finish_non_exhaustive()
+    }
+}
+
+impl Collector for Replicas {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let family = Family::<ReplicaLabels, Gauge>::default();
+        for func in self.0.get().map(Store::state).unwrap_or_default() {
+            let labels = |state| ReplicaLabels {
+                function: func.name_any(),
+                function_namespace: func.namespace().unwrap_or_default(),
+                state,
+            };
+            let ready = func.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
+            family.get_or_create(&labels("desired")).set(func.spec.replicas.into());
+            family.get_or_create(&labels("ready")).set(ready.into());
+        }
+        let metric = encoder.encode_descriptor(
+            "wasmless_function_replicas",
+            "Replicas of each Function: desired (spec.replicas) and ready (status.readyReplicas)",
+            None,
+            family.metric_type(),
+        )?;
+        family.encode(metric)
     }
 }
 
