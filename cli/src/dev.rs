@@ -1,7 +1,7 @@
 //! `wasmless dev`: build a function, serve it on localhost with the runtime in this
 //! process, and rebuild and swap it in whenever its source changes.
 
-use crate::function_file::LocalFunction;
+use wasmless::function_file::LocalFunction;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
