@@ -3,6 +3,7 @@
 # targets, then runs each for SECONDS (default 30) and fails on the first crash.
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]      # all targets when none is named
+#   WASMLESS_FUZZ_JOBS=1 WASMLESS_FUZZ_NICE=10 scripts/fuzz.sh 3600 code
 #
 # The seed corpus in fuzz/corpus/<target> is only read: what libFuzzer learns goes to
 # ~/.cache/wasmless/fuzz-corpus/<target> (WASMLESS_FUZZ_CORPUS), kept between runs so a
@@ -57,26 +58,42 @@ say "built in $((SECONDS - start)) s"
 git diff --quiet -- fuzz/Cargo.lock 2>/dev/null ||
   say "warning: fuzz/Cargo.lock changed (a dependency of the main workspace moved): commit it"
 
-failed=()
-for target in "${targets[@]}"; do
+# One target: its log and exit status land in $runs/<target>.{log,rc}.
+runs=$(mktemp -d)
+trap 'rm -rf "$runs"' EXIT
+fuzz_one() {
+  local target=$1 rc=0
   mkdir -p "$corpora/$target" "$crashes/$target"
-  log=$(mktemp)
-  say "$target: ${seconds}s"
   # The first corpus directory receives new inputs; the seed directory is only read.
   # -timeout: a unit over 30 s is a hang; -rss_limit_mb: the parsers cap what they
   # allocate (256 MiB modules, 1 GiB code), so 4 GiB is over any legitimate input.
-  if nice -n "${WASMLESS_FUZZ_NICE:-0}" "$bin/$target" "$corpora/$target" "fuzz/corpus/$target" \
+  nice -n "${WASMLESS_FUZZ_NICE:-0}" "$bin/$target" "$corpora/$target" "fuzz/corpus/$target" \
     -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
-    -artifact_prefix="$crashes/$target/" >"$log" 2>&1; then
-    grep -E '^(Done|stat::number_of_executed_units|stat::new_units_added)' "$log" | tr '\n' ' ' >&2
-    echo >&2
+    -artifact_prefix="$crashes/$target/" >"$runs/$target.log" 2>&1 || rc=$?
+  echo "$rc" >"$runs/$target.rc"
+}
+
+# WASMLESS_FUZZ_JOBS targets at a time (default 2, one a core): a fuzzer is one process.
+jobs=${WASMLESS_FUZZ_JOBS:-2}
+say "fuzzing ${#targets[@]} targets ${seconds}s each, $jobs at a time"
+for target in "${targets[@]}"; do
+  while [[ $(jobs -rp | wc -l) -ge $jobs ]]; do wait -n || true; done
+  fuzz_one "$target" &
+done
+wait
+
+failed=()
+for target in "${targets[@]}"; do
+  if [[ $(cat "$runs/$target.rc") == 0 ]]; then
+    printf '[fuzz] %s: %s\n' "$target" \
+      "$(grep -E '^(Done|stat::new_units_added)' "$runs/$target.log" | tr -s ' \n' ' ')" >&2
   else
     # The panic or sanitizer report and libFuzzer's summary, not its 40-frame stacks.
-    grep -E -A4 'panicked at|ERROR: (AddressSanitizer|libFuzzer)|^SUMMARY|Test unit written' "$log" | head -n 40 >&2
+    grep -E -A4 'panicked at|ERROR: (AddressSanitizer|libFuzzer)|^SUMMARY|Test unit written' "$runs/$target.log" |
+      head -n 40 >&2
     say "$target CRASHED: the input is in $crashes/$target/ (reproduce: $bin/$target <file>)"
     failed+=("$target")
   fi
-  rm -f "$log"
 done
 
 if [[ ${#failed[@]} -gt 0 ]]; then
