@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: sets up what is missing, checks formatting and lints, builds the release
+# The test command: sets up what is missing, checks formatting and lints, fuzzes every
+# parser of untrusted bytes for a bounded time (scripts/fuzz.sh), builds the release
 # binaries once, makes the images from them, starts the test cluster (scripts/cluster.sh),
 # runs every test against the release build and the cluster, then the end-to-end run
 # (e2e/run.sh), and takes the cluster down again, whatever happened.
@@ -30,6 +31,13 @@ python3 -c 'import json, sys; json.load(open(sys.argv[1]))' deploy/grafana/wasml
 
 step "cargo clippy"
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
+
+# Every parser of untrusted bytes under libFuzzer for a bounded time (docs/fuzzing.md):
+# cold, the instrumented build is most of it; WASMLESS_FUZZ_SECONDS=0 skips it.
+if [[ ${WASMLESS_FUZZ_SECONDS:-30} -gt 0 ]]; then
+  step "fuzz every parser of untrusted bytes (scripts/fuzz.sh ${WASMLESS_FUZZ_SECONDS:-30})"
+  scripts/fuzz.sh "${WASMLESS_FUZZ_SECONDS:-30}"
+fi
 
 # `cargo test` builds the binaries too, with the dev-dependencies' features unified; a plain
 # `cargo build` would compile a second set. The images take these binaries.

@@ -141,7 +141,7 @@ pub fn decompress_code_into(compressed: &[u8], out: &mut [u8]) -> Result<(), Cod
 pub fn code_header(decompressed: &[u8]) -> Result<CodeHeader, CodeError> {
     let block = decompressed.get(..CODE_HEADER_BYTES).ok_or(CodeError::NotCode)?;
     let header = std::str::from_utf8(block).map_err(|_| CodeError::NotCode)?;
-    parse_header(header.trim_end_matches('\n'))
+    parse_header(header)
 }
 
 /// [`decode_code_into`] a new buffer: the header and the `.cwasm` bytes.
@@ -151,13 +151,23 @@ pub fn decode_code(compressed: &[u8]) -> Result<(CodeHeader, Vec<u8>), CodeError
     Ok((header, plain.split_off(CODE_HEADER_BYTES)))
 }
 
-fn parse_header(text: &str) -> Result<CodeHeader, CodeError> {
-    let mut lines = text.lines();
-    if lines.next() != Some(MAGIC) {
+/// Reads the header block: its lines, then the newlines `encode_code` pads it with.
+fn parse_header(block: &str) -> Result<CodeHeader, CodeError> {
+    if block.split('\n').next() != Some(MAGIC) {
         return Err(CodeError::NotCode);
     }
+    // Without a newline at its end, the last line ran into the code: the block was cut.
+    if !block.ends_with('\n') {
+        return Err(CodeError::Header(format!(
+            "the header does not end within its {CODE_HEADER_BYTES}-byte block"
+        )));
+    }
     let (mut module_digest, mut engine, mut kind, mut target) = (None, None, None, None);
-    for line in lines {
+    for line in block.trim_end_matches('\n').split('\n').skip(1) {
+        // Values end up in logs and errors; the writer only writes text.
+        if line.contains(char::is_control) {
+            return Err(CodeError::Header(format!("line {line:?} has a control character")));
+        }
         let (key, value) = line
             .split_once(": ")
             .ok_or_else(|| CodeError::Header(format!("line {line:?} is not `key: value`")))?;
@@ -229,5 +239,30 @@ mod tests {
         let no_kind = lz4_flex::block::compress_prepend_size(&no_kind);
         let error = decode_code(&no_kind).unwrap_err().to_string();
         assert!(error.contains("no module-digest"), "{error}");
+    }
+
+    /// Found by the `code` fuzz target: a header block with no newline at its end (its last
+    /// value running to the code), or with control characters in a value, was accepted, as a
+    /// header `encode_code` cannot write.
+    #[test]
+    fn a_header_ends_within_its_block_and_its_values_are_text() {
+        let lines = format!(
+            "{MAGIC}\nmodule-digest: {}\nengine: {}\nkind: module\ntarget: ",
+            Digest::of(b"module"),
+            "ab".repeat(32)
+        );
+        let mut unterminated = lines.clone().into_bytes();
+        unterminated.resize(CODE_HEADER_BYTES, b'\0');
+        unterminated.extend_from_slice(b"code");
+        let error = decode_code(&lz4_flex::block::compress_prepend_size(&unterminated)).unwrap_err();
+        assert!(error.to_string().contains("does not end"), "{error}");
+
+        for value in ["x86\0", "x86\r", "x86\x1b[31m"] {
+            let mut control = format!("{lines}{value}\n").into_bytes();
+            control.resize(CODE_HEADER_BYTES, b'\n');
+            control.extend_from_slice(b"code");
+            let error = decode_code(&lz4_flex::block::compress_prepend_size(&control)).unwrap_err();
+            assert!(error.to_string().contains("control character"), "{value:?}: {error}");
+        }
     }
 }

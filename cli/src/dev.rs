@@ -1,11 +1,11 @@
 //! `wasmless dev`: build a function, serve it on localhost with the runtime in this
 //! process, and rebuild and swap it in whenever its source changes.
 
-use crate::function_file::LocalFunction;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
+use wasmless::function_file::LocalFunction;
 use wasmless_builder::{BuildOptions, Built};
 
 #[derive(clap::Args)]

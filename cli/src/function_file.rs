@@ -87,7 +87,13 @@ impl LocalFunction {
 
     fn from_yaml(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let file: FunctionFile = serde_yaml::from_str(&text).with_context(|| {
+        Self::from_yaml_text(&text, path)
+    }
+
+    /// Reads `text`, the contents of the `function.yaml` at `path` (named in errors and
+    /// watched for changes).
+    pub fn from_yaml_text(text: &str, path: &Path) -> anyhow::Result<Self> {
+        let file: FunctionFile = serde_yaml::from_str(text).with_context(|| {
             format!(
                 "{} is not a Function: it needs metadata.name and spec.source",
                 path.display()

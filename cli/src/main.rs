@@ -1,6 +1,5 @@
 mod cluster;
 mod dev;
-mod function_file;
 
 use clap::{Parser, Subcommand};
 

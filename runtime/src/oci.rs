@@ -2,6 +2,7 @@
 
 use crate::module_source::LoadError;
 use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::manifest::OciImageManifest;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use wasmless_artifact::{Digest, oci::LAYER_MEDIA_TYPE};
@@ -89,15 +90,7 @@ impl Registry {
             .pull_image_manifest(&self.reference, &self.auth)
             .await
             .map_err(|e| self.error(e.to_string()))?;
-        let layer = manifest
-            .layers
-            .iter()
-            .find(|layer| layer.media_type == media_type)
-            .ok_or_else(|| self.error(format!("the artifact has no {media_type} layer")))?;
-        layer
-            .digest
-            .parse()
-            .map_err(|e| self.error(format!("layer digest: {e}")))
+        layer_digest(&manifest, media_type).map_err(|e| self.error(e))
     }
 
     async fn blob(&self, digest: &Digest) -> Result<Vec<u8>, LoadError> {
@@ -108,6 +101,17 @@ impl Registry {
             .map_err(|e| self.error(e.to_string()))?;
         Ok(bytes)
     }
+}
+
+/// The digest of `manifest`'s layer of `media_type`: the first such layer, as a
+/// registry's manifest names it (fuzzed with the manifests a registry may answer).
+pub fn layer_digest(manifest: &OciImageManifest, media_type: &str) -> Result<Digest, String> {
+    let layer = manifest
+        .layers
+        .iter()
+        .find(|layer| layer.media_type == media_type)
+        .ok_or_else(|| format!("the artifact has no {media_type} layer"))?;
+    layer.digest.parse().map_err(|e| format!("layer digest: {e}"))
 }
 
 /// Registries on loopback (the tests', a developer's) speak plain HTTP; so does any

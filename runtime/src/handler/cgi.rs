@@ -2,12 +2,12 @@
 //! and Spin speak it): the request as environment and stdin, the response as a header
 //! block, a blank line and the body on stdout.
 
-use super::{Connection, Failure, MAX_HANDLER_OUTPUT, Shared, log_handler_output};
+use super::{Connection, Failure, MAX_HANDLER_OUTPUT, Shared, cgi_response, log_handler_output};
 use crate::engine::deadline_ticks;
 use crate::limits::RequestLimiter;
 use axum::body::Body;
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Response, StatusCode, header};
+use http::{Response, header};
 use std::sync::Arc;
 use std::time::Instant;
 use wasmtime::{Engine, InstancePre, Linker, Module, Store};
@@ -130,63 +130,11 @@ fn cgi_environment(
     env
 }
 
-/// Reads a CGI response: header lines, a blank line, the body.
+/// Reads a CGI response ([`cgi_response::parse`]) into what axum sends.
 fn parse_response(output: &[u8]) -> Result<Response<Body>, Failure> {
-    let bad = |why: &str| Failure::BadResponse(why.to_string());
-    if output.is_empty() {
-        return Err(bad("the handler wrote nothing"));
-    }
-    let (head, body) = split_head(output).ok_or_else(|| bad("no blank line ends the header block"))?;
-    let head = std::str::from_utf8(head).map_err(|_| bad("the header block is not UTF-8"))?;
-    let mut response = Response::builder();
-    let mut status = None;
-    let mut has_location = false;
-    for line in head.lines().map(|line| line.trim_end_matches('\r')) {
-        let (name, value) = line
-            .split_once(':')
-            .ok_or_else(|| bad(&format!("header line {line:?} has no colon")))?;
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("status") {
-            let code = value.split_whitespace().next().unwrap_or("");
-            let parsed = code
-                .parse::<u16>()
-                .ok()
-                .and_then(|code| StatusCode::from_u16(code).ok());
-            status = Some(parsed.ok_or_else(|| bad(&format!("Status {value:?} is not an HTTP status")))?);
-            continue;
-        }
-        let name =
-            HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad(&format!("{name:?} is not a header name")))?;
-        let value =
-            HeaderValue::from_str(value).map_err(|_| bad(&format!("the value of {name} is not a header value")))?;
-        has_location |= name == header::LOCATION;
-        response = response.header(name, value);
-    }
-    let status = status.unwrap_or(if has_location {
-        StatusCode::FOUND
-    } else {
-        StatusCode::OK
-    });
-    response
-        .status(status)
-        .body(Body::from(Bytes::copy_from_slice(body)))
-        .map_err(|e| bad(&e.to_string()))
-}
-
-/// Splits at the first empty line (`\n\n` or `\r\n\r\n`).
-fn split_head(output: &[u8]) -> Option<(&[u8], &[u8])> {
-    let mut line_start = 0;
-    for (index, &byte) in output.iter().enumerate() {
-        if byte != b'\n' {
-            continue;
-        }
-        let line = &output[line_start..index];
-        if line.is_empty() || line == b"\r" {
-            return Some((&output[..line_start], &output[index + 1..]));
-        }
-        line_start = index + 1;
-    }
-    None
+    cgi_response::parse(output)
+        .map(|response| response.map(Body::from))
+        .map_err(|e| Failure::BadResponse(e.to_string()))
 }
 
 /// RFC 3875 §4.1.5: PATH_INFO is the decoded path (REQUEST_URI keeps it as sent).
@@ -201,6 +149,7 @@ fn path_info(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::StatusCode;
     use http_body_util::BodyExt;
 
     async fn body_text(response: Response<Body>) -> String {

@@ -2,6 +2,7 @@
 //! one invocation returns.
 
 mod cgi;
+pub mod cgi_response;
 mod http;
 
 use crate::abi::Abi;

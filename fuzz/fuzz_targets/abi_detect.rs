@@ -1,0 +1,14 @@
+//! Arbitrary bytes as a handler binary: which ABI they speak (`wasmless_runtime::abi::detect`).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use wasmless_runtime::abi::{Abi, detect};
+
+fuzz_target!(|bytes: &[u8]| {
+    match detect(bytes) {
+        // A component is served over wasi:http, a core module over CGI: never the other way.
+        Ok(Abi::HttpComponent) => assert!(wasmparser::Parser::is_component(bytes)),
+        Ok(Abi::CgiCommand) => assert!(wasmparser::Parser::is_core_wasm(bytes)),
+        Err(_) => {}
+    }
+});
