@@ -25,6 +25,9 @@ unformatted=$("$(go env GOROOT)/bin/gofmt" -l sdk/go runtime/tests/handlers)
 step "shell scripts parse"
 for script in scripts/*.sh e2e/*.sh bench/*.sh; do bash -n "$script"; done
 
+step "the Helm chart installs what deploy/ does (scripts/check-helm.sh)"
+scripts/check-helm.sh
+
 step "cargo clippy"
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 
