@@ -599,7 +599,11 @@ helm_install() {
   new_function helmed "served through the Helm release"
   wait_until 60 "a build Job of helmed" has_jobs helmed
   kubectl wait fn/helmed -n "$NS" --for=condition=Ready --timeout=600s >/dev/null
-  expect_eq "$(get_service helmed)" "served through the Helm release" "GET through helmed's Service"
+  # Ready is the pods' readiness; kube-proxy programs the new Service a moment later.
+  local url
+  url=$(service_url helmed)
+  answers() { [[ $(get "$url") == "$1" ]]; }
+  wait_until 30 "helmed to answer through its Service" answers "served through the Helm release"
 
   # A changed value with a visible effect: one operator replica instead of two.
   helm upgrade wasmless "$chart" "${values[@]}" --set operator.replicas=1 --wait --timeout 180s >/dev/null
@@ -612,10 +616,7 @@ helm_install() {
   expect_eq "$(get_service helmed)" "served through the Helm release" "GET through helmed's Service after the upgrade"
   # The upgraded operator still reconciles: a source change is built and served.
   set_source helmed "$(go_handler 'upgraded')"
-  local url
-  url=$(service_url helmed)
-  answers_upgraded() { [[ $(get "$url") == upgraded ]]; }
-  wait_until 600 "helmed to answer the new source" answers_upgraded
+  wait_until 600 "helmed to answer the new source" answers upgraded
 
   # Back to deploy/'s two replicas, for any step after this one.
   helm upgrade wasmless "$chart" "${values[@]}" --wait --timeout 180s >/dev/null
