@@ -615,7 +615,7 @@ helm_install() {
   wait_until 60 "the remaining replica holding the Lease" leader
   expect_eq "$(get_service helmed)" "served through the Helm release" "GET through helmed's Service after the upgrade"
   # The upgraded operator still reconciles: a source change is built and served.
-  set_source helmed "$(go_handler 'upgraded')"
+  new_function helmed upgraded # its `source` (set_source writes the Goless `function` field)
   wait_until 600 "helmed to answer the new source" answers upgraded
 
   # Back to deploy/'s two replicas, for any step after this one.
