@@ -587,6 +587,12 @@ helm_install() {
   helm uninstall wasmless --namespace wasmless-system --ignore-not-found --wait >/dev/null
   # The cluster runs deploy/ (install_operator), as a user moving to Helm has it: Helm takes
   # those objects over (--take-ownership) instead of refusing them, and nothing is deleted.
+  # Adoption merges and so keeps what the chart does not set: after namespaced_install, the
+  # operator's WASMLESS_WATCH_NAMESPACE would stay. That Deployment goes first; Helm makes it.
+  if kubectl get deploy wasmless-operator -n wasmless-system -o 'jsonpath={.spec.template.spec.containers[0].env[*].name}' |
+    grep -qw WASMLESS_WATCH_NAMESPACE; then
+    kubectl delete deploy wasmless-operator -n wasmless-system --wait=true >/dev/null
+  fi
   helm install wasmless "$chart" "${values[@]}" --take-ownership --wait --timeout 180s >/dev/null
   expect_eq "$(helm status wasmless -n wasmless-system -o json | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["info"]["status"], r["version"])')" \
     "deployed 1" "the release"
