@@ -29,6 +29,9 @@ for script in scripts/*.sh e2e/*.sh bench/*.sh; do bash -n "$script"; done
 python3 -c 'import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]' e2e/dashboard_queries.py e2e/dashboard_picture.py
 python3 -c 'import json, sys; json.load(open(sys.argv[1]))' deploy/grafana/wasmless.json
 
+step "the Helm chart installs what deploy/ does (scripts/check-helm.sh)"
+scripts/check-helm.sh
+
 step "cargo clippy"
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The Helm chart (deploy/helm/wasmless) and kustomize (deploy/, the no-tools path) install
+# the same objects: renders both and compares them object by object
+# (scripts/compare-manifests.py), for the cluster-wide install, the namespaced one
+# (deploy-namespaced/) and the Prometheus objects (deploy/prometheus/); and `helm lint
+# --strict` with each of those values. A change to one side without the other fails here.
+# Needs helm (scripts/setup.sh builds it), kubectl and python3 with PyYAML.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export PATH="${WASMLESS_CACHE:-$HOME/.cache/wasmless}/bin:$PATH"
+command -v helm >/dev/null || { echo "helm is missing: run scripts/setup.sh (it builds helm into ~/.cache/wasmless/bin)" >&2; exit 1; }
+python3 -c 'import yaml' 2>/dev/null || { echo "python3 lacks PyYAML: pip install pyyaml" >&2; exit 1; }
+
+CHART=deploy/helm/wasmless
+RELEASE_NS=wasmless-system # deploy/'s namespace; the chart installs into the release's
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+namespaced=(--set watchNamespace=functions) # deploy-namespaced/'s namespace
+prometheus=(--set prometheus.scrapeConfig.create=true --set prometheus.rbac.create=true)
+
+for values in "" "${namespaced[*]}" "${prometheus[*]}"; do
+  # shellcheck disable=SC2086 # the --set pairs split on spaces
+  helm lint --strict --quiet "$CHART" --namespace "$RELEASE_NS" $values >"$work/lint" 2>&1 ||
+    { cat "$work/lint" >&2; echo "helm lint ${values:-(default values)}: failed" >&2; exit 1; }
+done
+echo "helm lint: clean with the default, namespaced and Prometheus values"
+
+# The chart's files/ link to crds/function.yaml and deploy/prometheus/prometheus.yml, so
+# there is one copy of each; Helm follows the links and says so on every render.
+template() {
+  helm template wasmless "$CHART" --namespace "$RELEASE_NS" "$@" 2> >(grep -v 'found symbolic link in path' >&2)
+}
+
+# The Namespace: Helm users pass `--create-namespace` (or install into one they made), and
+# a chart cannot hold the namespace its release is stored in.
+echo "deploy/ and the chart's default values:"
+kubectl kustomize deploy/ >"$work/kustomize.yaml"
+template >"$work/helm.yaml"
+python3 scripts/compare-manifests.py "$work/kustomize.yaml" "$work/helm.yaml" --only-expected "Namespace//$RELEASE_NS"
+
+echo "deploy-namespaced/ and watchNamespace=functions:"
+kubectl kustomize deploy-namespaced/ >"$work/kustomize.yaml"
+template "${namespaced[@]}" >"$work/helm.yaml"
+python3 scripts/compare-manifests.py "$work/kustomize.yaml" "$work/helm.yaml" --only-expected "Namespace//$RELEASE_NS"
+
+echo "deploy/prometheus/ and prometheus.scrapeConfig.create, prometheus.rbac.create:"
+{
+  cat deploy/prometheus/rbac.yaml
+  echo "---"
+  kubectl create configmap wasmless-prometheus -n "$RELEASE_NS" --from-file=deploy/prometheus/prometheus.yml --dry-run=client -o yaml |
+    kubectl label --local -f - app.kubernetes.io/part-of=wasmless -o yaml
+} >"$work/kustomize.yaml"
+template "${prometheus[@]}" --show-only templates/prometheus.yaml >"$work/helm.yaml"
+python3 scripts/compare-manifests.py "$work/kustomize.yaml" "$work/helm.yaml"
