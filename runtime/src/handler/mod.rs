@@ -3,6 +3,7 @@
 
 mod cgi;
 mod http;
+mod reactor;
 
 use crate::abi::Abi;
 use crate::compile::Compiled;
@@ -45,6 +46,7 @@ pub struct LoadedHandler {
 enum Kind {
     Http(http::HttpHandler),
     Cgi(cgi::CgiHandler),
+    Reactor(reactor::ReactorHandler),
 }
 
 /// Why a request failed inside the handler.
@@ -118,6 +120,9 @@ impl LoadedHandler {
     ) -> wasmtime::Result<Self> {
         let kind = match compiled {
             Compiled::Component(component) => Kind::Http(http::HttpHandler::new(engine, &component, shared)?),
+            Compiled::Module(module) if abi == Abi::GoReactor => {
+                Kind::Reactor(reactor::ReactorHandler::new(engine, &module, shared)?)
+            }
             Compiled::Module(module) => Kind::Cgi(cgi::CgiHandler::new(engine, &module, shared)?),
         };
         Ok(Self { digest, abi, kind })
@@ -134,6 +139,11 @@ impl LoadedHandler {
         match &self.kind {
             Kind::Http(handler) => handler.invoke(request, permit).await,
             Kind::Cgi(handler) => {
+                let response = handler.invoke(request, connection).await;
+                drop(permit);
+                response
+            }
+            Kind::Reactor(handler) => {
                 let response = handler.invoke(request, connection).await;
                 drop(permit);
                 response
