@@ -54,6 +54,18 @@ struct InitState {
 
 /// Runs `_initialize` of the reactor `wasm` and returns the initialised module.
 pub fn snapshot(wasm: &[u8]) -> Result<Snapshot, SnapshotError> {
+    // On a thread of its own: wasmtime-wasi's synchronous host functions start a Tokio
+    // runtime of their own, which panics on a thread that is already driving one (a
+    // caller's async task).
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| snapshot_here(wasm))
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+fn snapshot_here(wasm: &[u8]) -> Result<Snapshot, SnapshotError> {
     let started = Instant::now();
     let mut wizer = Wizer::new();
     wizer.init_func("_initialize");
