@@ -94,7 +94,8 @@ fn write_runtime_overlay(project: &Path, options: &BuildOptions) -> Result<std::
             String::from_utf8_lossy(&output.stderr).trim()
         )));
     }
-    let reseed = project.join("wasmless_reseed.go");
+    // Not a .go file: in the project directory it would be part of package main.
+    let reseed = project.join("wasmless_reseed.go.in");
     let overlay = project.join("overlay.json");
     let target = Path::new(&goroot).join("src/runtime/wasmless_reseed.go");
     let json = serde_json::json!({ "Replace": { target.to_string_lossy(): reseed.to_string_lossy() } });
