@@ -171,6 +171,16 @@ fn markdown(settings: &Settings, results: &Results, plot_name: &str) -> String {
             "- hello component vs native axum: **{:.2}×** (target ≥ 0.5×)",
             ours / axum
         );
+        if let (Some(native_go), Some(reactor)) = (rps("native Go net/http"), rps("Goless sample (Go reactor")) {
+            let _ = writeln!(
+                md,
+                "- Goless sample, Go reactor with a fresh instance per request, vs native Go net/http: **{:.2}×** (target ≥ 0.25×){}",
+                reactor / native_go,
+                rps("Goless sample (Go over CGI")
+                    .map(|cgi| format!("; over CGI, as before the reactor: {:.2}×", cgi / native_go))
+                    .unwrap_or_default()
+            );
+        }
         if let Some(wasmtime) = rps("wasmtime serve") {
             let _ = writeln!(
                 md,

@@ -91,12 +91,13 @@ pub fn run_all(settings: &Settings) -> anyhow::Result<Results> {
     let rust_module = build_example(settings, "hello-rust", "rust")?;
     eprintln!("cold starts");
     let cold_starts = cold_starts(settings, &go_module, &rust_module)?;
+    let go_cgi = build_goless_cgi(settings)?;
     eprintln!("throughput");
-    let throughput = throughput(settings, &go_module, &rust_module)?;
+    let throughput = throughput(settings, &go_module, &go_cgi, &rust_module)?;
     eprintln!("build times");
     let builds = vec![build_times(settings, "go")?, build_times(settings, "rust")?];
     eprintln!("Go per-request breakdown");
-    let go_breakdown = go_breakdown(settings, &go_module)
+    let go_breakdown = go_breakdown(settings, &go_cgi)
         .inspect_err(|error| eprintln!("  the Go breakdown failed: {error:#}"))
         .ok();
     Ok(Results {
@@ -308,7 +309,35 @@ fn cold_starts(settings: &Settings, go: &Module, rust: &Module) -> anyhow::Resul
 /// Busy time per request for the yardstick rows of `throughput`.
 pub const BUSY_MICROS: [u32; 2] = [10, 20];
 
-fn throughput(settings: &Settings, go: &Module, rust: &Module) -> anyhow::Result<Vec<Throughput>> {
+/// The Goless sample as the Go path was before the reactor: a WASI command that speaks
+/// CGI through the SDK's `ServeFunc`, Go starting up in every request.
+fn build_goless_cgi(settings: &Settings) -> anyhow::Result<Module> {
+    let dir = settings.work("goless-cgi");
+    std::fs::create_dir_all(dir.join("handlers"))?;
+    std::fs::write(dir.join("handlers/handler.go"), GOLESS_HANDLER)?;
+    std::fs::write(
+        dir.join("go.mod"),
+        format!(
+            "module function\n\ngo 1.21\n\nrequire wasmless.io/wasmless v0.0.0\n\nreplace wasmless.io/wasmless => {}\n",
+            settings.root.join("sdk/go").canonicalize()?.display()
+        ),
+    )?;
+    std::fs::write(
+        dir.join("main.go"),
+        "package main\n\nimport (\n\t\"function/handlers\"\n\t\"wasmless.io/wasmless\"\n)\n\nfunc main() { wasmless.ServeFunc(handlers.Handler) }\n",
+    )?;
+    let mut build = go_command(&["build", "-trimpath", "-ldflags=-s", "-o", "module.wasm", "."], &dir);
+    build.envs([("GOOS", "wasip1"), ("GOARCH", "wasm"), ("GOWORK", "off")]);
+    time_command(&mut build)?;
+    let path = dir.join("module.wasm");
+    Ok(Module {
+        digest: Digest::of(&std::fs::read(&path)?),
+        path,
+        code: None,
+    })
+}
+
+fn throughput(settings: &Settings, go: &Module, go_cgi: &Module, rust: &Module) -> anyhow::Result<Vec<Throughput>> {
     let mut rows = Vec::new();
     let mut measure = |name: &str, command: &mut Command, port: u16, ours: bool| -> anyhow::Result<()> {
         let started = Instant::now();
@@ -380,8 +409,15 @@ fn throughput(settings: &Settings, go: &Module, rust: &Module) -> anyhow::Result
     )?;
     let port = free_port();
     measure(
-        "wasmless-runtime, Goless sample (Go over CGI)",
+        "wasmless-runtime, Goless sample (Go reactor, a fresh instance per request)",
         &mut runtime(settings, go, port, Some(&cache)),
+        port,
+        true,
+    )?;
+    let port = free_port();
+    measure(
+        "wasmless-runtime, Goless sample (Go over CGI, the path before the reactor)",
+        &mut runtime(settings, go_cgi, port, Some(&cache)),
         port,
         true,
     )?;

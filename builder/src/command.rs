@@ -135,6 +135,15 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<Stri
         "output": args.output,
         "published": published.as_ref().map(|p| p.location.clone()),
     });
+    if let Some(snapshot) = &built.snapshot {
+        result["snapshot"] = serde_json::json!({
+            "size": built.wasm.len(),
+            "memoryBytes": snapshot.memory_bytes,
+            "dataSegments": snapshot.segments_kept,
+            "dataSegmentsBeforeMerging": snapshot.segments_written,
+            "seconds": (snapshot.seconds * 1000.0).round() / 1000.0,
+        });
+    }
     if let Some((code, path)) = &code {
         result["code"] = serde_json::json!({
             "digest": code.digest.to_string(),

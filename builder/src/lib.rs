@@ -4,8 +4,9 @@
 //!
 //! [`build`] reads like the steps: read and check the source ([`source`]), look in
 //! the [`cache`], compile with the language's toolchain ([`toolchain`]), [`validate`]
-//! the output for the ABI the runtime needs, and [`precompile`] it to native code once,
-//! so that no pod compiles it. [`publish`] ships the result.
+//! the output for the ABI the runtime needs, snapshot a Go reactor after its
+//! initialisation (`wasmless_runtime::snapshot`), and [`precompile`] it to native code
+//! once, so that no pod compiles it. [`publish`] ships the result.
 
 pub mod cache;
 pub mod command;
@@ -36,6 +37,8 @@ pub enum BuildError {
     Cache { path: PathBuf, source: std::io::Error },
     #[error("cannot compile the module to native code: {0}")]
     Precompile(String),
+    #[error(transparent)]
+    Snapshot(#[from] wasmless_runtime::snapshot::SnapshotError),
 }
 
 impl BuildError {
@@ -55,6 +58,9 @@ impl BuildError {
         match self {
             Self::Source(source::SourceError::Read { .. }) => false,
             Self::Source(_) | Self::Compile { .. } | Self::Invalid(_) => true,
+            // Initialisers that fail or never finish do so on every build.
+            Self::Snapshot(wasmless_runtime::snapshot::SnapshotError::Initialize(_)) => true,
+            Self::Snapshot(_) => false,
             Self::Toolchain(_) | Self::Cache { .. } | Self::Precompile(_) => false,
         }
     }
@@ -84,6 +90,7 @@ pub enum Step {
     Checking,
     Compiling,
     Validating,
+    Snapshotting,
     Precompiling,
 }
 
@@ -93,6 +100,7 @@ impl Step {
             Self::Checking => "checking the source".into(),
             Self::Compiling => format!("compiling {} to WebAssembly", language.name()),
             Self::Validating => "validating the module".into(),
+            Self::Snapshotting => "initialising the Go reactor and snapshotting it".into(),
             Self::Precompiling => format!(
                 "compiling the module to native code for {}",
                 wasmless_runtime::engine::PORTABLE_TARGET
@@ -109,6 +117,19 @@ pub struct Built {
     pub source_digest: Digest,
     /// Taken from the build cache: nothing was compiled.
     pub cached: bool,
+    /// For a Go reactor built now: its snapshot (none when taken from the cache).
+    pub snapshot: Option<SnapshotReport>,
+}
+
+/// What snapshotting a Go reactor made, and what it took.
+#[derive(Debug, Clone)]
+pub struct SnapshotReport {
+    /// Linear memory an instance starts with.
+    pub memory_bytes: u64,
+    /// Data segments before and after merging them.
+    pub segments_written: usize,
+    pub segments_kept: usize,
+    pub seconds: f64,
 }
 
 /// Compiled code for a built module: what a new pod loads instead of compiling.
@@ -163,13 +184,27 @@ pub fn build(source: &Source, options: &BuildOptions, progress: &dyn Fn(Step)) -
                 digest,
                 source_digest,
                 cached: true,
+                snapshot: None,
             });
         }
     }
     progress(Step::Compiling);
-    let wasm = toolchain::compile(source, options)?;
+    let mut wasm = toolchain::compile(source, options)?;
     progress(Step::Validating);
-    validate::validate(source.language, &wasm)?;
+    let abi = validate::validate(source.language, &wasm)?;
+    let mut snapshot = None;
+    if abi == wasmless_runtime::abi::Abi::GoReactor {
+        progress(Step::Snapshotting);
+        let made = wasmless_runtime::snapshot::snapshot(&wasm)?;
+        validate::validate(source.language, &made.wasm)?;
+        snapshot = Some(SnapshotReport {
+            memory_bytes: made.memory_bytes,
+            segments_written: made.segments_written,
+            segments_kept: made.segments_kept,
+            seconds: made.seconds,
+        });
+        wasm = made.wasm;
+    }
     cache.put(&source_digest, &wasm)?;
     let digest = Digest::of(&wasm);
     Ok(Built {
@@ -177,5 +212,6 @@ pub fn build(source: &Source, options: &BuildOptions, progress: &dyn Fn(Step)) -
         digest,
         source_digest,
         cached: false,
+        snapshot,
     })
 }

@@ -25,7 +25,7 @@ pub fn validate(language: Language, wasm: &[u8]) -> Result<Abi, ValidateError> {
         .validate_all(wasm)
         .map_err(|e| ValidateError::Invalid(e.to_string()))?;
     let expected = match language {
-        Language::Go => Some(Abi::CgiCommand),
+        Language::Go => Some(Abi::GoReactor),
         Language::Rust => Some(Abi::HttpComponent),
         Language::Wat | Language::Wasm => None,
     };

@@ -112,8 +112,15 @@ async fn build_with_progress(function: &LocalFunction, options: &BuildOptions) -
     });
     spinner.finish_and_clear();
     let built = result.map_err(|error| format!("build failed: {}", error.status_message()))?;
+    let snapshot = built.snapshot.as_ref().map_or(String::new(), |s| {
+        format!(
+            ", a Go reactor snapshotted in {:.2} s with {} KiB of memory",
+            s.seconds,
+            s.memory_bytes / 1024
+        )
+    });
     eprintln!(
-        "built {} ({} bytes{})",
+        "built {} ({} bytes{}{snapshot})",
         built.digest,
         built.wasm.len(),
         if built.cached { ", from the build cache" } else { "" }

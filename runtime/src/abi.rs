@@ -1,4 +1,4 @@
-//! Which of the two handler contracts a binary speaks, read from the binary itself.
+//! Which of the three handler contracts a binary speaks, read from the binary itself.
 
 use wasmparser::{Parser, Payload};
 
@@ -11,13 +11,23 @@ pub enum Abi {
     HttpComponent,
     /// A WASI preview1 command (`_start`) that speaks CGI on stdin/stdout.
     CgiCommand,
+    /// A WASI preview1 reactor built with the Go SDK (`wasmless.io/wasmless/reactor`),
+    /// normally snapshotted after `_initialize`: [`REACTOR_HANDLE`] takes one request in
+    /// the SDK's binary encoding (see `handler/reactor.rs`).
+    GoReactor,
 }
+
+/// The reactor's request entry, and the export that hands out the buffer the request is
+/// written into.
+pub const REACTOR_HANDLE: &str = "wasmless_handle";
+pub const REACTOR_REQUEST_BUFFER: &str = "wasmless_request_buffer";
 
 impl Abi {
     pub fn name(self) -> &'static str {
         match self {
             Self::HttpComponent => "wasi-http",
             Self::CgiCommand => "cgi",
+            Self::GoReactor => "go-reactor",
         }
     }
 }
@@ -35,7 +45,7 @@ pub enum AbiError {
     )]
     NoIncomingHandler(String),
     #[error(
-        "the core module is not a WASI command: it has no _start export (it exports: {0}); build it with GOOS=wasip1 or for wasm32-wasip1"
+        "the core module is neither a WASI command (no _start export) nor a Wasmless reactor (no wasmless_handle and wasmless_request_buffer exports); it exports: {0}; build it with GOOS=wasip1 or for wasm32-wasip1"
     )]
     NoStart(String),
 }
@@ -63,10 +73,27 @@ pub fn detect(bytes: &[u8]) -> Result<Abi, AbiError> {
         }
         return Err(AbiError::NoIncomingHandler(listed()));
     }
-    if exports.iter().any(|name| name == "_start") {
+    let exported = |wanted: &str| exports.iter().any(|name| name == wanted);
+    // A reactor first: a Go command may export functions too, but only the reactor SDK
+    // exports both of these, and a reactor has no `_start`.
+    if exported(REACTOR_HANDLE) && exported(REACTOR_REQUEST_BUFFER) && !exported("_start") {
+        return Ok(Abi::GoReactor);
+    }
+    if exported("_start") {
         return Ok(Abi::CgiCommand);
     }
     Err(AbiError::NoStart(listed()))
+}
+
+/// The contract of a compiled core module (from the compiled-code cache, or the builder's
+/// precompiled code), read from its exports as [`detect`] reads them from the binary.
+pub fn of_module(module: &wasmtime::Module) -> Abi {
+    let exported = |wanted: &str| module.get_export(wanted).is_some();
+    if exported(REACTOR_HANDLE) && exported(REACTOR_REQUEST_BUFFER) && !exported("_start") {
+        Abi::GoReactor
+    } else {
+        Abi::CgiCommand
+    }
 }
 
 /// Export names of the outermost module or component, skipping nested ones.
@@ -111,6 +138,13 @@ mod tests {
         let command =
             b"\0asm\x01\0\0\0\x01\x04\x01\x60\0\0\x03\x02\x01\0\x07\x0a\x01\x06_start\0\0\x0a\x04\x01\x02\0\x0b";
         assert_eq!(detect(command), Ok(Abi::CgiCommand));
+        let reactor = wat::parse_str(
+            r#"(module (memory (export "memory") 1)
+                (func (export "wasmless_request_buffer") (param i32) (result i32) i32.const 0)
+                (func (export "wasmless_handle") (result i64) i64.const 0))"#,
+        )
+        .unwrap();
+        assert_eq!(detect(&reactor), Ok(Abi::GoReactor));
         let empty = b"\0asm\x01\0\0\0";
         assert_eq!(detect(empty), Err(AbiError::NoStart("nothing".into())));
     }

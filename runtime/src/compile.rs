@@ -14,6 +14,16 @@ pub enum Compiled {
     Module(wasmtime::Module),
 }
 
+impl Compiled {
+    /// The contract this code speaks; a core module's is read from its exports.
+    pub fn abi(&self) -> Abi {
+        match self {
+            Self::Component(_) => Abi::HttpComponent,
+            Self::Module(module) => crate::abi::of_module(module),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheOutcome {
     /// The compiled code came from the cache directory.
@@ -60,7 +70,7 @@ pub fn compile(
     }
     let serialized = match abi {
         Abi::HttpComponent => engine.precompile_component(bytes),
-        Abi::CgiCommand => engine.precompile_module(bytes),
+        Abi::CgiCommand | Abi::GoReactor => engine.precompile_module(bytes),
     }
     .map_err(|e| CompileError(format!("{e:?}")))?;
     if let Err(err) = write_atomically(&path, &serialized) {
@@ -70,7 +80,9 @@ pub fn compile(
     let compiled = unsafe {
         match abi {
             Abi::HttpComponent => Component::deserialize(engine, &serialized).map(Compiled::Component),
-            Abi::CgiCommand => wasmtime::Module::deserialize(engine, &serialized).map(Compiled::Module),
+            Abi::CgiCommand | Abi::GoReactor => {
+                wasmtime::Module::deserialize(engine, &serialized).map(Compiled::Module)
+            }
         }
     }
     .map_err(|e| CompileError(format!("{e:?}")))?;
@@ -94,7 +106,9 @@ fn load_entry(engine: &Engine, path: &Path) -> Option<(Compiled, Abi)> {
             Some(Precompiled::Module) => Abi::CgiCommand,
             None => wasmtime::bail!("not compiled code"),
         };
-        Ok((deserialize(engine, abi, path)?, abi))
+        let compiled = deserialize(engine, abi, path)?;
+        let abi = compiled.abi();
+        Ok((compiled, abi))
     });
     match loaded {
         Ok(loaded) => Some(loaded),
@@ -108,7 +122,7 @@ fn load_entry(engine: &Engine, path: &Path) -> Option<(Compiled, Abi)> {
 fn compile_fresh(engine: &Engine, abi: Abi, bytes: &[u8]) -> Result<Compiled, CompileError> {
     match abi {
         Abi::HttpComponent => Component::new(engine, bytes).map(Compiled::Component),
-        Abi::CgiCommand => wasmtime::Module::new(engine, bytes).map(Compiled::Module),
+        Abi::CgiCommand | Abi::GoReactor => wasmtime::Module::new(engine, bytes).map(Compiled::Module),
     }
     .map_err(|e| CompileError(format!("{e:?}")))
 }
@@ -120,7 +134,7 @@ fn deserialize(engine: &Engine, abi: Abi, path: &Path) -> wasmtime::Result<Compi
     unsafe {
         match abi {
             Abi::HttpComponent => Component::deserialize_file(engine, path).map(Compiled::Component),
-            Abi::CgiCommand => wasmtime::Module::deserialize_file(engine, path).map(Compiled::Module),
+            Abi::CgiCommand | Abi::GoReactor => wasmtime::Module::deserialize_file(engine, path).map(Compiled::Module),
         }
     }
 }

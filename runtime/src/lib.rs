@@ -7,6 +7,7 @@
 //! module ([`reload`]).
 
 pub mod abi;
+pub mod clocks;
 pub mod compile;
 pub mod config;
 pub mod edge;
@@ -21,6 +22,7 @@ pub mod oci;
 pub mod precompiled;
 mod reload;
 pub mod server;
+pub mod snapshot;
 
 pub use config::Config;
 

@@ -23,7 +23,7 @@ use wasmtime::component::Component;
 pub fn precompile(engine: &Engine, abi: Abi, wasm: &[u8], module_digest: Digest) -> wasmtime::Result<Vec<u8>> {
     let cwasm = match abi {
         Abi::HttpComponent => engine.precompile_component(wasm)?,
-        Abi::CgiCommand => engine.precompile_module(wasm)?,
+        Abi::CgiCommand | Abi::GoReactor => engine.precompile_module(wasm)?,
     };
     let header = CodeHeader {
         module_digest,
@@ -42,7 +42,7 @@ pub fn precompile_engine() -> wasmtime::Result<Engine> {
 fn code_kind(abi: Abi) -> CodeKind {
     match abi {
         Abi::HttpComponent => CodeKind::Component,
-        Abi::CgiCommand => CodeKind::Module,
+        Abi::CgiCommand | Abi::GoReactor => CodeKind::Module,
     }
 }
 
@@ -237,7 +237,11 @@ pub fn open(
         std::mem::forget(image);
     }
     Ok(match loaded {
-        Ok((compiled, abi)) => Opened::Loaded(compiled, abi),
+        // A core module's ABI is read from its exports: the reactor is a core module too.
+        Ok((compiled, _)) => {
+            let abi = compiled.abi();
+            Opened::Loaded(compiled, abi)
+        }
         Err(error) => Opened::Fallback(Fallback::Deserialize(format!("{error:#}"))),
     })
 }

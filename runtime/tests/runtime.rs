@@ -3,6 +3,7 @@
 //! and small WAT commands.
 
 mod adversarial;
+mod reactor;
 mod support;
 
 use serde_json::Value;

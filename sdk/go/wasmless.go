@@ -39,6 +39,14 @@ func ServeFunc(handler func(http.ResponseWriter, *http.Request)) {
 	Serve(http.HandlerFunc(handler))
 }
 
+// Recovering wraps handler as Serve does: a panic becomes a 500 while the status can
+// still be chosen, and a failed exit (status 2, which the runtime answers with a 500)
+// once it cannot. The reactor in package wasmless.io/wasmless/reactor uses it too, so
+// that a panic looks the same to a client whichever way a handler is run.
+func Recovering(handler http.Handler) http.Handler {
+	return recoverPanics{handler}
+}
+
 // recoverPanics turns a panic into a 500 while the status can still be chosen, and
 // into a failed exit (which the runtime also answers with a 500) once it cannot.
 type recoverPanics struct{ next http.Handler }

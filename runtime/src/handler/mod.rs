@@ -4,6 +4,7 @@
 mod cgi;
 pub mod cgi_response;
 mod http;
+mod reactor;
 
 use crate::abi::Abi;
 use crate::compile::Compiled;
@@ -46,6 +47,7 @@ pub struct LoadedHandler {
 enum Kind {
     Http(http::HttpHandler),
     Cgi(cgi::CgiHandler),
+    Reactor(reactor::ReactorHandler),
 }
 
 /// Why a request failed inside the handler.
@@ -119,6 +121,9 @@ impl LoadedHandler {
     ) -> wasmtime::Result<Self> {
         let kind = match compiled {
             Compiled::Component(component) => Kind::Http(http::HttpHandler::new(engine, &component, shared)?),
+            Compiled::Module(module) if abi == Abi::GoReactor => {
+                Kind::Reactor(reactor::ReactorHandler::new(engine, &module, shared)?)
+            }
             Compiled::Module(module) => Kind::Cgi(cgi::CgiHandler::new(engine, &module, shared)?),
         };
         Ok(Self { digest, abi, kind })
@@ -135,6 +140,11 @@ impl LoadedHandler {
         match &self.kind {
             Kind::Http(handler) => handler.invoke(request, permit).await,
             Kind::Cgi(handler) => {
+                let response = handler.invoke(request, connection).await;
+                drop(permit);
+                response
+            }
+            Kind::Reactor(handler) => {
                 let response = handler.invoke(request, connection).await;
                 drop(permit);
                 response

@@ -107,6 +107,78 @@ pub fn go_handler(name: &str) -> PathBuf {
     output
 }
 
+/// A Goless handler built as wasmless-builder builds Go: a reactor (`-buildmode=c-shared`)
+/// registered with the SDK's `reactor` package, with the SDK's file added to Go's
+/// package runtime, then snapshotted. `snapshot: false` leaves `_initialize` in (the
+/// runtime then runs Go's start-up per request).
+pub fn go_reactor(name: &str, snapshot: bool) -> PathBuf {
+    static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+    let key = format!("{name}-{snapshot}");
+    let mut built = BUILT.lock().unwrap();
+    if let Some((_, path)) = built.iter().find(|(n, _)| *n == key) {
+        return path.clone();
+    }
+    let project = build_dir().join("go-reactor").join(name);
+    std::fs::create_dir_all(project.join("handlers")).unwrap();
+    std::fs::copy(
+        handlers_dir().join(name).join("handler.go"),
+        project.join("handlers/handler.go"),
+    )
+    .unwrap();
+    std::fs::write(
+        project.join("go.mod"),
+        format!(
+            "module function\n\ngo 1.21\n\nrequire wasmless.io/wasmless v0.0.0\n\nreplace wasmless.io/wasmless => {}\n",
+            workspace_root().join("sdk/go").display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        project.join("main.go"),
+        "package main\n\nimport (\n\t\"function/handlers\"\n\t\"wasmless.io/wasmless/reactor\"\n)\n\nfunc init() { reactor.HandleFunc(handlers.Handler) }\n\nfunc main() {}\n",
+    )
+    .unwrap();
+    let go = std::env::var("WASMLESS_GO").unwrap_or_else(|_| "go".into());
+    let goroot = Command::new(&go).args(["env", "GOROOT"]).output().unwrap();
+    let goroot = String::from_utf8(goroot.stdout).unwrap();
+    let overlay = project.join("overlay.json");
+    std::fs::write(
+        &overlay,
+        serde_json::json!({ "Replace": {
+            Path::new(goroot.trim()).join("src/runtime/wasmless_reseed.go").to_string_lossy():
+                workspace_root().join("sdk/go/reactor/reseed_runtime.go.in").to_string_lossy()
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let output = project.join("reactor.wasm");
+    run(Command::new(go)
+        .current_dir(&project)
+        .args(["build", "-buildmode=c-shared", "-trimpath", "-ldflags=-s", "-overlay"])
+        .arg(&overlay)
+        .arg("-o")
+        .arg(&output)
+        .arg(".")
+        .envs([
+            ("GOOS", "wasip1"),
+            ("GOARCH", "wasm"),
+            ("GOFLAGS", "-mod=mod"),
+            ("GOPROXY", "off"),
+            ("GOTOOLCHAIN", "local"),
+            ("GOWORK", "off"),
+        ]));
+    let path = if snapshot {
+        let made = wasmless_runtime::snapshot::snapshot(&std::fs::read(&output).unwrap()).unwrap();
+        let path = project.join("snapshot.wasm");
+        std::fs::write(&path, made.wasm).unwrap();
+        path
+    } else {
+        output
+    };
+    built.push((key, path.clone()));
+    path
+}
+
 /// A WASI command that writes `output` to stdout: a CGI response, or not.
 pub fn cgi_wat(output: &str) -> Vec<u8> {
     let escaped: String = output.bytes().map(|b| format!("\\{b:02x}")).collect();

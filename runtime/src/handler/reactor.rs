@@ -1,0 +1,275 @@
+//! Go reactors (`wasmless.io/wasmless/reactor`): a fresh instance of the snapshotted
+//! module per request, from the pooling allocator with copy-on-write memory images, so
+//! that Go's start-up (done once, at build time) is never paid again. The request goes
+//! in, and the response comes out, in the SDK's binary encoding (documented in
+//! sdk/go/reactor/reactor.go); what the handler sees is what net/http/cgi would give it.
+
+use super::{Connection, Failure, MAX_HANDLER_OUTPUT, Shared, log_handler_output};
+use crate::abi::{REACTOR_HANDLE, REACTOR_REQUEST_BUFFER};
+use crate::clocks::WallMonotonic;
+use crate::engine::deadline_ticks;
+use crate::limits::RequestLimiter;
+use axum::body::Body;
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Response, StatusCode, header};
+use std::sync::Arc;
+use std::time::Instant;
+use wasmtime::{Engine, InstancePre, Linker, Module, Store};
+use wasmtime_wasi::WasiCtxBuilder;
+use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+
+pub struct ReactorHandler {
+    pre: InstancePre<ReactorState>,
+    shared: Arc<Shared>,
+    /// A reactor that was not snapshotted still exports `_initialize`, and must run it
+    /// (Go's whole start-up) in every instance: correct, and as slow as a command.
+    initialize: bool,
+}
+
+struct ReactorState {
+    wasi: WasiP1Ctx,
+    limiter: RequestLimiter,
+}
+
+impl ReactorHandler {
+    pub fn new(engine: &Engine, module: &Module, shared: Arc<Shared>) -> wasmtime::Result<Self> {
+        let mut linker = Linker::new(engine);
+        wasmtime_wasi::p1::add_to_linker_async(&mut linker, |state: &mut ReactorState| &mut state.wasi)?;
+        let initialize = module.get_export("_initialize").is_some();
+        if initialize {
+            tracing::warn!(
+                "the reactor was not snapshotted: Go starts up in every request; build it with wasmless-builder"
+            );
+        }
+        let pre = linker.instantiate_pre(module)?;
+        Ok(Self {
+            pre,
+            shared,
+            initialize,
+        })
+    }
+
+    pub async fn invoke(
+        &self,
+        request: http::Request<Bytes>,
+        connection: Connection,
+    ) -> Result<Response<Body>, Failure> {
+        let encoded = encode_request(&request, connection);
+        let stdout = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
+        let stderr = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.args(&[self.shared.function.as_str()])
+            .envs(&self.shared.env)
+            .monotonic_clock(WallMonotonic)
+            .stdout(stdout.clone())
+            .stderr(stderr.clone());
+        let state = ReactorState {
+            wasi: wasi.build_p1(),
+            limiter: RequestLimiter::new(&self.shared.limits),
+        };
+        let mut store = Store::new(self.pre.module().engine(), state);
+        store.limiter(|state| &mut state.limiter);
+        store.set_epoch_deadline(deadline_ticks(self.shared.limits.timeout));
+        store.epoch_deadline_trap();
+
+        let outcome = self.run(&mut store, &encoded).await;
+        log_handler_output("stdout", &stdout.contents());
+        log_handler_output("stderr", &stderr.contents());
+        let output = outcome.map_err(|error| Failure::classify(error, store.data().limiter.memory_exceeded))?;
+        decode_response(&output)
+    }
+
+    async fn run(&self, store: &mut Store<ReactorState>, request: &[u8]) -> wasmtime::Result<Vec<u8>> {
+        let started = Instant::now();
+        let instance = self.pre.instantiate_async(&mut *store).await?;
+        self.shared.metrics.observe_instantiate(started.elapsed());
+        if self.initialize {
+            let initialize = instance.get_typed_func::<(), ()>(&mut *store, "_initialize")?;
+            initialize.call_async(&mut *store, ()).await?;
+        }
+        let memory = instance
+            .get_memory(&mut *store, "memory")
+            .ok_or_else(|| wasmtime::Error::msg("the reactor exports no memory"))?;
+        let buffer = instance.get_typed_func::<u32, u32>(&mut *store, REACTOR_REQUEST_BUFFER)?;
+        let length = u32::try_from(request.len()).map_err(|_| wasmtime::Error::msg("request over 4 GiB"))?;
+        let address = buffer.call_async(&mut *store, length).await?;
+        memory.write(&mut *store, address as usize, request)?;
+        let handle = instance.get_typed_func::<(), u64>(&mut *store, REACTOR_HANDLE)?;
+        let packed = handle.call_async(&mut *store, ()).await?;
+        let (address, length) = ((packed >> 32) as usize, (packed & 0xffff_ffff) as usize);
+        let mut response = vec![0; length];
+        memory.read(&*store, address, &mut response)?;
+        Ok(response)
+    }
+}
+
+fn put_u32(out: &mut Vec<u8>, value: u32) {
+    out.extend_from_slice(&value.to_le_bytes());
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    put_u32(out, bytes.len() as u32);
+    out.extend_from_slice(bytes);
+}
+
+/// The request in the SDK's encoding, carrying what the CGI environment carries (see
+/// `cgi::cgi_environment`), so that a handler sees the same request either way: the
+/// values of a repeated header joined with ", ", `_` in a name read as `-`, and neither
+/// Content-Length (the body's length says it), Host (its own field) nor Proxy (httpoxy,
+/// which CGI leaves out) among the headers.
+fn encode_request(request: &http::Request<Bytes>, connection: Connection) -> Vec<u8> {
+    let body = request.body();
+    let mut out = Vec::with_capacity(256 + body.len());
+    put_bytes(&mut out, request.method().as_str().as_bytes());
+    let uri = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
+    put_bytes(&mut out, uri.as_bytes());
+    put_bytes(&mut out, format!("{:?}", request.version()).as_bytes());
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    put_bytes(&mut out, host.as_bytes());
+    put_bytes(&mut out, connection.remote.ip().to_string().as_bytes());
+    put_u32(&mut out, u32::from(connection.remote.port()));
+    let headers: Vec<(String, String)> = request
+        .headers()
+        .keys()
+        .filter(|name| **name != header::CONTENT_LENGTH && **name != header::HOST && name.as_str() != "proxy")
+        .map(|name| {
+            let values: Vec<&str> = request
+                .headers()
+                .get_all(name)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .collect();
+            (name.as_str().replace('_', "-"), values.join(", "))
+        })
+        .collect();
+    put_u32(&mut out, headers.len() as u32);
+    for (name, value) in &headers {
+        put_bytes(&mut out, name.as_bytes());
+        put_bytes(&mut out, value.as_bytes());
+    }
+    put_bytes(&mut out, body);
+    out
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn u32(&mut self) -> Option<u32> {
+        let (head, rest) = self.0.split_first_chunk::<4>()?;
+        self.0 = rest;
+        Some(u32::from_le_bytes(*head))
+    }
+
+    fn bytes(&mut self) -> Option<&'a [u8]> {
+        let length = self.u32()? as usize;
+        if self.0.len() < length {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(length);
+        self.0 = rest;
+        Some(head)
+    }
+}
+
+/// Reads the SDK's response, checking status and headers as a CGI response is checked.
+fn decode_response(output: &[u8]) -> Result<Response<Body>, Failure> {
+    let bad = |why: &str| Failure::BadResponse(why.to_string());
+    let truncated = || bad("the response is truncated");
+    let mut reader = Reader(output);
+    let code = reader.u32().ok_or_else(truncated)?;
+    let status = u16::try_from(code)
+        .ok()
+        .and_then(|code| StatusCode::from_u16(code).ok())
+        .ok_or_else(|| bad(&format!("{code} is not an HTTP status")))?;
+    let mut response = Response::builder().status(status);
+    for _ in 0..reader.u32().ok_or_else(truncated)? {
+        let name = reader.bytes().ok_or_else(truncated)?;
+        let value = reader.bytes().ok_or_else(truncated)?;
+        let name = HeaderName::from_bytes(name)
+            .map_err(|_| bad(&format!("{:?} is not a header name", String::from_utf8_lossy(name))))?;
+        let value = std::str::from_utf8(value)
+            .ok()
+            .and_then(|value| HeaderValue::from_str(value).ok())
+            .ok_or_else(|| bad(&format!("the value of {name} is not a header value")))?;
+        response = response.header(name, value);
+    }
+    let body = reader.bytes().ok_or_else(truncated)?;
+    response
+        .body(Body::from(Bytes::copy_from_slice(body)))
+        .map_err(|e| bad(&e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response_bytes(status: u32, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        put_u32(&mut out, status);
+        put_u32(&mut out, headers.len() as u32);
+        for (name, value) in headers {
+            put_bytes(&mut out, name.as_bytes());
+            put_bytes(&mut out, value.as_bytes());
+        }
+        put_bytes(&mut out, body);
+        out
+    }
+
+    #[test]
+    fn response_decodes_and_malformed_ones_are_bad_gateway() {
+        let response = decode_response(&response_bytes(201, &[("X-A", "1"), ("X-A", "2")], b"hi")).unwrap();
+        assert_eq!(response.status(), 201);
+        assert_eq!(response.headers().get_all("x-a").iter().count(), 2);
+        for output in [
+            response_bytes(42, &[], b""),
+            response_bytes(200, &[("Bad Name", "x")], b""),
+            response_bytes(200, &[("X", "a\u{1}b")], b""),
+            response_bytes(200, &[], b"body")[..10].to_vec(),
+            Vec::new(),
+        ] {
+            assert_eq!(decode_response(&output).unwrap_err().status(), StatusCode::BAD_GATEWAY);
+        }
+    }
+
+    #[test]
+    fn request_carries_what_cgi_carries() {
+        let request = http::Request::post("/p?q=1")
+            .header("host", "example.com")
+            .header("x-multi", "one")
+            .header("x-multi", "two")
+            .header("x_under", "u")
+            .header("proxy", "http://evil")
+            .header("content-length", "4")
+            .body(Bytes::from_static(b"body"))
+            .unwrap();
+        let connection = Connection {
+            remote: "10.1.2.3:5555".parse().unwrap(),
+            local_port: 8080,
+        };
+        let encoded = encode_request(&request, connection);
+        let mut reader = Reader(&encoded);
+        let mut text = || String::from_utf8(reader.bytes().unwrap().to_vec()).unwrap();
+        assert_eq!(
+            [text(), text(), text(), text(), text()],
+            ["POST", "/p?q=1", "HTTP/1.1", "example.com", "10.1.2.3"]
+        );
+        assert_eq!(reader.u32(), Some(5555));
+        let count = reader.u32().unwrap();
+        let headers: Vec<(String, String)> = (0..count)
+            .map(|_| {
+                let name = String::from_utf8(reader.bytes().unwrap().to_vec()).unwrap();
+                (name, String::from_utf8(reader.bytes().unwrap().to_vec()).unwrap())
+            })
+            .collect();
+        assert_eq!(
+            headers,
+            [("x-multi".into(), "one, two".into()), ("x-under".into(), "u".into())]
+        );
+        assert_eq!(reader.bytes(), Some(&b"body"[..]));
+    }
+}

@@ -1,0 +1,391 @@
+//! Snapshotting a Go reactor at build time: run its `_initialize` (Go's runtime
+//! start-up and every package initialiser, `net/http`'s included) once, in wasmtime,
+//! and write a module whose memory and globals start where `_initialize` left them
+//! (wasmtime-wizer). Then every request starts from there, and pays for none of it.
+//!
+//! The initialisers run with a fixed clock ([`SnapshotClock`]), a fixed random source,
+//! no environment and one argument, so that the same module snapshots to the same bytes.
+//! What that freezes, and how a request sees current values anyway, is in
+//! `docs/architecture.md` ("The Go reactor"); the short of it: the SDK reads the
+//! environment and the arguments again and reseeds Go's random generator per request,
+//! and the run-time clock is always later than the snapshot's.
+
+use crate::clocks::SnapshotClock;
+use rand::SeedableRng;
+use std::time::{Duration, Instant};
+use wasmtime::{Config, Engine, Instance, Linker, Module, Store, StoreLimits, StoreLimitsBuilder, Val};
+use wasmtime_wasi::WasiCtxBuilder;
+use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wizer::{InstanceState, SnapshotVal, ValType, Wizer};
+
+/// `_initialize` may run this long before the build gives up on it.
+const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(60);
+/// And grow memory this far.
+const INITIALIZE_MEMORY: usize = 1 << 30;
+/// Active data segments closer than this are merged, with the zeros between them.
+const MERGE_GAP: u64 = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("the reactor cannot be snapshotted: {0}")]
+    Unsupported(String),
+    #[error("the reactor's initialisation failed (_initialize: Go's start-up and the package initialisers): {0}")]
+    Initialize(String),
+    #[error("cannot rewrite the snapshot's data segments: {0}")]
+    Segments(String),
+}
+
+/// A snapshotted reactor, and what making it took.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub wasm: Vec<u8>,
+    /// Bytes of linear memory an instance starts with.
+    pub memory_bytes: u64,
+    /// Data segments Wizer wrote, and what was left after [`compact_data_segments`].
+    pub segments_written: usize,
+    pub segments_kept: usize,
+    pub seconds: f64,
+}
+
+struct InitState {
+    wasi: WasiP1Ctx,
+    limits: StoreLimits,
+}
+
+/// Runs `_initialize` of the reactor `wasm` and returns the initialised module.
+pub fn snapshot(wasm: &[u8]) -> Result<Snapshot, SnapshotError> {
+    // On a thread of its own: wasmtime-wasi's synchronous host functions start a Tokio
+    // runtime of their own, which panics on a thread that is already driving one (a
+    // caller's async task).
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| snapshot_here(wasm))
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+fn snapshot_here(wasm: &[u8]) -> Result<Snapshot, SnapshotError> {
+    let started = Instant::now();
+    let mut wizer = Wizer::new();
+    wizer.init_func("_initialize");
+    let (context, instrumented) = wizer
+        .instrument(wasm)
+        .map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
+
+    let mut config = Config::new();
+    config.epoch_interruption(true);
+    let engine = Engine::new(&config).map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
+    let module = Module::new(&engine, &instrumented).map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
+    let mut linker = Linker::new(&engine);
+    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |state: &mut InitState| &mut state.wasi)
+        .map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
+    let clock = SnapshotClock::default();
+    let wasi = WasiCtxBuilder::new()
+        .args(&["function"])
+        .wall_clock(clock.clone())
+        .monotonic_clock(clock)
+        .secure_random(rand::rngs::StdRng::seed_from_u64(0))
+        .insecure_random(rand::rngs::StdRng::seed_from_u64(1))
+        .insecure_random_seed(0)
+        .build_p1();
+    let state = InitState {
+        wasi,
+        limits: StoreLimitsBuilder::new().memory_size(INITIALIZE_MEMORY).build(),
+    };
+    let mut store = Store::new(&engine, state);
+    store.limiter(|state| &mut state.limits);
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_trap();
+    let _deadline = Deadline::start(&engine, INITIALIZE_TIMEOUT);
+
+    let instance = linker
+        .instantiate(&mut store, &module)
+        .map_err(|e| SnapshotError::Initialize(format!("{e:#}")))?;
+    let initialize = instance
+        .get_typed_func::<(), ()>(&mut store, "_initialize")
+        .map_err(|e| SnapshotError::Unsupported(format!("no _initialize export: {e:#}")))?;
+    initialize.call(&mut store, ()).map_err(|e| {
+        let timed_out = matches!(e.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt));
+        SnapshotError::Initialize(if timed_out {
+            format!("did not finish within {INITIALIZE_TIMEOUT:?}")
+        } else {
+            format!("{e:#}")
+        })
+    })?;
+
+    let mut state = Initialised { store, instance };
+    let raw =
+        block_on(wizer.snapshot(&context, &mut state)).map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
+    let compacted = compact_data_segments(&raw)?;
+    Ok(Snapshot {
+        memory_bytes: compacted.memory_bytes,
+        segments_written: compacted.segments_before,
+        segments_kept: compacted.segments_after,
+        wasm: compacted.wasm,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Interrupts `_initialize` once `timeout` has passed (the store's deadline is one
+/// epoch), unless the snapshot is done and this is dropped first.
+struct Deadline(Option<std::sync::mpsc::Sender<()>>);
+
+impl Deadline {
+    fn start(engine: &Engine, timeout: Duration) -> Self {
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let engine = engine.clone();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(timeout) {
+                engine.increment_epoch();
+            }
+        });
+        Self(Some(done))
+    }
+}
+
+impl Drop for Deadline {
+    fn drop(&mut self) {
+        drop(self.0.take());
+    }
+}
+
+struct Initialised {
+    store: Store<InitState>,
+    instance: Instance,
+}
+
+impl InstanceState for Initialised {
+    async fn global_get(&mut self, name: &str, _: ValType) -> SnapshotVal {
+        let global = self
+            .instance
+            .get_global(&mut self.store, name)
+            .expect("Wizer exports every global it snapshots");
+        match global.get(&mut self.store) {
+            Val::I32(x) => SnapshotVal::I32(x),
+            Val::I64(x) => SnapshotVal::I64(x),
+            Val::F32(x) => SnapshotVal::F32(x),
+            Val::F64(x) => SnapshotVal::F64(x),
+            Val::V128(x) => SnapshotVal::V128(x.as_u128()),
+            // Wizer refuses modules with mutable reference-typed globals before this.
+            other => unreachable!("global of a type Wizer does not snapshot: {other:?}"),
+        }
+    }
+
+    async fn memory_contents(&mut self, name: &str, contents: impl FnOnce(&[u8]) + Send) {
+        let memory = self
+            .instance
+            .get_memory(&mut self.store, name)
+            .expect("Wizer exports every memory it snapshots");
+        contents(memory.data(&self.store));
+    }
+}
+
+/// Wizer's snapshot is `async` for hosts whose reads are; ours are not, so its future
+/// is ready the first time it is polled.
+fn block_on<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut context) {
+            return output;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// A module with fewer data segments.
+pub struct Compacted {
+    pub wasm: Vec<u8>,
+    pub segments_before: usize,
+    pub segments_after: usize,
+    pub memory_bytes: u64,
+}
+
+/// Wizer keeps the module's original data segments, emptied, as passive segments (so
+/// that indices `memory.init` and `data.drop` use stay valid) and writes one active
+/// segment per non-zero run of memory: for Go, ~48k empty passive segments and ~10k
+/// active ones. Instantiation walks every segment, so that costs ~120 µs per request;
+/// merging the active segments across short runs of zeros and dropping the passive ones
+/// (when no code refers to a segment by index) leaves a few hundred, and ~2 µs.
+pub fn compact_data_segments(wasm: &[u8]) -> Result<Compacted, SnapshotError> {
+    use wasm_encoder::{DataSection, RawSection};
+    use wasmparser::{DataKind, Operator, Parser, Payload};
+    let bad = |e: wasmparser::BinaryReaderError| SnapshotError::Segments(e.to_string());
+
+    // Whether any code names a data segment; if so, every segment keeps its index.
+    let mut indexed = false;
+    let mut memory_pages = 0u64;
+    for payload in Parser::new(0).parse_all(wasm) {
+        match payload.map_err(bad)? {
+            Payload::CodeSectionEntry(body) => {
+                let mut ops = body.get_operators_reader().map_err(bad)?;
+                while !ops.eof() {
+                    if matches!(
+                        ops.read().map_err(bad)?,
+                        Operator::MemoryInit { .. } | Operator::DataDrop { .. }
+                    ) {
+                        indexed = true;
+                    }
+                }
+            }
+            Payload::MemorySection(reader) => {
+                for memory in reader {
+                    memory_pages += memory.map_err(bad)?.initial;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    let mut module = wasm_encoder::Module::new();
+    let mut before = 0;
+    let mut after = 0;
+    for payload in Parser::new(0).parse_all(wasm) {
+        let payload = payload.map_err(bad)?;
+        match &payload {
+            Payload::DataCountSection { .. } if !indexed => continue,
+            Payload::DataSection(reader) => {
+                let mut section = DataSection::new();
+                // (memory, offset, bytes), merged below.
+                let mut active: Vec<(u32, u64, Vec<u8>)> = Vec::new();
+                for segment in reader.clone() {
+                    let segment = segment.map_err(bad)?;
+                    before += 1;
+                    match segment.kind {
+                        DataKind::Passive if indexed => {
+                            section.passive(segment.data.iter().copied());
+                            after += 1;
+                        }
+                        DataKind::Passive => {}
+                        DataKind::Active {
+                            memory_index,
+                            offset_expr,
+                        } => {
+                            let offset = match offset_expr.get_operators_reader().read().map_err(bad)? {
+                                Operator::I32Const { value } => u64::from(value as u32),
+                                Operator::I64Const { value } => value as u64,
+                                // Not a constant: keep the segment as it is.
+                                _ => {
+                                    return Err(SnapshotError::Segments(
+                                        "an active data segment has a non-constant offset".into(),
+                                    ));
+                                }
+                            };
+                            if indexed {
+                                section.active(
+                                    memory_index,
+                                    &const_offset(wasm, memory_index, offset),
+                                    segment.data.iter().copied(),
+                                );
+                                after += 1;
+                            } else {
+                                active.push((memory_index, offset, segment.data.to_vec()));
+                            }
+                        }
+                    }
+                }
+                active.sort_by_key(|(memory, offset, _)| (*memory, *offset));
+                let mut merged: Vec<(u32, u64, Vec<u8>)> = Vec::new();
+                for (memory, offset, data) in active {
+                    if let Some((last_memory, last_offset, last_data)) = merged.last_mut() {
+                        let end = *last_offset + last_data.len() as u64;
+                        if *last_memory == memory && offset >= end && offset - end <= MERGE_GAP {
+                            last_data.resize((offset - *last_offset) as usize, 0);
+                            last_data.extend_from_slice(&data);
+                            continue;
+                        }
+                    }
+                    merged.push((memory, offset, data));
+                }
+                for (memory, offset, data) in merged {
+                    section.active(memory, &const_offset(wasm, memory, offset), data);
+                    after += 1;
+                }
+                module.section(&section);
+            }
+            other => {
+                if let Some((id, range)) = other.as_section() {
+                    module.section(&RawSection { id, data: &wasm[range] });
+                }
+            }
+        }
+    }
+    let compacted = module.finish();
+    wasmparser::Validator::new_with_features(wasmparser::WasmFeatures::all())
+        .validate_all(&compacted)
+        .map_err(|e| SnapshotError::Segments(format!("the rewritten module does not validate: {e}")))?;
+    Ok(Compacted {
+        wasm: compacted,
+        segments_before: before,
+        segments_after: after,
+        memory_bytes: memory_pages * 65536,
+    })
+}
+
+/// The offset expression of an active segment of `memory`: `i64.const` for a 64-bit memory.
+fn const_offset(wasm: &[u8], memory: u32, offset: u64) -> wasm_encoder::ConstExpr {
+    if memory_is_64(wasm, memory) {
+        wasm_encoder::ConstExpr::i64_const(offset as i64)
+    } else {
+        wasm_encoder::ConstExpr::i32_const(offset as u32 as i32)
+    }
+}
+
+fn memory_is_64(wasm: &[u8], index: u32) -> bool {
+    wasmparser::Parser::new(0)
+        .parse_all(wasm)
+        .filter_map(Result::ok)
+        .find_map(|payload| match payload {
+            wasmparser::Payload::MemorySection(reader) => reader
+                .into_iter()
+                .nth(index as usize)
+                .and_then(Result::ok)
+                .map(|m| m.memory64),
+            _ => None,
+        })
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn active_segments_merge_across_short_gaps_and_empty_passive_ones_go() {
+        let wasm = wat::parse_str(
+            r#"(module (memory (export "memory") 1)
+                (data "")
+                (data (i32.const 0) "ab")
+                (data (i32.const 10) "cd")
+                (data (i32.const 1000) "ef"))"#,
+        )
+        .unwrap();
+        let compacted = compact_data_segments(&wasm).unwrap();
+        assert_eq!((compacted.segments_before, compacted.segments_after), (4, 2));
+        assert_eq!(compacted.memory_bytes, 65536);
+        let engine = Engine::default();
+        let module = Module::new(&engine, &compacted.wasm).unwrap();
+        let mut store = Store::new(&engine, ());
+        let instance = Instance::new(&mut store, &module, &[]).unwrap();
+        let memory = instance.get_memory(&mut store, "memory").unwrap();
+        let data = memory.data(&store);
+        assert_eq!(&data[..12], b"ab\0\0\0\0\0\0\0\0cd");
+        assert_eq!(&data[1000..1002], b"ef");
+    }
+
+    #[test]
+    fn segments_named_by_code_keep_their_indices() {
+        let wasm = wat::parse_str(
+            r#"(module (memory 1)
+                (data "xyz")
+                (data (i32.const 0) "ab")
+                (data (i32.const 4) "cd")
+                (func (memory.init 0 (i32.const 8) (i32.const 0) (i32.const 3))))"#,
+        )
+        .unwrap();
+        let compacted = compact_data_segments(&wasm).unwrap();
+        assert_eq!((compacted.segments_before, compacted.segments_after), (3, 3));
+        assert!(wasmparser::Validator::new().validate_all(&compacted.wasm).is_ok());
+    }
+}
