@@ -22,9 +22,11 @@ if [[ ! -x $wasmtime ]] || ! "$wasmtime" --version | grep -q '^wasmtime 48\.'; t
   cargo install --quiet --locked --root "$tools" wasmtime-cli --version '^48' >&2
 fi
 
-cargo build --release --quiet -p wasmless-runtime -p wasmless-builder -p wasmless-bench
+# --all-targets: the features of `cargo test`, so the test command's release build is reused (`-p` would
+# compile wasmtime again with other features).
+cargo build --release --quiet --workspace --all-targets
 if [[ ${1:-} != --quick ]]; then
-  cargo bench --quiet -p wasmless-runtime --bench instantiate >&2
+  cargo bench --quiet --workspace --bench instantiate >&2
 fi
 exec "$CARGO_TARGET_DIR/release/wasmless-bench" --root . --bin-dir "$CARGO_TARGET_DIR/release" \
   --wasmtime "$wasmtime" --output docs/benchmarks.md "$@"
