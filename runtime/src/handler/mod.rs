@@ -5,6 +5,7 @@ mod cgi;
 pub mod cgi_response;
 mod http;
 mod reactor;
+pub mod reactor_response;
 
 use crate::abi::Abi;
 use crate::compile::Compiled;

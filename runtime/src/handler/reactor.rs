@@ -4,6 +4,7 @@
 //! in, and the response comes out, in the SDK's binary encoding (documented in
 //! sdk/go/reactor/reactor.go); what the handler sees is what net/http/cgi would give it.
 
+use super::reactor_response;
 use super::{Connection, Failure, MAX_HANDLER_OUTPUT, Shared, log_handler_output};
 use crate::abi::{REACTOR_HANDLE, REACTOR_REQUEST_BUFFER};
 use crate::clocks::WallMonotonic;
@@ -11,7 +12,7 @@ use crate::engine::deadline_ticks;
 use crate::limits::RequestLimiter;
 use axum::body::Body;
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Response, StatusCode, header};
+use http::{Response, header};
 use std::sync::Arc;
 use std::time::Instant;
 use wasmtime::{Engine, InstancePre, Linker, Module, Store};
@@ -76,11 +77,15 @@ impl ReactorHandler {
         let outcome = self.run(&mut store, &encoded).await;
         log_handler_output("stdout", &stdout.contents());
         log_handler_output("stderr", &stderr.contents());
-        let output = outcome.map_err(|error| Failure::classify(error, store.data().limiter.memory_exceeded))?;
+        let output = outcome
+            .map_err(|error| Failure::classify(error, store.data().limiter.memory_exceeded))?
+            .map_err(Failure::BadResponse)?;
         decode_response(&output)
     }
 
-    async fn run(&self, store: &mut Store<ReactorState>, request: &[u8]) -> wasmtime::Result<Vec<u8>> {
+    /// The response bytes, or why the range the guest named cannot be one (a 502, as a
+    /// malformed response is).
+    async fn run(&self, store: &mut Store<ReactorState>, request: &[u8]) -> wasmtime::Result<Result<Vec<u8>, String>> {
         let started = Instant::now();
         let instance = self.pre.instantiate_async(&mut *store).await?;
         self.shared.metrics.observe_instantiate(started.elapsed());
@@ -98,9 +103,18 @@ impl ReactorHandler {
         let handle = instance.get_typed_func::<(), u64>(&mut *store, REACTOR_HANDLE)?;
         let packed = handle.call_async(&mut *store, ()).await?;
         let (address, length) = ((packed >> 32) as usize, (packed & 0xffff_ffff) as usize);
-        let mut response = vec![0; length];
-        memory.read(&*store, address, &mut response)?;
-        Ok(response)
+        // The guest names the range: it is checked against its memory, and against what a
+        // handler may write, before anything is allocated for it.
+        if length > MAX_HANDLER_OUTPUT {
+            return Ok(Err(format!(
+                "the reactor's response is {length} bytes, over the {MAX_HANDLER_OUTPUT} a handler may write"
+            )));
+        }
+        Ok(address
+            .checked_add(length)
+            .and_then(|end| memory.data(&*store).get(address..end))
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| "the reactor's response lies outside its memory".to_string()))
     }
 }
 
@@ -156,57 +170,18 @@ fn encode_request(request: &http::Request<Bytes>, connection: Connection) -> Vec
     out
 }
 
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn u32(&mut self) -> Option<u32> {
-        let (head, rest) = self.0.split_first_chunk::<4>()?;
-        self.0 = rest;
-        Some(u32::from_le_bytes(*head))
-    }
-
-    fn bytes(&mut self) -> Option<&'a [u8]> {
-        let length = self.u32()? as usize;
-        if self.0.len() < length {
-            return None;
-        }
-        let (head, rest) = self.0.split_at(length);
-        self.0 = rest;
-        Some(head)
-    }
-}
-
-/// Reads the SDK's response, checking status and headers as a CGI response is checked.
+/// Reads a reactor's response ([`reactor_response::parse`]) into what axum sends.
 fn decode_response(output: &[u8]) -> Result<Response<Body>, Failure> {
-    let bad = |why: &str| Failure::BadResponse(why.to_string());
-    let truncated = || bad("the response is truncated");
-    let mut reader = Reader(output);
-    let code = reader.u32().ok_or_else(truncated)?;
-    let status = u16::try_from(code)
-        .ok()
-        .and_then(|code| StatusCode::from_u16(code).ok())
-        .ok_or_else(|| bad(&format!("{code} is not an HTTP status")))?;
-    let mut response = Response::builder().status(status);
-    for _ in 0..reader.u32().ok_or_else(truncated)? {
-        let name = reader.bytes().ok_or_else(truncated)?;
-        let value = reader.bytes().ok_or_else(truncated)?;
-        let name = HeaderName::from_bytes(name)
-            .map_err(|_| bad(&format!("{:?} is not a header name", String::from_utf8_lossy(name))))?;
-        let value = std::str::from_utf8(value)
-            .ok()
-            .and_then(|value| HeaderValue::from_str(value).ok())
-            .ok_or_else(|| bad(&format!("the value of {name} is not a header value")))?;
-        response = response.header(name, value);
-    }
-    let body = reader.bytes().ok_or_else(truncated)?;
-    response
-        .body(Body::from(Bytes::copy_from_slice(body)))
-        .map_err(|e| bad(&e.to_string()))
+    reactor_response::parse(output)
+        .map(|response| response.map(Body::from))
+        .map_err(|e| Failure::BadResponse(e.to_string()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::handler::reactor_response::Reader;
+    use http::StatusCode;
 
     fn response_bytes(status: u32, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
@@ -230,6 +205,7 @@ mod tests {
             response_bytes(200, &[("Bad Name", "x")], b""),
             response_bytes(200, &[("X", "a\u{1}b")], b""),
             response_bytes(200, &[], b"body")[..10].to_vec(),
+            [response_bytes(200, &[], b"body"), b"more".to_vec()].concat(),
             Vec::new(),
         ] {
             assert_eq!(decode_response(&output).unwrap_err().status(), StatusCode::BAD_GATEWAY);

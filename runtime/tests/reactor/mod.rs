@@ -189,6 +189,46 @@ async fn an_endless_loop_fails_only_its_own_request() {
     assert!(runtime.cpu_time() - cpu_after_loop < Duration::from_millis(300));
 }
 
+/// A reactor in WAT whose `wasmless_handle` names the response `address << 32 | length`,
+/// with `data` at address 0.
+fn wat_reactor(data: &[u8], packed: u64) -> Vec<u8> {
+    let escaped: String = data.iter().map(|b| format!("\\{b:02x}")).collect();
+    wat::parse_str(format!(
+        r#"(module
+            (memory (export "memory") 1)
+            (data (i32.const 0) "{escaped}")
+            (func (export "wasmless_request_buffer") (param i32) (result i32) (i32.const 4096))
+            (func (export "wasmless_handle") (result i64) (i64.const {packed})))"#
+    ))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_response_outside_the_reactors_memory_fails_only_its_own_request() {
+    // 200, no headers, body "ok".
+    let good = [200u32.to_le_bytes(), 0u32.to_le_bytes(), 2u32.to_le_bytes()].concat();
+    let good = [good, b"ok".to_vec()].concat();
+    let packed = |address: u64, length: u64| address << 32 | length;
+    let cases = [
+        ("a well-formed response", packed(0, good.len() as u64), 200),
+        ("a range past the end of memory", packed(65_000, 1_000), 502),
+        ("a 4 GiB response", packed(0, u32::MAX as u64), 502),
+        ("a truncated response", packed(0, 6), 502),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (name, packed, expected) in cases {
+        let (path, digest) = write_module(dir.path(), "reactor.wasm", &wat_reactor(&good, packed));
+        let runtime = Runtime::start(&path, &["--module-digest", &digest.to_string()]);
+        for _ in 0..2 {
+            let (status, text) = get(runtime.url("/")).await;
+            assert_eq!(status, expected, "{name}: {text}");
+            if expected == 200 {
+                assert_eq!(text, "ok", "{name}");
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unsnapshotted_reactor_still_serves() {
     let runtime = Runtime::start(

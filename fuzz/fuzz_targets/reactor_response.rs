@@ -1,0 +1,18 @@
+//! A Go reactor's answer, read as a response (`wasmless_runtime::handler::reactor_response`).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use wasmless_runtime::handler::reactor_response;
+
+fuzz_target!(|output: &[u8]| {
+    let Ok(response) = reactor_response::parse(output) else {
+        return;
+    };
+    // The body is the output's last bytes, untouched, and its length prefix says so.
+    let body = response.body();
+    assert!(output.ends_with(body), "the body is a suffix of the output");
+    let prefix = &output[output.len() - body.len() - 4..output.len() - body.len()];
+    assert_eq!(u32::from_le_bytes(prefix.try_into().unwrap()) as usize, body.len());
+    let status = response.status().as_u16();
+    assert!((100..=999).contains(&status));
+});
