@@ -6,9 +6,10 @@ use wasmless_runtime::abi::{Abi, detect};
 
 fuzz_target!(|bytes: &[u8]| {
     match detect(bytes) {
-        // A component is served over wasi:http, a core module over CGI: never the other way.
+        // A component is served over wasi:http, a core module over CGI or as a Go reactor:
+        // never the other way.
         Ok(Abi::HttpComponent) => assert!(wasmparser::Parser::is_component(bytes)),
-        Ok(Abi::CgiCommand) => assert!(wasmparser::Parser::is_core_wasm(bytes)),
+        Ok(Abi::CgiCommand | Abi::GoReactor) => assert!(wasmparser::Parser::is_core_wasm(bytes)),
         Err(_) => {}
     }
 });
