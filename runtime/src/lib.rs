@@ -108,6 +108,7 @@ pub async fn serve(
         metrics.clone(),
         config.cache_dir.clone(),
     )?);
+    tracing::debug!(engine_ms = started.elapsed().as_secs_f64() * 1000.0, "engine made");
     // The builder's code first (a new pod: nothing to compile), then this node's cache (a
     // restart), then the module itself, compiled here.
     let mut handler = None;

@@ -166,6 +166,15 @@ async fn read_chunk_dir(dir: &Path) -> Result<Vec<u8>, LoadError> {
 /// index order, as stored. Other entries (a ConfigMap volume's `..data` links, the digest
 /// file, the other part's chunks) are ignored.
 pub(crate) async fn read_chunk_files(dir: &Path, part: Part) -> Result<Vec<Vec<u8>>, LoadError> {
+    let mut chunks = Vec::new();
+    for path in chunk_file_paths(dir, part).await? {
+        chunks.push(read(&path).await?);
+    }
+    Ok(chunks)
+}
+
+/// The paths of [`read_chunk_files`], checked to run from index 0 without a gap.
+pub(crate) async fn chunk_file_paths(dir: &Path, part: Part) -> Result<Vec<PathBuf>, LoadError> {
     let read_error = |source| LoadError::Read {
         path: dir.to_path_buf(),
         source,
@@ -189,7 +198,7 @@ pub(crate) async fn read_chunk_files(dir: &Path, part: Part) -> Result<Vec<Vec<u
     }
     indexed.sort();
     let found = indexed.len();
-    let mut chunks = Vec::with_capacity(found);
+    let mut paths = Vec::with_capacity(found);
     for (expected_index, (index, path)) in indexed.into_iter().enumerate() {
         if index != expected_index {
             return Err(LoadError::MissingChunk {
@@ -198,7 +207,7 @@ pub(crate) async fn read_chunk_files(dir: &Path, part: Part) -> Result<Vec<Vec<u
                 found,
             });
         }
-        chunks.push(read(&path).await?);
+        paths.push(path);
     }
-    Ok(chunks)
+    Ok(paths)
 }

@@ -9,7 +9,8 @@
 use crate::abi::Abi;
 use crate::compile::Compiled;
 use crate::engine::{self, CompileTarget};
-use crate::module_source::{LoadError, ModuleSource, read, read_chunk_files};
+use crate::module_source::{LoadError, ModuleSource, chunk_file_paths};
+use std::path::PathBuf;
 use std::ptr::NonNull;
 use wasmless_artifact::{
     CODE_HEADER_BYTES, CodeHeader, CodeKind, Digest, Part, code_header, decoded_code_size, decompress_code_into,
@@ -120,25 +121,74 @@ impl ModuleSource {
     /// does not decode, and the module can be compiled instead.
     pub async fn load_code(&self, pinned: Digest) -> Result<Result<VerifiedCode, Fallback>, CodeRefused> {
         let stored = match self {
-            Self::File(path) => read(path).await,
-            Self::ChunkDir(dir) => match read_chunk_files(dir, Part::Code).await {
-                Ok(chunks) => wasmless_artifact::join_chunks(&chunks).map_err(|source| LoadError::Chunks {
-                    dir: dir.clone(),
-                    source,
-                }),
+            Self::File(path) => read_into_pages(vec![path.clone()], None).await,
+            Self::ChunkDir(dir) => match chunk_file_paths(dir, Part::Code).await {
+                Ok(paths) => read_into_pages(paths, Some(dir.clone())).await,
                 Err(error) => Err(error),
             },
-            Self::Oci(reference) => crate::oci::pull_blob(reference, &pinned).await,
+            Self::Oci(reference) => crate::oci::pull_blob(reference, &pinned).await.map(Stored::Heap),
         };
         let stored = match stored {
             Ok(stored) => stored,
             Err(error) => return Ok(Err(Fallback::Unavailable(error))),
         };
         let code = self.to_string();
-        tokio::task::spawn_blocking(move || verify_and_decode(code, &stored, pinned))
+        tokio::task::spawn_blocking(move || verify_and_decode(code, stored.bytes(), pinned))
             .await
             .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()))
     }
+}
+
+/// The stored code: read from files into pages of its own, or pulled from a registry.
+enum Stored {
+    Pages(PageBuffer),
+    Heap(Vec<u8>),
+}
+
+impl Stored {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Self::Pages(pages) => pages.bytes(),
+            Self::Heap(bytes) => bytes,
+        }
+    }
+}
+
+/// Reads `paths` one after another into one [`PageBuffer`]; `chunks_of`: they are the
+/// chunks of that directory, each at most `MAX_CHUNK_BYTES`.
+async fn read_into_pages(paths: Vec<PathBuf>, chunks_of: Option<PathBuf>) -> Result<Stored, LoadError> {
+    tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let read_error = |path: &PathBuf| {
+            let path = path.clone();
+            move |source| LoadError::Read { path, source }
+        };
+        let mut files = Vec::with_capacity(paths.len());
+        for (index, path) in paths.iter().enumerate() {
+            let file = std::fs::File::open(path).map_err(read_error(path))?;
+            let size = file.metadata().map_err(read_error(path))?.len() as usize;
+            if let Some(dir) = &chunks_of
+                && size > wasmless_artifact::MAX_CHUNK_BYTES
+            {
+                return Err(LoadError::Chunks {
+                    dir: dir.clone(),
+                    source: wasmless_artifact::ChunkError::TooLarge { index, size },
+                });
+            }
+            files.push((path, file, size));
+        }
+        let total = files.iter().map(|(_, _, size)| size).sum();
+        let mut pages = PageBuffer::new(total).map_err(read_error(&paths[0]))?;
+        let mut offset = 0;
+        for (path, mut file, size) in files {
+            file.read_exact(&mut pages.bytes_mut()[offset..offset + size])
+                .map_err(read_error(path))?;
+            offset += size;
+        }
+        Ok(Stored::Pages(pages))
+    })
+    .await
+    .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()))
 }
 
 /// Hashing and decompressing take about as long (4 ms each for the Goless sample's
@@ -246,49 +296,80 @@ pub fn open(
     })
 }
 
-/// The decompressed artifact in an anonymous mapping of its own. The code (after the 64 KiB
-/// header block) is page-aligned, so `deserialize_raw` runs it in place, saving a copy of
-/// 10+ MB (the engine's `ExecutableInPlace` makes its text executable); where that is not
-/// available, wasmtime copies the code and the mapping is returned to the system.
-struct CodeImage {
+/// Anonymous memory for the megabytes a new pod reads and decompresses, in transparent
+/// huge pages where the kernel offers them: in a VM, faulting 12 MiB in 4 KiB pages took
+/// ~4 ms here, in 2 MiB pages ~1 ms.
+struct PageBuffer {
     memory: NonNull<u8>,
     len: usize,
 }
 
-impl CodeImage {
-    fn decompress(stored: &[u8]) -> Result<Self, wasmless_artifact::CodeError> {
-        let len = decoded_code_size(stored)?;
-        // SAFETY: a fresh private anonymous mapping, owned by the returned image.
+impl PageBuffer {
+    fn new(len: usize) -> std::io::Result<Self> {
+        let len = len.max(1);
+        // SAFETY: a fresh private anonymous mapping, owned by the returned buffer.
         let memory = unsafe {
             rustix::mm::mmap_anonymous(
                 std::ptr::null_mut(),
                 len,
                 rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-                // Populated in one call: faulting 12 MB in page by page costs more.
-                rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::POPULATE,
+                rustix::mm::MapFlags::PRIVATE,
             )
-        }
-        .map_err(|e| wasmless_artifact::CodeError::Decompress(format!("cannot map {len} bytes: {e}")))?;
+        }?;
+        // Advice only: without huge pages the memory is the same, in smaller pages.
+        // SAFETY: the range is the mapping just made.
+        let _ = unsafe { rustix::mm::madvise(memory, len, rustix::mm::Advice::LinuxHugepage) };
         let memory = NonNull::new(memory.cast::<u8>()).expect("mmap returns a non-null address");
-        let image = Self { memory, len };
-        // SAFETY: the mapping is `len` bytes, readable and writable, and only ours.
-        let out = unsafe { std::slice::from_raw_parts_mut(image.memory.as_ptr(), len) };
-        decompress_code_into(stored, out)?;
-        Ok(image)
+        Ok(Self { memory, len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` bytes, readable, and only ours (zero until written).
+        unsafe { std::slice::from_raw_parts(self.memory.as_ptr(), self.len) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for `bytes`, and `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.memory.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for PageBuffer {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`; wasmtime copied what it keeps of code.
+        let _ = unsafe { rustix::mm::munmap(self.memory.as_ptr().cast(), self.len) };
+    }
+}
+
+// SAFETY: the buffer is plain memory owned by this value.
+unsafe impl Send for PageBuffer {}
+
+/// The decompressed artifact in a [`PageBuffer`]. The code (after the 64 KiB header
+/// block) is page-aligned, so `deserialize_raw` runs it in place, saving a copy of 10+ MB
+/// (the engine's `ExecutableInPlace` makes its text executable); where that is not
+/// available, wasmtime copies the code and the buffer is returned to the system.
+struct CodeImage(PageBuffer);
+
+impl CodeImage {
+    fn decompress(stored: &[u8]) -> Result<Self, wasmless_artifact::CodeError> {
+        let len = decoded_code_size(stored)?;
+        let mut buffer = PageBuffer::new(len)
+            .map_err(|e| wasmless_artifact::CodeError::Decompress(format!("cannot map {len} bytes: {e}")))?;
+        decompress_code_into(stored, buffer.bytes_mut())?;
+        Ok(Self(buffer))
     }
 
     /// Header block and code, as decompressed.
     fn decompressed(&self) -> &[u8] {
-        // SAFETY: the mapping is `len` bytes, initialised by `decompress`.
-        unsafe { std::slice::from_raw_parts(self.memory.as_ptr(), self.len) }
+        self.0.bytes()
     }
 
     /// The `.cwasm` bytes, for wasmtime to run where they are.
     fn code_in_place(&self) -> NonNull<[u8]> {
         // SAFETY: `CODE_HEADER_BYTES < len` (checked by `decoded_code_size`): the range
         // stays inside the mapping.
-        let start = unsafe { self.memory.add(CODE_HEADER_BYTES) };
-        NonNull::slice_from_raw_parts(start, self.len - CODE_HEADER_BYTES)
+        let start = unsafe { self.0.memory.add(CODE_HEADER_BYTES) };
+        NonNull::slice_from_raw_parts(start, self.0.len - CODE_HEADER_BYTES)
     }
 
     fn code(&self) -> &[u8] {
@@ -296,13 +377,3 @@ impl CodeImage {
         &self.decompressed()[CODE_HEADER_BYTES..]
     }
 }
-
-impl Drop for CodeImage {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `decompress`; wasmtime copied what it keeps.
-        let _ = unsafe { rustix::mm::munmap(self.memory.as_ptr().cast(), self.len) };
-    }
-}
-
-// SAFETY: the image is plain memory owned by this value.
-unsafe impl Send for CodeImage {}
