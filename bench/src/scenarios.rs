@@ -260,7 +260,7 @@ fn cold_starts(settings: &Settings, go: &Module, rust: &Module) -> anyhow::Resul
         time: median(goless),
     });
 
-    for (name, module) in [("Goless sample (Go, CGI)", go), ("Rust hello (component)", rust)] {
+    for (name, module) in [("Goless sample (Go reactor)", go), ("Rust hello (component)", rust)] {
         let mut new_pods = Vec::new();
         for _ in 0..settings.repetitions {
             let empty_cache = tempfile::tempdir()?;
