@@ -229,7 +229,14 @@ prometheus_scrapes() {
     curl -fsS "http://127.0.0.1:$port/api/v1/query" --data-urlencode "query=$1" |
       python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else "none")'
   }
-  # Every pod of hello (a terminating one too) scraped, so the baseline holds all they counted.
+  # A pod still terminating from an earlier step's scale-down (it serves on through the
+  # runtime's drain delay) would leave the sum after the baseline and take its count along.
+  no_terminating_pods() {
+    [[ -z $(kubectl get pods -n "$NS" -l wasmless.io/function=hello,wasmless.io/component=runtime \
+      -o 'jsonpath={.items[*].metadata.deletionTimestamp}') ]]
+  }
+  wait_until 120 "hello's terminating pods to go" no_terminating_pods
+  # Every pod of hello scraped, so the baseline holds all they counted.
   pods_scraped() {
     local pods
     pods=$(kubectl get pods -n "$NS" -l wasmless.io/function=hello,wasmless.io/component=runtime --no-headers | wc -l)
