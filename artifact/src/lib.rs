@@ -14,8 +14,9 @@ pub use chunks::{
     configmap_name, join_chunks, parse_chunk_file_name, reassemble, split_chunks,
 };
 pub use code::{
-    CODE_HEADER_BYTES, CodeError, CodeHeader, CodeKind, MAX_CODE_BYTES, code_header, decode_code, decode_code_into,
-    decoded_code_size, decompress_code_into, encode_code,
+    CODE_BLOCK_BYTES, CODE_HEADER_BYTES, CodeBlock, CodeError, CodeHeader, CodeKind, MAX_CODE_BYTES, code_blocks,
+    code_header, decode_code, decode_code_into, decoded_code_size, decompress_block, decompress_code_into, encode_code,
+    split_for_blocks,
 };
 pub use digest::{Digest, DigestError};
 pub use go_source::go_package;

@@ -131,7 +131,7 @@ impl Loader {
                 .await
                 .map_err(|e| ModuleError::Engine(e.to_string()))??;
                 tracing::debug!(
-                    read_verify_and_decompress_ms = read_and_verified.as_secs_f64() * 1000.0,
+                    engine_and_code_ms = read_and_verified.as_secs_f64() * 1000.0,
                     load_ms = (started.elapsed() - read_and_verified).as_secs_f64() * 1000.0,
                     "precompiled code opened"
                 );
