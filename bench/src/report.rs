@@ -326,7 +326,7 @@ not broken down yet.\n\
 decompressed) into huge pages (~2–3 ms), hashes it against `--code-digest` on one thread while the others \
 decompress its 1 MiB blocks, the hashing thread joining them when done (~6.5 ms on 2 cores, for ~3 ms of \
 hashing and ~7.5 ms of LZ4 on one core), and runs the code where it was decompressed (`deserialize_raw`): no \
-Cranelift, no copy. What is left: the first request (~2.2 ms, against ~0.1 ms once warm: wasmtime makes the \
+Cranelift, no copy. What is left: the first request (~2.2 ms, a fraction of a millisecond once warm: wasmtime makes the \
 snapshot's memory image when it first instantiates it) and the read, which could overlap the hash.\n\
 - **Cold start** with a compiled-code cache hit is an `mmap` of the compiled code: the cache entry is named by \
 the digest the module must have, and is written only after a module passed that check, so a hit reads neither \
