@@ -6,6 +6,7 @@ pub mod cgi_response;
 mod http;
 mod reactor;
 pub mod reactor_response;
+mod store;
 
 use crate::abi::Abi;
 use crate::compile::Compiled;

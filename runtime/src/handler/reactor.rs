@@ -5,45 +5,34 @@
 //! sdk/go/reactor/reactor.go); what the handler sees is what net/http/cgi would give it.
 
 use super::reactor_response;
-use super::{Connection, Failure, MAX_HANDLER_OUTPUT, Shared, log_handler_output};
+use super::store::{self, GuestState, Output};
+use super::{Connection, Failure, MAX_HANDLER_OUTPUT, Shared};
 use crate::abi::{REACTOR_HANDLE, REACTOR_REQUEST_BUFFER};
 use crate::clocks::WallMonotonic;
-use crate::engine::deadline_ticks;
-use crate::limits::RequestLimiter;
 use axum::body::Body;
 use bytes::Bytes;
 use http::{Response, header};
 use std::sync::Arc;
 use std::time::Instant;
-use wasmtime::{Engine, InstancePre, Linker, Module, Store};
-use wasmtime_wasi::WasiCtxBuilder;
-use wasmtime_wasi::p1::WasiP1Ctx;
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime::{Engine, InstancePre, Module, Store};
 
 pub struct ReactorHandler {
-    pre: InstancePre<ReactorState>,
+    pre: InstancePre<GuestState>,
     shared: Arc<Shared>,
     /// A reactor that was not snapshotted still exports `_initialize`, and must run it
     /// (Go's whole start-up) in every instance: correct, and as slow as a command.
     initialize: bool,
 }
 
-struct ReactorState {
-    wasi: WasiP1Ctx,
-    limiter: RequestLimiter,
-}
-
 impl ReactorHandler {
     pub fn new(engine: &Engine, module: &Module, shared: Arc<Shared>) -> wasmtime::Result<Self> {
-        let mut linker = Linker::new(engine);
-        wasmtime_wasi::p1::add_to_linker_async(&mut linker, |state: &mut ReactorState| &mut state.wasi)?;
         let initialize = module.get_export("_initialize").is_some();
         if initialize {
             tracing::warn!(
                 "the reactor was not snapshotted: Go starts up in every request; build it with wasmless-builder"
             );
         }
-        let pre = linker.instantiate_pre(module)?;
+        let pre = store::linker(engine)?.instantiate_pre(module)?;
         Ok(Self {
             pre,
             shared,
@@ -57,26 +46,14 @@ impl ReactorHandler {
         connection: Connection,
     ) -> Result<Response<Body>, Failure> {
         let encoded = encode_request(&request, connection);
-        let stdout = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
-        let stderr = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
-        let mut wasi = WasiCtxBuilder::new();
-        wasi.args(&[self.shared.function.as_str()])
-            .envs(&self.shared.env)
-            .monotonic_clock(WallMonotonic)
-            .stdout(stdout.clone())
-            .stderr(stderr.clone());
-        let state = ReactorState {
-            wasi: wasi.build_p1(),
-            limiter: RequestLimiter::new(&self.shared.limits),
-        };
-        let mut store = Store::new(self.pre.module().engine(), state);
-        store.limiter(|state| &mut state.limiter);
-        store.set_epoch_deadline(deadline_ticks(self.shared.limits.timeout));
-        store.epoch_deadline_trap();
+        let output = Output::new();
+        let mut wasi = output.wasi(&self.shared);
+        wasi.monotonic_clock(WallMonotonic);
+        let mut store = store::new_store(self.pre.module().engine(), &self.shared, wasi.build_p1());
 
         let outcome = self.run(&mut store, &encoded).await;
-        log_handler_output("stdout", &stdout.contents());
-        log_handler_output("stderr", &stderr.contents());
+        output.log_stdout();
+        output.log_stderr();
         let output = outcome
             .map_err(|error| Failure::classify(error, store.data().limiter.memory_exceeded))?
             .map_err(Failure::BadResponse)?;
@@ -85,7 +62,7 @@ impl ReactorHandler {
 
     /// The response bytes, or why the range the guest named cannot be one (a 502, as a
     /// malformed response is).
-    async fn run(&self, store: &mut Store<ReactorState>, request: &[u8]) -> wasmtime::Result<Result<Vec<u8>, String>> {
+    async fn run(&self, store: &mut Store<GuestState>, request: &[u8]) -> wasmtime::Result<Result<Vec<u8>, String>> {
         let started = Instant::now();
         let instance = self.pre.instantiate_async(&mut *store).await?;
         self.shared.metrics.observe_instantiate(started.elapsed());
