@@ -68,3 +68,13 @@ pub fn new_store(engine: &Engine, shared: &Shared, wasi: WasiP1Ctx) -> Store<Gue
     store.set_epoch_deadline(deadline_ticks(shared.limits.timeout));
     store
 }
+
+/// Makes a kept store ready for its next request: a WASI context of its own (fresh
+/// output, the env as deployed), the memory flag cleared, and a new deadline. The
+/// memory limit itself stays: it bounds what the instance holds, across requests.
+pub fn renew(store: &mut Store<GuestState>, shared: &Shared, wasi: WasiP1Ctx) {
+    let state = store.data_mut();
+    state.wasi = wasi;
+    state.limiter.memory_exceeded = false;
+    store.set_epoch_deadline(deadline_ticks(shared.limits.timeout));
+}
