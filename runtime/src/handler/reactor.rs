@@ -17,6 +17,7 @@ use http::{Response, header};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use wasmtime::{Engine, InstancePre, Memory, Module, Store, TypedFunc};
+use wasmtime_wasi::p1::WasiP1Ctx;
 
 pub struct ReactorHandler {
     pre: InstancePre<GuestState>,
@@ -89,7 +90,7 @@ impl ReactorHandler {
         let response = outcome
             .map_err(|error| Failure::classify(error, reactor.store.data().limiter.memory_exceeded))?
             .map_err(Failure::BadResponse)
-            .and_then(|output| decode_response(&output))?;
+            .and_then(|bytes| decode_response(&bytes))?;
         // Only an instance that answered goes back: one that failed may have been stopped
         // anywhere (a timeout mid-way through the GC) and is dropped, as is every instance
         // of a request that was cancelled (its future dropped with it).
@@ -105,7 +106,7 @@ impl ReactorHandler {
     }
 
     /// A new instance of the snapshot, initialised if it was not snapshotted.
-    async fn instantiate(&self, wasi: wasmtime_wasi::p1::WasiP1Ctx) -> Result<Reactor, Failure> {
+    async fn instantiate(&self, wasi: WasiP1Ctx) -> Result<Reactor, Failure> {
         let mut store = store::new_store(self.pre.module().engine(), &self.shared, wasi);
         match self.exports(&mut store).await {
             Ok((memory, request_buffer, handle)) => Ok(Reactor {
