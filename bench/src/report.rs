@@ -172,7 +172,7 @@ fn markdown(settings: &Settings, results: &Results, plot_name: &str) -> String {
             "- hello component vs native axum: **{:.2}×** (target ≥ 0.5×)",
             ours / axum
         );
-        if let (Some(native_go), Some(reactor)) = (rps("native Go net/http"), rps("Goless sample (Go reactor")) {
+        if let (Some(native_go), Some(reactor)) = (rps("native Go net/http"), rps("Go reactor, a fresh instance")) {
             let _ = writeln!(
                 md,
                 "- Goless sample, Go reactor with a fresh instance per request, vs native Go net/http: **{:.2}×** (target ≥ 0.25×){}",
@@ -181,6 +181,13 @@ fn markdown(settings: &Settings, results: &Results, plot_name: &str) -> String {
                     .map(|cgi| format!("; over CGI, as before the reactor: {:.2}×", cgi / native_go))
                     .unwrap_or_default()
             );
+            if let Some(shared) = rps("Go reactor, shared instances") {
+                let _ = writeln!(
+                    md,
+                    "- Goless sample, Go reactor with shared instances (`isolation: shared`), vs native Go net/http: **{:.2}×** (target ≥ 0.5×)",
+                    shared / native_go
+                );
+            }
         }
         if let Some(wasmtime) = rps("wasmtime serve") {
             let _ = writeln!(

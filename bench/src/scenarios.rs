@@ -416,6 +416,13 @@ fn throughput(settings: &Settings, go: &Module, go_cgi: &Module, rust: &Module) 
     )?;
     let port = free_port();
     measure(
+        "wasmless-runtime, Goless sample (Go reactor, shared instances: --isolation shared)",
+        runtime(settings, go, port, Some(&cache)).args(["--isolation", "shared"]),
+        port,
+        true,
+    )?;
+    let port = free_port();
+    measure(
         "wasmless-runtime, Goless sample (Go over CGI, the path before the reactor)",
         &mut runtime(settings, go_cgi, port, Some(&cache)),
         port,

@@ -23,8 +23,9 @@ fn write_example_source(dir: &Path, name: &str) -> (Example, std::path::PathBuf)
 async fn every_example_builds_serves_and_rebuilds_from_the_cache() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
-    let checks: [(&str, &str, &str); 5] = [
+    let checks: [(&str, &str, &str); 6] = [
         ("hello-go", "/", "This works!"),
+        ("counter-go", "/", "request 1 to this instance\n"),
         ("hello-rust", "/", "Hello from Rust!\n"),
         ("env-go", "/?name=tester", "Hello from the Function's env, tester!\n"),
         ("echo-go", "/echo/path?color=blue", "\"color\":\"blue\""),

@@ -90,6 +90,7 @@ fn runtime_config(
         ("--timeout", limits.timeout.clone()),
         ("--max-concurrency", limits.max_concurrency.map(|n| n.to_string())),
         ("--max-request-body", limits.max_request_body.clone()),
+        ("--isolation", limits.isolation.clone()),
     ] {
         if let Some(value) = value {
             flags.extend([flag.to_string(), value]);

@@ -23,6 +23,8 @@ pub struct Limits {
     pub timeout: Option<String>,
     pub max_concurrency: Option<u32>,
     pub max_request_body: Option<String>,
+    /// `request` or `shared` (the runtime's `--isolation`, which refuses anything else).
+    pub isolation: Option<String>,
 }
 
 #[derive(Deserialize)]

@@ -230,6 +230,27 @@ pub struct Limits {
     #[serde(default = "default_max_request_body")]
     #[schemars(regex(pattern = QUANTITY_PATTERN), length(max = 32))]
     pub max_request_body: String,
+    /// What requests share: `request` (default), a fresh instance per request, sharing
+    /// nothing; `shared`, a Go handler's instances are kept and reused, one request at a
+    /// time each, so globals and the heap persist between the requests one instance
+    /// serves (as in Goless's one process). Go handlers only; others are per request.
+    #[serde(default)]
+    pub isolation: Isolation,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    /// A fresh instance per request.
+    #[default]
+    Request,
+    /// Instances kept and reused, one request at a time each.
+    Shared,
+    /// A value this operator does not know (from a newer CRD): reported on status, as
+    /// [`Language::Unknown`] is, instead of failing to deserialize.
+    #[serde(other)]
+    #[schemars(skip)]
+    Unknown,
 }
 
 impl Default for Limits {
@@ -239,6 +260,7 @@ impl Default for Limits {
             timeout: default_timeout(),
             max_concurrency: default_max_concurrency(),
             max_request_body: default_max_request_body(),
+            isolation: Isolation::default(),
         }
     }
 }
@@ -375,6 +397,9 @@ impl FunctionSpec {
                 "serverPort {} is the Service's metrics port (the runtime's admin port): choose another, such as 8080",
                 self.server_port
             ));
+        }
+        if self.limits.isolation == Isolation::Unknown {
+            problems.push("limits.isolation is not one of request, shared".to_string());
         }
         if self.replicas < 0 {
             problems.push(format!("replicas {} is negative", self.replicas));

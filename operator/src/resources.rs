@@ -1,7 +1,7 @@
 //! The objects the operator writes for a Function, as pure functions of the Function,
 //! the operator's settings and the module being served. Nothing here talks to the API.
 
-use crate::crd::{Function, Language, Storage};
+use crate::crd::{Function, Isolation, Language, Storage};
 use crate::settings::Settings;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::batch::v1::{
@@ -427,6 +427,11 @@ pub fn deployment(func: &Function, settings: &Settings, module: &Module) -> Depl
         "--shutdown-grace".into(),
         format!("{SHUTDOWN_GRACE_SECONDS}s"),
     ];
+    // Only when asked: a flag the runtime defaults anyway would change every Function's
+    // pod template, and so restart every pod, when the operator is upgraded.
+    if spec.limits.isolation == Isolation::Shared {
+        args.extend(["--isolation".into(), "shared".into()]);
+    }
     for var in &spec.env {
         args.push("--env".into());
         args.push(format!("{}={}", var.name, var.value));

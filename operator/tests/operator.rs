@@ -886,6 +886,26 @@ async fn source_change_builds_once_and_rolls_out(h: &Harness) {
     assert_ne!(old_module, new_module);
 }
 
+async fn isolation_reaches_the_runtime_without_a_rebuild(h: &Harness) {
+    let (_, module) = ready_function(h, "hello", json!({"source": HELLO})).await;
+    let args = |deployment: Deployment| first_container_args(deployment.spec.unwrap().template);
+    let default_args = args(h.deployment("hello").await.unwrap());
+    assert!(
+        !default_args.contains(&"--isolation".to_string()),
+        "the default is left to the runtime, so an operator upgrade restarts no pod: {default_args:?}"
+    );
+    h.update_spec("hello", json!({"limits": {"isolation": "shared"}})).await;
+    let func = h.reconciled("hello").await;
+    let shared_args = args(h.deployment("hello").await.unwrap());
+    assert!(has_flag(&shared_args, "--isolation", "shared"), "{shared_args:?}");
+    assert_eq!(h.jobs("hello").await.len(), 1, "a runtime setting builds nothing");
+    assert_eq!(status(&func).module_digest, Some(module.to_string()));
+    h.update_spec("hello", json!({"limits": {"isolation": "request"}}))
+        .await;
+    h.reconcile("hello").await.unwrap();
+    assert_eq!(args(h.deployment("hello").await.unwrap()), default_args);
+}
+
 async fn failed_build_keeps_serving_previous_module(h: &Harness) {
     let (_, old_module) = ready_function(h, "hello", json!({"source": HELLO})).await;
     let before = h.deployment("hello").await.unwrap();
@@ -1223,6 +1243,7 @@ scenarios!(
     new_function_starts_one_content_addressed_build,
     finished_build_rolls_out_and_becomes_ready,
     compiled_code_is_mounted_beside_the_module_and_pinned,
+    isolation_reaches_the_runtime_without_a_rebuild,
     unchanged_function_writes_nothing,
     source_change_builds_once_and_rolls_out,
     failed_build_keeps_serving_previous_module,
@@ -1896,6 +1917,10 @@ fn crd_refuses_bad_functions() {
             "set language: wasm",
         ),
         (json!({"language": "wasm", "source": HELLO}), "takes a prebuilt module"),
+        (
+            json!({"source": HELLO, "limits": {"isolation": "process"}}),
+            "is not one of",
+        ),
     ];
     for (spec, expected) in cases {
         let errors = refused(spec.clone());

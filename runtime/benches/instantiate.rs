@@ -1,7 +1,8 @@
 //! Per-request cost of the runtime's hot path, without HTTP: a fresh instance from the
 //! pool, the handler called, the response read. One hello handler per ABI: the Rust
-//! SDK component (wasi-http), the Goless sample (Go over CGI), and a minimal WAT
-//! command (CGI without a language runtime).
+//! SDK component (wasi-http), the Goless sample (Go over CGI, and as a snapshotted
+//! reactor, fresh per request and in a shared instance), and a minimal WAT command (CGI
+//! without a language runtime).
 
 #[path = "../tests/support/mod.rs"]
 #[allow(dead_code, unused_imports)]
@@ -14,14 +15,17 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use wasmless_artifact::Digest;
 use wasmless_runtime::handler::{Connection, LoadedHandler};
-use wasmless_runtime::limits::RequestLimits;
+use wasmless_runtime::limits::{Isolation, RequestLimits};
 use wasmless_runtime::loader::Loader;
 use wasmless_runtime::metrics::Metrics;
 use wasmless_runtime::module_source::VerifiedModule;
 
-fn load(runtime: &tokio::runtime::Runtime, bytes: Vec<u8>) -> LoadedHandler {
+fn load(runtime: &tokio::runtime::Runtime, bytes: Vec<u8>, isolation: Isolation) -> LoadedHandler {
     let loader = Loader::new(
-        RequestLimits::default(),
+        RequestLimits {
+            isolation,
+            ..RequestLimits::default()
+        },
         Vec::new(),
         "bench",
         Arc::new(Metrics::new("bench")),
@@ -56,26 +60,42 @@ fn instantiate_and_call(c: &mut Criterion) {
         .build()
         .unwrap();
     let permits = Arc::new(Semaphore::new(64));
+    let reactor = std::fs::read(support::go_reactor("goless-sample", true)).unwrap();
     let handlers = [
         (
             "wasi-http component (Rust SDK hello)",
             std::fs::read(support::rust_echo()).unwrap(),
             "/hello",
+            Isolation::Request,
         ),
         (
             "CGI command (Goless sample, Go)",
             std::fs::read(support::go_handler("goless-sample")).unwrap(),
             "/",
+            Isolation::Request,
+        ),
+        (
+            "Go reactor (Goless sample, a fresh instance)",
+            reactor.clone(),
+            "/",
+            Isolation::Request,
+        ),
+        (
+            "Go reactor (Goless sample, a shared instance)",
+            reactor,
+            "/",
+            Isolation::Shared,
         ),
         (
             "CGI command (WAT hello)",
             support::cgi_wat("Content-Type: text/plain\n\nhello\n"),
             "/",
+            Isolation::Request,
         ),
     ];
     let mut group = c.benchmark_group("instantiate_and_call");
-    for (name, bytes, path) in handlers {
-        let handler = load(&runtime, bytes);
+    for (name, bytes, path, isolation) in handlers {
+        let handler = load(&runtime, bytes, isolation);
         runtime.block_on(call(&handler, &permits, path));
         group.bench_function(name, |b| b.to_async(&runtime).iter(|| call(&handler, &permits, path)));
     }

@@ -1,6 +1,7 @@
 //! Command-line flags (each also a `WASMLESS_*` environment variable) and the
 //! Kubernetes-style quantities they take: `64Mi`, `10s`, `1Mi`.
 
+use crate::limits::{DEFAULT_REQUESTS_PER_INSTANCE, Isolation};
 use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -68,6 +69,21 @@ pub struct Config {
     /// Largest request body accepted; larger gets a 413 (e.g. `1Mi`).
     #[arg(long, env = "WASMLESS_MAX_REQUEST_BODY", default_value = "1Mi", value_parser = parse_bytes)]
     pub max_request_body: u64,
+
+    /// `request`: a fresh instance per request. `shared`: a Go reactor's initialised
+    /// instances are kept and reused, each serving one request at a time, so that a
+    /// global written by one request is seen by the next ones that instance serves (as in
+    /// Goless, one Go process serving every request). An instance is replaced after a
+    /// failed request (trap, timeout, memory, exit) or `--requests-per-instance`
+    /// requests. Other handlers (components, CGI commands) get a fresh instance per
+    /// request either way.
+    #[arg(long, env = "WASMLESS_ISOLATION", value_enum, default_value_t = Isolation::Request)]
+    pub isolation: Isolation,
+
+    /// With `--isolation shared`: requests one instance serves before a fresh one
+    /// replaces it, bounding what a leak can accumulate.
+    #[arg(long, env = "WASMLESS_REQUESTS_PER_INSTANCE", default_value_t = DEFAULT_REQUESTS_PER_INSTANCE, value_parser = clap::value_parser!(u32).range(1..))]
+    pub requests_per_instance: u32,
 
     /// Environment of the handler, `KEY=VALUE`, repeatable.
     #[arg(long = "env", value_parser = parse_env_pair)]
@@ -231,7 +247,7 @@ mod tests {
     }
 
     #[test]
-    fn edge_limits_have_defaults_and_env_twins() {
+    fn limits_have_defaults_and_env_twins() {
         let config = Config::parse_from(["wasmless-runtime", "--module", "m.wasm"]);
         assert_eq!(config.header_read_timeout, Duration::from_secs(10));
         assert_eq!(config.body_read_timeout, Duration::from_secs(30));
@@ -240,6 +256,8 @@ mod tests {
         assert_eq!(config.max_connections, 1024);
         assert_eq!(config.upload_budget, 64 << 20);
         assert_eq!(config.drain_delay, Duration::ZERO);
+        assert_eq!(config.isolation, Isolation::Request);
+        assert_eq!(config.requests_per_instance, 10_000);
         let command = <Config as clap::CommandFactory>::command();
         for flag in [
             "header_read_timeout",
@@ -249,6 +267,8 @@ mod tests {
             "max_connections",
             "upload_budget",
             "drain_delay",
+            "isolation",
+            "requests_per_instance",
         ] {
             let arg = command.get_arguments().find(|a| a.get_id() == flag).unwrap();
             assert_eq!(
@@ -256,6 +276,16 @@ mod tests {
                 Some(format!("WASMLESS_{}", flag.to_uppercase()).as_str())
             );
         }
+    }
+
+    #[test]
+    fn isolation_takes_request_or_shared() {
+        let parse =
+            |args: &[&str]| Config::try_parse_from([&["wasmless-runtime", "--module", "m.wasm"], args].concat());
+        assert_eq!(parse(&["--isolation", "shared"]).unwrap().isolation, Isolation::Shared);
+        let error = parse(&["--isolation", "process"]).unwrap_err().to_string();
+        assert!(error.contains("request") && error.contains("shared"), "{error}");
+        assert!(parse(&["--requests-per-instance", "0"]).is_err());
     }
 
     #[test]

@@ -6,12 +6,41 @@ use std::time::Duration;
 /// element is host memory.
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 
+/// Requests a shared instance serves before a fresh one replaces it, unless set.
+pub const DEFAULT_REQUESTS_PER_INSTANCE: u32 = 10_000;
+
+/// Whether requests to a Go reactor share instances (`--isolation`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Isolation {
+    /// A fresh instance per request: nothing one request leaves in memory is seen by
+    /// another.
+    #[default]
+    Request,
+    /// Initialised instances are kept and reused, each serving one request at a time:
+    /// what one request leaves in its instance's memory (globals, the heap, goroutines)
+    /// is seen by the later requests that instance serves, as in one Go process. Go
+    /// reactors only; other handlers get a fresh instance per request.
+    Shared,
+}
+
+impl Isolation {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Request => "request",
+            Self::Shared => "shared",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct RequestLimits {
     pub memory_bytes: usize,
     pub timeout: Duration,
     pub max_request_body: usize,
     pub max_concurrency: u32,
+    pub isolation: Isolation,
+    /// With [`Isolation::Shared`]: requests one instance serves before it is replaced.
+    pub requests_per_instance: u32,
 }
 
 impl RequestLimits {
@@ -21,6 +50,8 @@ impl RequestLimits {
             timeout: config.timeout,
             max_request_body: usize::try_from(config.max_request_body).unwrap_or(usize::MAX),
             max_concurrency: config.max_concurrency,
+            isolation: config.isolation,
+            requests_per_instance: config.requests_per_instance,
         }
     }
 }
@@ -32,6 +63,8 @@ impl Default for RequestLimits {
             timeout: Duration::from_secs(10),
             max_request_body: 1 << 20,
             max_concurrency: 64,
+            isolation: Isolation::Request,
+            requests_per_instance: DEFAULT_REQUESTS_PER_INSTANCE,
         }
     }
 }
@@ -41,6 +74,7 @@ impl Default for RequestLimits {
 /// out of memory rather than as an anonymous trap.
 pub struct RequestLimiter {
     memory_bytes: usize,
+    /// Set when growth was refused; a shared instance clears it before each request.
     pub memory_exceeded: bool,
 }
 

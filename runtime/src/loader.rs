@@ -6,7 +6,7 @@ use crate::abi::{self, Abi, AbiError};
 use crate::compile::{self, CacheOutcome, CompileError, Compiled};
 use crate::engine::CompileTarget;
 use crate::handler::{LoadedHandler, Shared};
-use crate::limits::RequestLimits;
+use crate::limits::{Isolation, RequestLimits};
 use crate::metrics::Metrics;
 use crate::module_source::VerifiedModule;
 use crate::precompiled::{self, CodeRefused, CodeSource, Fallback, Opened, VerifiedCode};
@@ -165,9 +165,15 @@ impl Loader {
         self.shared
             .metrics
             .module_loaded(digest.to_string(), abi.name(), elapsed);
+        // What requests actually get: shared instances are for Go reactors only.
+        let isolation = match abi {
+            Abi::GoReactor => self.shared.limits.isolation,
+            Abi::HttpComponent | Abi::CgiCommand => Isolation::Request,
+        };
         tracing::info!(
             digest = %digest,
             abi = abi.name(),
+            isolation = isolation.name(),
             compiled_code = cache.name(),
             load_ms = elapsed.as_secs_f64() * 1000.0,
             "module loaded"

@@ -2,34 +2,24 @@
 //! and Spin speak it): the request as environment and stdin, the response as a header
 //! block, a blank line and the body on stdout.
 
-use super::{Connection, Failure, MAX_HANDLER_OUTPUT, Shared, cgi_response, log_handler_output};
-use crate::engine::deadline_ticks;
-use crate::limits::RequestLimiter;
+use super::store::{self, GuestState, Output};
+use super::{Connection, Failure, Shared, cgi_response};
 use axum::body::Body;
 use bytes::Bytes;
 use http::{Response, header};
 use std::sync::Arc;
 use std::time::Instant;
-use wasmtime::{Engine, InstancePre, Linker, Module, Store};
-use wasmtime_wasi::WasiCtxBuilder;
-use wasmtime_wasi::p1::WasiP1Ctx;
-use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
+use wasmtime::{Engine, InstancePre, Module, Store};
+use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 
 pub struct CgiHandler {
-    pre: InstancePre<CgiState>,
+    pre: InstancePre<GuestState>,
     shared: Arc<Shared>,
-}
-
-struct CgiState {
-    wasi: WasiP1Ctx,
-    limiter: RequestLimiter,
 }
 
 impl CgiHandler {
     pub fn new(engine: &Engine, module: &Module, shared: Arc<Shared>) -> wasmtime::Result<Self> {
-        let mut linker = Linker::new(engine);
-        wasmtime_wasi::p1::add_to_linker_async(&mut linker, |state: &mut CgiState| &mut state.wasi)?;
-        let pre = linker.instantiate_pre(module)?;
+        let pre = store::linker(engine)?.instantiate_pre(module)?;
         Ok(Self { pre, shared })
     }
 
@@ -39,31 +29,19 @@ impl CgiHandler {
         connection: Connection,
     ) -> Result<Response<Body>, Failure> {
         let (parts, body) = request.into_parts();
-        let stdout = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
-        let stderr = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
-        let mut wasi = WasiCtxBuilder::new();
-        wasi.args(&[self.shared.function.as_str()])
-            .envs(&self.shared.env)
-            .envs(&cgi_environment(&parts, body.len(), connection))
-            .stdin(MemoryInputPipe::new(body))
-            .stdout(stdout.clone())
-            .stderr(stderr.clone());
-        let state = CgiState {
-            wasi: wasi.build_p1(),
-            limiter: RequestLimiter::new(&self.shared.limits),
-        };
-        let mut store = Store::new(self.pre.module().engine(), state);
-        store.limiter(|state| &mut state.limiter);
-        store.set_epoch_deadline(deadline_ticks(self.shared.limits.timeout));
-        store.epoch_deadline_trap();
+        let output = Output::new();
+        let mut wasi = output.wasi(&self.shared);
+        wasi.envs(&cgi_environment(&parts, body.len(), connection))
+            .stdin(MemoryInputPipe::new(body));
+        let mut store = store::new_store(self.pre.module().engine(), &self.shared, wasi.build_p1());
 
         let outcome = self.run(&mut store).await;
-        log_handler_output("stderr", &stderr.contents());
+        output.log_stderr();
         outcome.map_err(|error| Failure::classify(error, store.data().limiter.memory_exceeded))?;
-        parse_response(&stdout.contents())
+        parse_response(&output.stdout.contents())
     }
 
-    async fn run(&self, store: &mut Store<CgiState>) -> wasmtime::Result<()> {
+    async fn run(&self, store: &mut Store<GuestState>) -> wasmtime::Result<()> {
         let started = Instant::now();
         let instance = self.pre.instantiate_async(&mut *store).await?;
         self.shared.metrics.observe_instantiate(started.elapsed());

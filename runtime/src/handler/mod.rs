@@ -6,10 +6,11 @@ pub mod cgi_response;
 mod http;
 mod reactor;
 pub mod reactor_response;
+mod store;
 
 use crate::abi::Abi;
 use crate::compile::Compiled;
-use crate::limits::RequestLimits;
+use crate::limits::{Isolation, RequestLimits};
 use crate::metrics::Metrics;
 use axum::body::Body;
 use bytes::Bytes;
@@ -38,7 +39,8 @@ pub struct Connection {
     pub local_port: u16,
 }
 
-/// A module compiled and linked once, instantiated afresh for each request.
+/// A module compiled and linked once, instantiated afresh for each request (or, for a Go
+/// reactor with `--isolation shared`, for each instance of a small pool).
 pub struct LoadedHandler {
     pub digest: Digest,
     pub abi: Abi,
@@ -120,6 +122,14 @@ impl LoadedHandler {
         digest: Digest,
         shared: Arc<Shared>,
     ) -> wasmtime::Result<Self> {
+        if shared.limits.isolation == Isolation::Shared && abi != Abi::GoReactor {
+            // A command's instance ends with its `_start`, and nothing here reuses a
+            // component's; a fresh instance shares less than asked, never more.
+            tracing::warn!(
+                abi = abi.name(),
+                "--isolation shared applies to Go reactors only: this module gets a fresh instance per request"
+            );
+        }
         let kind = match compiled {
             Compiled::Component(component) => Kind::Http(http::HttpHandler::new(engine, &component, shared)?),
             Compiled::Module(module) if abi == Abi::GoReactor => {
@@ -130,7 +140,7 @@ impl LoadedHandler {
         Ok(Self { digest, abi, kind })
     }
 
-    /// Runs one request in a fresh instance. The permit is held until the instance is
+    /// Runs one request in a fresh instance (or a kept one: `--isolation shared`). The permit is held until the instance is
     /// gone, which for a streamed component response is after the last body byte.
     pub async fn invoke(
         &self,

@@ -1,53 +1,61 @@
 //! Go reactors (`wasmless.io/wasmless/reactor`): a fresh instance of the snapshotted
 //! module per request, from the pooling allocator with copy-on-write memory images, so
-//! that Go's start-up (done once, at build time) is never paid again. The request goes
+//! that Go's start-up (done once, at build time) is never paid again; or, with
+//! `--isolation shared`, instances kept and reused one request at a time. The request goes
 //! in, and the response comes out, in the SDK's binary encoding (documented in
 //! sdk/go/reactor/reactor.go); what the handler sees is what net/http/cgi would give it.
 
 use super::reactor_response;
-use super::{Connection, Failure, MAX_HANDLER_OUTPUT, Shared, log_handler_output};
+use super::store::{self, GuestState, Output};
+use super::{Connection, Failure, MAX_HANDLER_OUTPUT, Shared};
 use crate::abi::{REACTOR_HANDLE, REACTOR_REQUEST_BUFFER};
 use crate::clocks::WallMonotonic;
-use crate::engine::deadline_ticks;
-use crate::limits::RequestLimiter;
+use crate::limits::Isolation;
 use axum::body::Body;
 use bytes::Bytes;
 use http::{Response, header};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use wasmtime::{Engine, InstancePre, Linker, Module, Store};
-use wasmtime_wasi::WasiCtxBuilder;
+use wasmtime::{Engine, InstancePre, Memory, Module, Store, TypedFunc};
 use wasmtime_wasi::p1::WasiP1Ctx;
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
 pub struct ReactorHandler {
-    pre: InstancePre<ReactorState>,
+    pre: InstancePre<GuestState>,
     shared: Arc<Shared>,
     /// A reactor that was not snapshotted still exports `_initialize`, and must run it
     /// (Go's whole start-up) in every instance: correct, and as slow as a command.
     initialize: bool,
+    /// With `--isolation shared`, the instances waiting for a request, the one used last
+    /// at the end: under a light load one instance serves every request, so its state
+    /// (a counter, a cache) is seen by each. At most as many as requests ran at once.
+    idle: Option<Mutex<Vec<Reactor>>>,
 }
 
-struct ReactorState {
-    wasi: WasiP1Ctx,
-    limiter: RequestLimiter,
+/// One instance, its store, and the exports a request calls.
+struct Reactor {
+    store: Store<GuestState>,
+    memory: Memory,
+    request_buffer: TypedFunc<u32, u32>,
+    handle: TypedFunc<(), u64>,
+    /// Requests this instance has served.
+    served: u32,
 }
 
 impl ReactorHandler {
     pub fn new(engine: &Engine, module: &Module, shared: Arc<Shared>) -> wasmtime::Result<Self> {
-        let mut linker = Linker::new(engine);
-        wasmtime_wasi::p1::add_to_linker_async(&mut linker, |state: &mut ReactorState| &mut state.wasi)?;
         let initialize = module.get_export("_initialize").is_some();
         if initialize {
             tracing::warn!(
-                "the reactor was not snapshotted: Go starts up in every request; build it with wasmless-builder"
+                "the reactor was not snapshotted: Go starts up in every new instance; build it with wasmless-builder"
             );
         }
-        let pre = linker.instantiate_pre(module)?;
+        let pre = store::linker(engine)?.instantiate_pre(module)?;
+        let idle = (shared.limits.isolation == Isolation::Shared).then(|| Mutex::new(Vec::new()));
         Ok(Self {
             pre,
             shared,
             initialize,
+            idle,
         })
     }
 
@@ -57,35 +65,65 @@ impl ReactorHandler {
         connection: Connection,
     ) -> Result<Response<Body>, Failure> {
         let encoded = encode_request(&request, connection);
-        let stdout = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
-        let stderr = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
-        let mut wasi = WasiCtxBuilder::new();
-        wasi.args(&[self.shared.function.as_str()])
-            .envs(&self.shared.env)
-            .monotonic_clock(WallMonotonic)
-            .stdout(stdout.clone())
-            .stderr(stderr.clone());
-        let state = ReactorState {
-            wasi: wasi.build_p1(),
-            limiter: RequestLimiter::new(&self.shared.limits),
+        let output = Output::new();
+        let mut wasi = output.wasi(&self.shared);
+        wasi.monotonic_clock(WallMonotonic);
+        let wasi = wasi.build_p1();
+        let kept = self.idle.as_ref().and_then(|idle| idle.lock().unwrap().pop());
+        let mut reactor = match kept {
+            Some(mut reactor) => {
+                store::renew(&mut reactor.store, &self.shared, wasi);
+                reactor
+            }
+            None => match self.instantiate(wasi).await {
+                Ok(reactor) => reactor,
+                Err(failure) => {
+                    output.log_stdout();
+                    output.log_stderr();
+                    return Err(failure);
+                }
+            },
         };
-        let mut store = Store::new(self.pre.module().engine(), state);
-        store.limiter(|state| &mut state.limiter);
-        store.set_epoch_deadline(deadline_ticks(self.shared.limits.timeout));
-        store.epoch_deadline_trap();
-
-        let outcome = self.run(&mut store, &encoded).await;
-        log_handler_output("stdout", &stdout.contents());
-        log_handler_output("stderr", &stderr.contents());
-        let output = outcome
-            .map_err(|error| Failure::classify(error, store.data().limiter.memory_exceeded))?
-            .map_err(Failure::BadResponse)?;
-        decode_response(&output)
+        let outcome = reactor.serve(&encoded).await;
+        output.log_stdout();
+        output.log_stderr();
+        let response = outcome
+            .map_err(|error| Failure::classify(error, reactor.store.data().limiter.memory_exceeded))?
+            .map_err(Failure::BadResponse)
+            .and_then(|bytes| decode_response(&bytes))?;
+        // Only an instance that answered goes back: one that failed may have been stopped
+        // anywhere (a timeout mid-way through the GC) and is dropped, as is every instance
+        // of a request that was cancelled (its future dropped with it).
+        if let Some(idle) = &self.idle {
+            reactor.served += 1;
+            if reactor.served < self.shared.limits.requests_per_instance {
+                idle.lock().unwrap().push(reactor);
+            } else {
+                tracing::debug!(served = reactor.served, "a shared instance served its last request");
+            }
+        }
+        Ok(response)
     }
 
-    /// The response bytes, or why the range the guest named cannot be one (a 502, as a
-    /// malformed response is).
-    async fn run(&self, store: &mut Store<ReactorState>, request: &[u8]) -> wasmtime::Result<Result<Vec<u8>, String>> {
+    /// A new instance of the snapshot, initialised if it was not snapshotted.
+    async fn instantiate(&self, wasi: WasiP1Ctx) -> Result<Reactor, Failure> {
+        let mut store = store::new_store(self.pre.module().engine(), &self.shared, wasi);
+        match self.exports(&mut store).await {
+            Ok((memory, request_buffer, handle)) => Ok(Reactor {
+                store,
+                memory,
+                request_buffer,
+                handle,
+                served: 0,
+            }),
+            Err(error) => Err(Failure::classify(error, store.data().limiter.memory_exceeded)),
+        }
+    }
+
+    async fn exports(
+        &self,
+        store: &mut Store<GuestState>,
+    ) -> wasmtime::Result<(Memory, TypedFunc<u32, u32>, TypedFunc<(), u64>)> {
         let started = Instant::now();
         let instance = self.pre.instantiate_async(&mut *store).await?;
         self.shared.metrics.observe_instantiate(started.elapsed());
@@ -96,12 +134,21 @@ impl ReactorHandler {
         let memory = instance
             .get_memory(&mut *store, "memory")
             .ok_or_else(|| wasmtime::Error::msg("the reactor exports no memory"))?;
-        let buffer = instance.get_typed_func::<u32, u32>(&mut *store, REACTOR_REQUEST_BUFFER)?;
-        let length = u32::try_from(request.len()).map_err(|_| wasmtime::Error::msg("request over 4 GiB"))?;
-        let address = buffer.call_async(&mut *store, length).await?;
-        memory.write(&mut *store, address as usize, request)?;
+        let request_buffer = instance.get_typed_func::<u32, u32>(&mut *store, REACTOR_REQUEST_BUFFER)?;
         let handle = instance.get_typed_func::<(), u64>(&mut *store, REACTOR_HANDLE)?;
-        let packed = handle.call_async(&mut *store, ()).await?;
+        Ok((memory, request_buffer, handle))
+    }
+}
+
+impl Reactor {
+    /// The response bytes, or why the range the guest named cannot be one (a 502, as a
+    /// malformed response is).
+    async fn serve(&mut self, request: &[u8]) -> wasmtime::Result<Result<Vec<u8>, String>> {
+        let store = &mut self.store;
+        let length = u32::try_from(request.len()).map_err(|_| wasmtime::Error::msg("request over 4 GiB"))?;
+        let address = self.request_buffer.call_async(&mut *store, length).await?;
+        self.memory.write(&mut *store, address as usize, request)?;
+        let packed = self.handle.call_async(&mut *store, ()).await?;
         let (address, length) = ((packed >> 32) as usize, (packed & 0xffff_ffff) as usize);
         // The guest names the range: it is checked against its memory, and against what a
         // handler may write, before anything is allocated for it.
@@ -112,7 +159,7 @@ impl ReactorHandler {
         }
         Ok(address
             .checked_add(length)
-            .and_then(|end| memory.data(&*store).get(address..end))
+            .and_then(|end| self.memory.data(&*store).get(address..end))
             .map(<[u8]>::to_vec)
             .ok_or_else(|| "the reactor's response lies outside its memory".to_string()))
     }

@@ -51,6 +51,7 @@ async fn go_echo_answers_the_same_as_a_reactor_and_over_cgi() {
         "64Mi",
     ];
     let cgi = Runtime::start(with_digest_file(go_handler("go-echo")), &flags);
+    let shared = Runtime::start(reactor("go-echo"), &[&flags[..], &["--isolation", "shared"]].concat());
     let reactor = Runtime::start(reactor("go-echo"), &flags);
     assert!(
         reactor
@@ -102,6 +103,12 @@ async fn go_echo_answers_the_same_as_a_reactor_and_over_cgi() {
         let over_cgi = answer(request(&cgi.url("")).send().await.unwrap()).await;
         let as_reactor = answer(request(&reactor.url("")).send().await.unwrap()).await;
         assert_eq!(as_reactor, over_cgi, "{what}");
+        // Twice in a shared instance: the second time from an instance that served (or
+        // replaced one that failed) the first.
+        for _ in 0..2 {
+            let in_shared = answer(request(&shared.url("")).send().await.unwrap()).await;
+            assert_eq!(in_shared, over_cgi, "{what}, in a shared instance");
+        }
     }
     // And the echo itself is right (the CGI path's own test says what right is).
     let (status, _, body) = answer(requests[0].1(&reactor.url("")).send().await.unwrap()).await;
@@ -187,6 +194,126 @@ async fn an_endless_loop_fails_only_its_own_request() {
     let cpu_after_loop = runtime.cpu_time();
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(runtime.cpu_time() - cpu_after_loop < Duration::from_millis(300));
+}
+
+/// Requests to a shared instance, and what each answered.
+async fn shared_requests(runtime: &Runtime, paths: &[&str]) -> Vec<(u16, Value)> {
+    let mut answers = Vec::new();
+    for path in paths {
+        let response = client().get(runtime.url(path)).send().await.unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        answers.push((status, serde_json::from_str(&text).unwrap_or(Value::from(text))));
+    }
+    answers
+}
+
+fn requests_counted(answers: &[(u16, Value)]) -> Vec<Value> {
+    answers.iter().map(|(_, json)| json["requests"].clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shared_instances_keep_state_and_a_failure_replaces_only_its_instance() {
+    let runtime = Runtime::start(
+        reactor("go-state"),
+        &[
+            "--isolation",
+            "shared",
+            "--timeout",
+            "500ms",
+            "--memory-limit",
+            "64Mi",
+            "--env",
+            "GREETING=as deployed",
+            "--function",
+            "stateful",
+        ],
+    );
+    runtime.wait_for_log(&["module loaded", "\"isolation\":\"shared\""]);
+    let before = unix_nanos();
+    let first = state(&runtime).await;
+    let second = state(&runtime).await;
+    let after = unix_nanos();
+
+    // What one Go process serving both would show: the global counter, and what the
+    // first request left, seen by the second.
+    assert_eq!((&first["requests"], &second["requests"]), (&1.into(), &2.into()));
+    assert_eq!(first["leftover"], "nothing");
+    assert_ne!(second["leftover"], "nothing", "{second}");
+    // And, as in a fresh instance: env as deployed, real time, other random numbers.
+    for seen in [&first, &second] {
+        assert_eq!(seen["env"], "as deployed");
+        assert_eq!(seen["args"], serde_json::json!(["stateful"]));
+        let now = seen["now"].as_i64().unwrap();
+        assert!(before <= now && now <= after, "time.Now() is not the real time: {seen}");
+        assert!(seen["elapsed"].as_i64().unwrap() >= 1_000_000, "{seen}");
+        assert!(seen["sinceInit"].as_i64().unwrap() > 0, "{seen}");
+    }
+    for generator in ["mathRand", "mathRandV2", "cryptoRand"] {
+        assert_ne!(
+            first[generator], second[generator],
+            "{generator} repeats across requests"
+        );
+    }
+
+    // A panic is a 500 for its request, and the instance (with its state) serves on, as a
+    // Go process whose net/http recovered the panic would.
+    let answers = shared_requests(&runtime, &["/panic", "/"]).await;
+    assert_eq!(answers[0].0, 500, "{answers:?}");
+    assert_eq!(
+        (answers[1].0, &answers[1].1["requests"]),
+        (200, &4.into()),
+        "{answers:?}"
+    );
+    runtime.wait_for_log(&["deliberate panic after counting the request"]);
+
+    // An endless loop is cut off (504) and its instance replaced: the next request starts
+    // from the snapshot. The same for a request that runs out of memory (500).
+    let answers = shared_requests(&runtime, &["/loop", "/", "/", "/grow", "/"]).await;
+    let statuses: Vec<u16> = answers.iter().map(|(status, _)| *status).collect();
+    assert_eq!(statuses, [504, 200, 200, 500, 200], "{answers:?}");
+    assert_eq!(
+        requests_counted(&answers[1..3]),
+        [1, 2],
+        "a fresh instance after the timeout"
+    );
+    assert_eq!(
+        requests_counted(&answers[4..]),
+        [1],
+        "a fresh instance after running out of memory"
+    );
+    let metrics = get(runtime.admin_url("/metrics")).await.1;
+    for kind in ["timeout", "memory"] {
+        assert_eq!(
+            sample(&metrics, "wasmless_traps_total", &[("kind", kind)]),
+            Some(1.0),
+            "{kind}: {metrics}"
+        );
+    }
+    // An instance that looped is gone, not spinning in the background.
+    let cpu = runtime.cpu_time();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(runtime.cpu_time() - cpu < Duration::from_millis(300));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shared_instance_is_replaced_after_its_requests_per_instance() {
+    let runtime = Runtime::start(
+        reactor("go-state"),
+        &["--isolation", "shared", "--requests-per-instance", "2"],
+    );
+    let answers = shared_requests(&runtime, &["/", "/", "/", "/", "/"]).await;
+    assert_eq!(requests_counted(&answers), [1, 2, 1, 2, 1]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shared_isolation_leaves_other_handlers_a_fresh_instance_per_request() {
+    // The same handler built as a CGI command: its instance ends with each request.
+    let runtime = Runtime::start(with_digest_file(go_handler("go-state")), &["--isolation", "shared"]);
+    runtime.wait_for_log(&["applies to Go reactors only", "\"abi\":\"cgi\""]);
+    runtime.wait_for_log(&["module loaded", "\"isolation\":\"request\""]);
+    let answers = shared_requests(&runtime, &["/", "/"]).await;
+    assert_eq!(requests_counted(&answers), [1, 1]);
 }
 
 /// A reactor in WAT whose `wasmless_handle` names the response `address << 32 | length`,

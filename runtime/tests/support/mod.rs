@@ -59,15 +59,10 @@ pub fn rust_echo() -> PathBuf {
         .clone()
 }
 
-/// A Goless handler (`package handlers`, `func Handler`) built as Goless users'
-/// code is: with a generated `main` that calls the Go SDK, `GOOS=wasip1`.
-pub fn go_handler(name: &str) -> PathBuf {
-    static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
-    let mut built = BUILT.lock().unwrap();
-    if let Some((_, path)) = built.iter().find(|(n, _)| n == name) {
-        return path.clone();
-    }
-    let project = build_dir().join("go").join(name);
+/// A Go project in `target/test-handlers/<kind>/<name>` holding the test handler `name`
+/// as its `handlers` package, the Go SDK from this checkout, and `main_go`.
+fn go_project(kind: &str, name: &str, main_go: &str) -> PathBuf {
+    let project = build_dir().join(kind).join(name);
     std::fs::create_dir_all(project.join("handlers")).unwrap();
     std::fs::copy(
         handlers_dir().join(name).join("handler.go"),
@@ -82,26 +77,53 @@ pub fn go_handler(name: &str) -> PathBuf {
         ),
     )
     .unwrap();
-    std::fs::write(
-        project.join("main.go"),
+    std::fs::write(project.join("main.go"), main_go).unwrap();
+    project
+}
+
+fn go_command() -> String {
+    std::env::var("WASMLESS_GO").unwrap_or_else(|_| "go".into())
+}
+
+/// `go build <args>` in `project` for wasip1, offline, with this checkout's SDK.
+fn go_build(project: &Path, args: &[&std::ffi::OsStr]) {
+    run(Command::new(go_command())
+        .current_dir(project)
+        .arg("build")
+        .args(args)
+        .arg(".")
+        .envs([
+            ("GOOS", "wasip1"),
+            ("GOARCH", "wasm"),
+            ("GOFLAGS", "-mod=mod"),
+            ("GOPROXY", "off"),
+            ("GOTOOLCHAIN", "local"),
+            ("GOWORK", "off"),
+        ]));
+}
+
+/// A Goless handler (`package handlers`, `func Handler`) built as Goless users'
+/// code is: with a generated `main` that calls the Go SDK, `GOOS=wasip1`.
+pub fn go_handler(name: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap();
+    if let Some((_, path)) = built.iter().find(|(n, _)| n == name) {
+        return path.clone();
+    }
+    let project = go_project(
+        "go",
+        name,
         "package main\n\nimport (\n\t\"function/handlers\"\n\t\"wasmless.io/wasmless\"\n)\n\nfunc main() { wasmless.ServeFunc(handlers.Handler) }\n",
-    )
-    .unwrap();
+    );
     let output = project.join("handler.wasm");
-    run(
-        Command::new(std::env::var("WASMLESS_GO").unwrap_or_else(|_| "go".into()))
-            .current_dir(&project)
-            .args(["build", "-trimpath", "-ldflags=-s", "-o"])
-            .arg(&output)
-            .arg(".")
-            .envs([
-                ("GOOS", "wasip1"),
-                ("GOARCH", "wasm"),
-                ("GOFLAGS", "-mod=mod"),
-                ("GOPROXY", "off"),
-                ("GOTOOLCHAIN", "local"),
-                ("GOWORK", "off"),
-            ]),
+    go_build(
+        &project,
+        &[
+            "-trimpath".as_ref(),
+            "-ldflags=-s".as_ref(),
+            "-o".as_ref(),
+            output.as_os_str(),
+        ],
     );
     built.push((name.to_string(), output.clone()));
     output
@@ -118,28 +140,12 @@ pub fn go_reactor(name: &str, snapshot: bool) -> PathBuf {
     if let Some((_, path)) = built.iter().find(|(n, _)| *n == key) {
         return path.clone();
     }
-    let project = build_dir().join("go-reactor").join(name);
-    std::fs::create_dir_all(project.join("handlers")).unwrap();
-    std::fs::copy(
-        handlers_dir().join(name).join("handler.go"),
-        project.join("handlers/handler.go"),
-    )
-    .unwrap();
-    std::fs::write(
-        project.join("go.mod"),
-        format!(
-            "module function\n\ngo 1.21\n\nrequire wasmless.io/wasmless v0.0.0\n\nreplace wasmless.io/wasmless => {}\n",
-            workspace_root().join("sdk/go").display()
-        ),
-    )
-    .unwrap();
-    std::fs::write(
-        project.join("main.go"),
+    let project = go_project(
+        "go-reactor",
+        name,
         "package main\n\nimport (\n\t\"function/handlers\"\n\t\"wasmless.io/wasmless/reactor\"\n)\n\nfunc init() { reactor.HandleFunc(handlers.Handler) }\n\nfunc main() {}\n",
-    )
-    .unwrap();
-    let go = std::env::var("WASMLESS_GO").unwrap_or_else(|_| "go".into());
-    let goroot = Command::new(&go).args(["env", "GOROOT"]).output().unwrap();
+    );
+    let goroot = Command::new(go_command()).args(["env", "GOROOT"]).output().unwrap();
     let goroot = String::from_utf8(goroot.stdout).unwrap();
     let overlay = project.join("overlay.json");
     std::fs::write(
@@ -152,21 +158,18 @@ pub fn go_reactor(name: &str, snapshot: bool) -> PathBuf {
     )
     .unwrap();
     let output = project.join("reactor.wasm");
-    run(Command::new(go)
-        .current_dir(&project)
-        .args(["build", "-buildmode=c-shared", "-trimpath", "-ldflags=-s", "-overlay"])
-        .arg(&overlay)
-        .arg("-o")
-        .arg(&output)
-        .arg(".")
-        .envs([
-            ("GOOS", "wasip1"),
-            ("GOARCH", "wasm"),
-            ("GOFLAGS", "-mod=mod"),
-            ("GOPROXY", "off"),
-            ("GOTOOLCHAIN", "local"),
-            ("GOWORK", "off"),
-        ]));
+    go_build(
+        &project,
+        &[
+            "-buildmode=c-shared".as_ref(),
+            "-trimpath".as_ref(),
+            "-ldflags=-s".as_ref(),
+            "-overlay".as_ref(),
+            overlay.as_os_str(),
+            "-o".as_ref(),
+            output.as_os_str(),
+        ],
+    );
     let path = if snapshot {
         let made = wasmless_runtime::snapshot::snapshot(&std::fs::read(&output).unwrap()).unwrap();
         let path = project.join("snapshot.wasm");

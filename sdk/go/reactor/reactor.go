@@ -21,11 +21,14 @@
 // the status, the headers as they were at the first write, a Content-Type sniffed from
 // the first bytes if the handler set none, and the body.
 //
-// What a snapshot froze is made current at the start of every request: the environment
-// and os.Args (read again from WASI), and the seed of Go's runtime random generator
-// (behind math/rand, math/rand/v2, map seeds and the scheduler), reseeded from WASI
-// random_get. crypto/rand already reads random_get on every use; time.Now and the
-// monotonic clock are read from WASI on every use.
+// What a snapshot froze is made current at the start of an instance's first request:
+// the environment and os.Args (read again from WASI), and the seed of Go's runtime
+// random generator (behind math/rand, math/rand/v2, map seeds and the scheduler),
+// reseeded from WASI random_get. With a fresh instance per request (the default) that
+// is every request. An instance the runtime keeps for later requests (isolation:
+// shared) then carries on as one Go process would: its generator moves on from request
+// to request, and os.Setenv sticks. crypto/rand already reads random_get on every use;
+// time.Now and the monotonic clock are read from WASI on every use.
 //
 //	package main
 //
@@ -64,6 +67,9 @@ var (
 	// while the host reads or writes them.
 	requestBuffer []byte
 	response      []byte
+	// thawed is false in the snapshot, so in every instance made from it, until its
+	// first request has made current what the snapshot froze.
+	thawed bool
 )
 
 // Handle makes handler the one that serves every request. Call it from an init
@@ -88,8 +94,11 @@ func requestBufferExport(size uint32) uint32 {
 
 //go:wasmexport wasmless_handle
 func handleExport() uint64 {
-	refreshEnvironment()
-	runtimeReseed()
+	if !thawed {
+		refreshEnvironment()
+		runtimeReseed()
+		thawed = true
+	}
 	out := serve(requestBuffer)
 	requestBuffer = nil
 	response = out

@@ -8,8 +8,9 @@ import (
 )
 
 // Go reads the environment and the arguments once, when its runtime starts, which for
-// a snapshot is at build time. They are read again from WASI on every request, so a
-// handler sees the Function's env as deployed (it changes without a rebuild).
+// a snapshot is at build time. They are read again from WASI at an instance's first
+// request, so a handler sees the Function's env as deployed (it changes without a
+// rebuild, never within a process).
 
 //go:wasmimport wasi_snapshot_preview1 environ_sizes_get
 func environSizesGet(count, size unsafe.Pointer) uint32

@@ -21,11 +21,21 @@ var (
 // Handler reports what it sees of the environment, the clocks, the random generators
 // and the state earlier requests left behind.
 func Handler(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path == "/loop" {
+	switch r.URL.Path {
+	case "/loop":
 		for {
+		}
+	case "/grow":
+		var hoard [][]byte
+		for {
+			hoard = append(hoard, make([]byte, 1<<20))
+			hoard[len(hoard)-1][0] = 1
 		}
 	}
 	requests++
+	if r.URL.Path == "/panic" {
+		panic("deliberate panic after counting the request")
+	}
 	seen := leftover
 	start := time.Now()
 	time.Sleep(time.Millisecond)

@@ -1,0 +1,80 @@
+//! The store a WASI preview1 guest (a CGI command or a Go reactor) runs a request in: its
+//! WASI context, with stdout and stderr captured, the memory limiter and the deadline.
+
+use super::{MAX_HANDLER_OUTPUT, Shared, log_handler_output};
+use crate::engine::deadline_ticks;
+use crate::limits::RequestLimiter;
+use wasmtime::{Engine, Linker, Store};
+use wasmtime_wasi::WasiCtxBuilder;
+use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+
+pub struct GuestState {
+    pub wasi: WasiP1Ctx,
+    pub limiter: RequestLimiter,
+}
+
+/// A linker with WASI preview1 and nothing else: a guest gets no other imports.
+pub fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p1::add_to_linker_async(&mut linker, |state: &mut GuestState| &mut state.wasi)?;
+    Ok(linker)
+}
+
+/// What a guest writes to stdout and stderr during one request, each cut off at
+/// [`MAX_HANDLER_OUTPUT`] (writes past it fail).
+pub struct Output {
+    pub stdout: MemoryOutputPipe,
+    pub stderr: MemoryOutputPipe,
+}
+
+impl Output {
+    pub fn new() -> Self {
+        Self {
+            stdout: MemoryOutputPipe::new(MAX_HANDLER_OUTPUT),
+            stderr: MemoryOutputPipe::new(MAX_HANDLER_OUTPUT),
+        }
+    }
+
+    /// The WASI context every request starts from: the Function's name as `argv[0]`, its
+    /// env, and stdout and stderr going here. The caller adds what its ABI needs.
+    pub fn wasi(&self, shared: &Shared) -> WasiCtxBuilder {
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.args(&[shared.function.as_str()])
+            .envs(&shared.env)
+            .stdout(self.stdout.clone())
+            .stderr(self.stderr.clone());
+        wasi
+    }
+
+    pub fn log_stdout(&self) {
+        log_handler_output("stdout", &self.stdout.contents());
+    }
+
+    pub fn log_stderr(&self) {
+        log_handler_output("stderr", &self.stderr.contents());
+    }
+}
+
+/// A store for one request, with the memory limit and the timeout armed.
+pub fn new_store(engine: &Engine, shared: &Shared, wasi: WasiP1Ctx) -> Store<GuestState> {
+    let state = GuestState {
+        wasi,
+        limiter: RequestLimiter::new(&shared.limits),
+    };
+    let mut store = Store::new(engine, state);
+    store.limiter(|state| &mut state.limiter);
+    store.epoch_deadline_trap();
+    store.set_epoch_deadline(deadline_ticks(shared.limits.timeout));
+    store
+}
+
+/// Makes a kept store ready for its next request: a WASI context of its own (fresh
+/// output, the env as deployed), the memory flag cleared, and a new deadline. The
+/// memory limit itself stays: it bounds what the instance holds, across requests.
+pub fn renew(store: &mut Store<GuestState>, shared: &Shared, wasi: WasiP1Ctx) {
+    let state = store.data_mut();
+    state.wasi = wasi;
+    state.limiter.memory_exceeded = false;
+    store.set_epoch_deadline(deadline_ticks(shared.limits.timeout));
+}
