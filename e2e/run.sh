@@ -539,8 +539,12 @@ autoscale_on_cpu() {
   grep -E 'Requests/sec|requests in' "$WORK/wrk.log" | sed 's/^ */    wrk: /' || true
 
   started=$SECONDS
-  wait_until 240 "the HPA to scale hello back to 1 after the load" replicas_are hello 1
-  echo "    1 ready pod of hello $((SECONDS - started))s after the load stopped"
+  # The HPA's own count too: `kubectl get hpa` says 1 as well, one sync after the Function.
+  scaled_in() {
+    replicas_are hello 1 && [[ $(kubectl get hpa hello -n "$NS" -o 'jsonpath={.status.currentReplicas}') == 1 ]]
+  }
+  wait_until 240 "the HPA to scale hello back to 1 after the load" scaled_in
+  echo "    1 ready pod of hello, and the HPA counting it, $((SECONDS - started))s after the load stopped"
   kill "$watch" 2>/dev/null || true
   echo "    kubectl get hpa hello, at each change:"
   cat "$WORK/hpa.log"
