@@ -140,44 +140,103 @@ pub struct CodeBlock<'a> {
     pub decompressed: std::ops::Range<usize>,
 }
 
-/// The blocks of an artifact, in order; their `decompressed` ranges cover exactly
-/// [`decoded_code_size`] bytes. Reads only the block table, so it may run on bytes whose
+/// Bytes at the start of a stored artifact that say how the rest is laid out
+/// ([`code_preamble`]).
+pub const CODE_PREAMBLE_BYTES: usize = 16;
+
+/// How a stored artifact is laid out, from its first [`CODE_PREAMBLE_BYTES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodePreamble {
+    /// The first format: one LZ4 block after a 4-byte size.
+    OneBlock,
+    /// Blocks, whose table of compressed sizes is the next `table_bytes`.
+    Blocks { table_bytes: usize },
+}
+
+/// Reads the preamble (the artifact's first bytes; fewer than [`CODE_PREAMBLE_BYTES`] only
+/// for an artifact that short). Reads only these bytes, so it may run on bytes whose
 /// digest is still being checked.
-pub fn code_blocks(compressed: &[u8]) -> Result<Vec<CodeBlock<'_>>, CodeError> {
-    let size = decoded_code_size(compressed)?;
-    if !compressed.starts_with(&BLOCKS_MAGIC) {
-        return Ok(vec![CodeBlock {
-            compressed: &compressed[4..],
-            decompressed: 0..size,
-        }]);
+pub fn code_preamble(first: &[u8]) -> Result<CodePreamble, CodeError> {
+    let size = decoded_code_size(first)?;
+    if !first.starts_with(&BLOCKS_MAGIC) {
+        return Ok(CodePreamble::OneBlock);
     }
-    let truncated = || CodeError::Decompress("the block table is cut short".into());
-    let field = |index: usize| -> Result<usize, CodeError> {
-        let bytes = compressed.get(4 * index..4 * index + 4).ok_or_else(truncated)?;
-        Ok(u32::from_le_bytes(bytes.try_into().expect("4 bytes")) as usize)
-    };
-    let (block_size, count) = (field(2)?, field(3)?);
+    let (block_size, count) = (table_field(first, 2)?, table_field(first, 3)?);
     if block_size == 0 || count != size.div_ceil(block_size) {
         return Err(CodeError::Decompress(format!(
             "{count} blocks of {block_size} bytes do not make {size} bytes"
         )));
     }
-    // The table is in the input, so a forged count cannot make this allocate beyond it.
-    let mut offset = 16 + 4 * count;
-    if offset > compressed.len() {
-        return Err(truncated());
+    Ok(CodePreamble::Blocks { table_bytes: 4 * count })
+}
+
+/// A block as its table describes it: how many stored bytes it has, and where its
+/// decompressed bytes go in the whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockSpan {
+    pub compressed_len: usize,
+    pub decompressed: std::ops::Range<usize>,
+}
+
+/// The blocks of an artifact in the block format, from `head` alone: its preamble and
+/// table, every byte before the first block. Their `decompressed` ranges cover exactly
+/// [`decoded_code_size`] bytes.
+pub fn code_block_spans(head: &[u8]) -> Result<Vec<BlockSpan>, CodeError> {
+    let CodePreamble::Blocks { table_bytes } = code_preamble(head)? else {
+        return Err(CodeError::Decompress("not in the block format".into()));
+    };
+    if head.len() != CODE_PREAMBLE_BYTES + table_bytes {
+        return Err(truncated_table());
     }
-    let mut blocks = Vec::with_capacity(count);
-    for index in 0..count {
-        let length = field(4 + index)?;
+    let (size, block_size) = (decoded_code_size(head)?, table_field(head, 2)?);
+    (0..table_bytes / 4)
+        .map(|index| {
+            let start = index * block_size;
+            Ok(BlockSpan {
+                compressed_len: table_field(head, 4 + index)?,
+                decompressed: start..(start + block_size).min(size),
+            })
+        })
+        .collect()
+}
+
+fn truncated_table() -> CodeError {
+    CodeError::Decompress("the block table is cut short".into())
+}
+
+/// The `index`th little-endian `u32` of the preamble and table.
+fn table_field(head: &[u8], index: usize) -> Result<usize, CodeError> {
+    let bytes = head.get(4 * index..4 * index + 4).ok_or_else(truncated_table)?;
+    Ok(u32::from_le_bytes(bytes.try_into().expect("4 bytes")) as usize)
+}
+
+/// The blocks of an artifact, in order; their `decompressed` ranges cover exactly
+/// [`decoded_code_size`] bytes. Reads only the block table, so it may run on bytes whose
+/// digest is still being checked.
+pub fn code_blocks(compressed: &[u8]) -> Result<Vec<CodeBlock<'_>>, CodeError> {
+    let table_bytes = match code_preamble(compressed)? {
+        CodePreamble::OneBlock => {
+            return Ok(vec![CodeBlock {
+                compressed: &compressed[4..],
+                decompressed: 0..decoded_code_size(compressed)?,
+            }]);
+        }
+        CodePreamble::Blocks { table_bytes } => table_bytes,
+    };
+    // The table is in the input, so a forged count cannot make this allocate beyond it.
+    let head = compressed
+        .get(..CODE_PREAMBLE_BYTES + table_bytes)
+        .ok_or_else(truncated_table)?;
+    let mut offset = head.len();
+    let mut blocks = Vec::with_capacity(table_bytes / 4);
+    for span in code_block_spans(head)? {
         let end = offset
-            .checked_add(length)
+            .checked_add(span.compressed_len)
             .filter(|end| *end <= compressed.len())
-            .ok_or_else(truncated)?;
-        let start = index * block_size;
+            .ok_or_else(truncated_table)?;
         blocks.push(CodeBlock {
             compressed: &compressed[offset..end],
-            decompressed: start..(start + block_size).min(size),
+            decompressed: span.decompressed,
         });
         offset = end;
     }

@@ -20,6 +20,11 @@ impl Digest {
         Self(Sha256::digest(bytes).into())
     }
 
+    /// A digest of bytes that arrive in parts.
+    pub fn hasher() -> DigestHasher {
+        DigestHasher(Sha256::new())
+    }
+
     /// The `sourceDigest` of DESIGN.md: what a build depends on (the language, the
     /// builder's version and the source), so equal digests mean equal modules and a
     /// build can be skipped. For a directory of sources, `source` is the files joined by
@@ -41,6 +46,19 @@ impl Digest {
     /// The first 10 hex digits: enough to name objects after a digest.
     pub fn short(&self) -> String {
         self.hex()[..10].to_string()
+    }
+}
+
+/// [`Digest::of`] the parts given to [`DigestHasher::update`], in order.
+pub struct DigestHasher(Sha256);
+
+impl DigestHasher {
+    pub fn update(&mut self, part: &[u8]) {
+        self.0.update(part);
+    }
+
+    pub fn finish(self) -> Digest {
+        Digest(self.0.finalize().into())
     }
 }
 

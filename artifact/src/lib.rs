@@ -14,11 +14,11 @@ pub use chunks::{
     configmap_name, join_chunks, parse_chunk_file_name, reassemble, split_chunks,
 };
 pub use code::{
-    CODE_BLOCK_BYTES, CODE_HEADER_BYTES, CodeBlock, CodeError, CodeHeader, CodeKind, MAX_CODE_BYTES, code_blocks,
-    code_header, decode_code, decode_code_into, decoded_code_size, decompress_block, decompress_code_into, encode_code,
-    split_for_blocks,
+    BlockSpan, CODE_BLOCK_BYTES, CODE_HEADER_BYTES, CODE_PREAMBLE_BYTES, CodeBlock, CodeError, CodeHeader, CodeKind,
+    CodePreamble, MAX_CODE_BYTES, code_block_spans, code_blocks, code_header, code_preamble, decode_code,
+    decode_code_into, decoded_code_size, decompress_block, decompress_code_into, encode_code, split_for_blocks,
 };
-pub use digest::{Digest, DigestError};
+pub use digest::{Digest, DigestError, DigestHasher};
 pub use go_source::go_package;
 
 /// ConfigMap key that holds one chunk of the zstd-compressed module.

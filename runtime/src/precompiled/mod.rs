@@ -10,7 +10,7 @@ use crate::abi::Abi;
 use crate::compile::Compiled;
 use crate::engine::{self, CompileTarget};
 use crate::module_source::{LoadError, ModuleSource, chunk_file_paths};
-use std::path::PathBuf;
+use pages::PageBuffer;
 use std::ptr::NonNull;
 use std::sync::Mutex;
 use wasmless_artifact::{
@@ -19,6 +19,9 @@ use wasmless_artifact::{
 };
 use wasmtime::Engine;
 use wasmtime::component::Component;
+
+mod pages;
+mod streaming;
 
 /// Compiles a validated module for the portable target and writes the code artifact.
 /// `engine` must come from [`engine::compiler_config`] with [`CompileTarget::Portable`].
@@ -117,88 +120,48 @@ pub type CodeSource = ModuleSource;
 pub struct VerifiedCode(CodeImage);
 
 impl ModuleSource {
-    /// Reads the stored bytes and checks them against `pinned`, decompressing them on a
-    /// second thread while they are hashed. `Ok(Err(..))`: the code is unavailable or
-    /// does not decode, and the module can be compiled instead.
+    /// Reads the stored bytes and checks them against `pinned`, decompressing them on
+    /// other threads while they are read and hashed. `Ok(Err(..))`: the code is
+    /// unavailable or does not decode, and the module can be compiled instead.
     pub async fn load_code(&self, pinned: Digest) -> Result<Result<VerifiedCode, Fallback>, CodeRefused> {
         let started = std::time::Instant::now();
-        let stored = match self {
-            Self::File(path) => read_into_pages(vec![path.clone()], None).await,
-            Self::ChunkDir(dir) => match chunk_file_paths(dir, Part::Code).await {
-                Ok(paths) => read_into_pages(paths, Some(dir.clone())).await,
-                Err(error) => Err(error),
-            },
-            Self::Oci(reference) => crate::oci::pull_blob(reference, &pinned).await.map(Stored::Heap),
-        };
-        let stored = match stored {
-            Ok(stored) => stored,
-            Err(error) => return Ok(Err(Fallback::Unavailable(error))),
-        };
-        let read = started.elapsed();
         let code = self.to_string();
-        let verified = tokio::task::spawn_blocking(move || verify_and_decode(code, stored.bytes(), pinned))
-            .await
-            .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()));
+        let (files, chunks_of) = match self {
+            Self::File(path) => (vec![path.clone()], None),
+            Self::ChunkDir(dir) => match chunk_file_paths(dir, Part::Code).await {
+                Ok(paths) => (paths, Some(dir.clone())),
+                Err(error) => return Ok(Err(Fallback::Unavailable(error))),
+            },
+            Self::Oci(reference) => {
+                let blob = match crate::oci::pull_blob(reference, &pinned).await {
+                    Ok(blob) => blob,
+                    Err(error) => return Ok(Err(Fallback::Unavailable(error))),
+                };
+                return blocking(move || verify_and_decode(code, &blob, pinned)).await;
+            }
+        };
+        let verified = blocking(move || match streaming::StoredFiles::open(files, chunks_of) {
+            Ok(stored) => streaming::read_verify_and_decode(code, stored, pinned),
+            Err(error) => Ok(Err(Fallback::Unavailable(error))),
+        })
+        .await;
         tracing::debug!(
-            read_ms = read.as_secs_f64() * 1000.0,
-            verify_and_decompress_ms = (started.elapsed() - read).as_secs_f64() * 1000.0,
+            read_verify_and_decompress_ms = started.elapsed().as_secs_f64() * 1000.0,
             "compiled code read"
         );
         verified
     }
 }
 
-/// The stored code: read from files into pages of its own, or pulled from a registry.
-enum Stored {
-    Pages(PageBuffer),
-    Heap(Vec<u8>),
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()))
 }
 
-impl Stored {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Self::Pages(pages) => pages.bytes(),
-            Self::Heap(bytes) => bytes,
-        }
-    }
-}
-
-/// Reads `paths` one after another into one [`PageBuffer`]; `chunks_of`: they are the
-/// chunks of that directory, each at most `MAX_CHUNK_BYTES`.
-async fn read_into_pages(paths: Vec<PathBuf>, chunks_of: Option<PathBuf>) -> Result<Stored, LoadError> {
-    tokio::task::spawn_blocking(move || {
-        use std::io::Read;
-        let read_error = |path: &PathBuf| {
-            let path = path.clone();
-            move |source| LoadError::Read { path, source }
-        };
-        let mut files = Vec::with_capacity(paths.len());
-        for (index, path) in paths.iter().enumerate() {
-            let file = std::fs::File::open(path).map_err(read_error(path))?;
-            let size = file.metadata().map_err(read_error(path))?.len() as usize;
-            if let Some(dir) = &chunks_of
-                && size > wasmless_artifact::MAX_CHUNK_BYTES
-            {
-                return Err(LoadError::Chunks {
-                    dir: dir.clone(),
-                    source: wasmless_artifact::ChunkError::TooLarge { index, size },
-                });
-            }
-            files.push((path, file, size));
-        }
-        let total = files.iter().map(|(_, _, size)| size).sum();
-        let mut pages = PageBuffer::new(total).map_err(read_error(&paths[0]))?;
-        let mut offset = 0;
-        for (path, mut file, size) in files {
-            file.read_exact(&mut pages.bytes_mut()[offset..offset + size])
-                .map_err(read_error(path))?;
-            offset += size;
-        }
-        Ok(Stored::Pages(pages))
-    })
-    .await
-    .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()))
-}
+/// Decompressed code beyond this many times its stored size is not what LZ4 makes of
+/// code: it is decompressed only once verified.
+const LIKELY_RATIO: usize = 16;
 
 /// Hashing the stored bytes and decompressing them are both on a new pod's start path (the
 /// Goless sample: ~3 ms to hash its 5.5 MB, ~7.5 ms of LZ4 on one core), so they share the
@@ -213,7 +176,6 @@ fn verify_and_decode(
     stored: &[u8],
     pinned: Digest,
 ) -> Result<Result<VerifiedCode, Fallback>, CodeRefused> {
-    const LIKELY_RATIO: usize = 16;
     let plausible = decoded_code_size(stored).is_ok_and(|size| size <= stored.len().saturating_mul(LIKELY_RATIO));
     let (actual, decoded) = if plausible {
         let (actual, decoded) = CodeImage::decompress_while(stored, || Digest::of(stored));
@@ -308,54 +270,6 @@ pub fn open(
         Err(error) => Opened::Fallback(Fallback::Deserialize(format!("{error:#}"))),
     })
 }
-
-/// Anonymous memory for the megabytes a new pod reads and decompresses, in transparent
-/// huge pages where the kernel offers them: in a VM, faulting 12 MiB in 4 KiB pages took
-/// ~4 ms here, in 2 MiB pages ~1 ms.
-struct PageBuffer {
-    memory: NonNull<u8>,
-    len: usize,
-}
-
-impl PageBuffer {
-    fn new(len: usize) -> std::io::Result<Self> {
-        let len = len.max(1);
-        // SAFETY: a fresh private anonymous mapping, owned by the returned buffer.
-        let memory = unsafe {
-            rustix::mm::mmap_anonymous(
-                std::ptr::null_mut(),
-                len,
-                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-                rustix::mm::MapFlags::PRIVATE,
-            )
-        }?;
-        // Advice only: without huge pages the memory is the same, in smaller pages.
-        // SAFETY: the range is the mapping just made.
-        let _ = unsafe { rustix::mm::madvise(memory, len, rustix::mm::Advice::LinuxHugepage) };
-        let memory = NonNull::new(memory.cast::<u8>()).expect("mmap returns a non-null address");
-        Ok(Self { memory, len })
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: the mapping is `len` bytes, readable, and only ours (zero until written).
-        unsafe { std::slice::from_raw_parts(self.memory.as_ptr(), self.len) }
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as for `bytes`, and `&mut self` makes this the only reference.
-        unsafe { std::slice::from_raw_parts_mut(self.memory.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for PageBuffer {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`; wasmtime copied what it keeps of code.
-        let _ = unsafe { rustix::mm::munmap(self.memory.as_ptr().cast(), self.len) };
-    }
-}
-
-// SAFETY: the buffer is plain memory owned by this value.
-unsafe impl Send for PageBuffer {}
 
 /// The decompressed artifact in a [`PageBuffer`]. The code (after the 64 KiB header
 /// block) is page-aligned, so `deserialize_raw` runs it in place, saving a copy of 10+ MB
