@@ -330,11 +330,11 @@ request, its memory a copy-on-write image), so Go's start-up is paid once, at bu
 breakdown above, still of the CGI module) Go starts inside every request. What is left of a reactor request is \
 not broken down yet.\n\
 - **A new pod** reads the builder's compiled code (5.5 MB of LZ4 blocks for the Goless sample, 12 MB \
-decompressed) into huge pages (~2–3 ms), hashes it against `--code-digest` on one thread while the others \
-decompress its 1 MiB blocks, the hashing thread joining them when done (~6.5 ms on 2 cores, for ~3 ms of \
-hashing and ~7.5 ms of LZ4 on one core), and runs the code where it was decompressed (`deserialize_raw`): no \
-Cranelift, no copy. What is left: the first request (~2.2 ms, a fraction of a millisecond once warm: wasmtime makes the \
-snapshot's memory image when it first instantiates it) and the read, which could overlap the hash.\n\
+decompressed) block after block into huge pages, hashing it against `--code-digest` as it reads while the \
+other core decompresses each 1 MiB block as soon as it is in (~2–3 ms of reading, ~3 ms of hashing and \
+~7.5 ms of LZ4 on one core, overlapped), and runs the code where it was decompressed (`deserialize_raw`): no \
+Cranelift, no copy. What is left: the first request (~2.2 ms, a fraction of a millisecond once warm: wasmtime \
+makes the snapshot's memory image when it first instantiates it) and the process itself.\n\
 - **Cold start** with a compiled-code cache hit is an `mmap` of the compiled code: the cache entry is named by \
 the digest the module must have, and is written only after a module passed that check, so a hit reads neither \
 the module nor its source (a registry may be down). A miss adds reading and verifying the module and Cranelift \
