@@ -128,6 +128,15 @@ get() { curl -fsS --max-time 5 "$1"; }
 # get_service FUNCTION: one GET through the function's Service.
 get_service() { get "$(service_url "$1")"; }
 
+# expect_service_answer FUNCTION EXPECTED: a new Service's answer. Ready is the pods'
+# readiness; kube-proxy programs the Service a moment later, and until then its ClusterIP
+# refuses connections. Up to 30 s for that, then the answer is checked.
+expect_service_answer() {
+  local deadline=$((SECONDS + 30))
+  until [[ $(get_service "$1" 2>/dev/null) == "$2" ]] || ((SECONDS >= deadline)); do sleep 1; done
+  expect_eq "$(get_service "$1")" "$2" "GET through $1's Service"
+}
+
 jobs_of() { kubectl get jobs -n "$NS" -l "wasmless.io/function=$1" -o name | wc -l; }
 has_jobs() { [[ $(jobs_of "$1") -ge 1 ]]; }
 
@@ -186,7 +195,7 @@ goless_sample() {
   digest=$(fn_field hello .status.moduleDigest)
   expect_eq "$(awk '$1 == "hello" { print $2, $3, $4, $5, $6 }' <<<"$table")" \
     "go Ready 1 ${digest:7:10} http://hello.$NS.svc.cluster.local:9000" "kubectl get fn's row"
-  expect_eq "$(get_service hello)" "This works!" "GET through the Service"
+  expect_service_answer hello "This works!"
   ok
 }
 
@@ -401,7 +410,7 @@ oci_storage() {
   settled() { [[ $(fn_field hello-rust .status.phase) =~ ^(Ready|Failed)$ ]]; }
   wait_until 900 "hello-rust Ready or Failed" settled
   phase_is hello-rust Ready || fail "hello-rust: $(fn_field hello-rust .status.buildMessage)"
-  expect_eq "$(get_service hello-rust)" "Hello from Rust!" "GET through the Service"
+  expect_service_answer hello-rust "Hello from Rust!"
   local args
   args=$(kubectl get deploy hello-rust -n "$NS" -o 'jsonpath={.spec.template.spec.containers[0].args}')
   expect_contains "$args" "oci://$REGISTRY/$NS/hello-rust@sha256:" "the runtime's --module"
