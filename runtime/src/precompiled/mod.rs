@@ -194,6 +194,26 @@ fn verify_and_decode(
     Ok(decoded.map(VerifiedCode).map_err(Fallback::Malformed))
 }
 
+/// Runs `first` on a thread of its own, then `decompress` there too, while `decompress`
+/// runs on the other [`decompressing_threads`] (this one included); returns what `first`
+/// returned once every thread is done.
+fn with_decompressing_threads<T: Send>(first: impl FnOnce() -> T + Send, decompress: impl Fn() + Sync) -> T {
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| {
+            let result = first();
+            decompress();
+            result
+        });
+        for _ in 2..decompressing_threads() {
+            scope.spawn(&decompress);
+        }
+        decompress();
+        first
+            .join()
+            .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked))
+    })
+}
+
 /// Threads that decompress a new pod's code: the cores it may use (its CPU limit counts),
 /// up to four; the blocks of the Goless sample's code keep that many busy.
 fn decompressing_threads() -> usize {
@@ -309,20 +329,7 @@ impl CodeImage {
                 }
             }
         };
-        let result = std::thread::scope(|scope| {
-            let first = scope.spawn(|| {
-                let result = alongside();
-                decompress();
-                result
-            });
-            for _ in 2..decompressing_threads() {
-                scope.spawn(decompress);
-            }
-            decompress();
-            first
-                .join()
-                .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked))
-        });
+        let result = with_decompressing_threads(alongside, decompress);
         drop(work);
         match failure.into_inner().expect("no panic holds the lock") {
             Some(error) => (result, Err(error)),

@@ -13,7 +13,7 @@
 //! files is read whole and goes that way.
 
 use super::pages::PageBuffer;
-use super::{CodeImage, CodeRefused, Fallback, VerifiedCode, decompressing_threads, verify_and_decode};
+use super::{CodeImage, CodeRefused, Fallback, VerifiedCode, verify_and_decode, with_decompressing_threads};
 use crate::module_source::LoadError;
 use std::collections::VecDeque;
 use std::fs::File;
@@ -232,46 +232,37 @@ fn decompress_while_reading<'a>(
         }
     };
     let started = std::time::Instant::now();
-    let read = std::thread::scope(|scope| {
-        let reading = scope.spawn(|| {
-            let mut hasher = Digest::hasher();
-            hasher.update(head);
-            let mut read = || -> Result<(), LoadError> {
-                for span in spans {
-                    let (compressed, rest) = std::mem::take(&mut blocks).split_at_mut(span.compressed_len);
-                    blocks = rest;
-                    files.read_exact(compressed)?;
-                    hasher.update(compressed);
-                    let (into, rest) = std::mem::take(&mut out).split_at_mut(span.decompressed.len());
-                    out = rest;
-                    let block = CodeBlock {
-                        compressed,
-                        decompressed: span.decompressed.clone(),
-                    };
-                    queue
-                        .lock()
-                        .expect("no panic holds the lock")
-                        .blocks
-                        .push_back((block, into));
-                    read_one.notify_one();
-                }
-                Ok(())
-            };
-            let read = read();
-            tracing::debug!(read_and_hash_ms = started.elapsed().as_secs_f64() * 1000.0, "code read");
-            queue.lock().expect("no panic holds the lock").reading = false;
-            read_one.notify_all();
-            decompress();
-            read.map(|()| hasher.finish())
-        });
-        for _ in 2..decompressing_threads() {
-            scope.spawn(decompress);
-        }
-        decompress();
-        reading
-            .join()
-            .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked))
-    });
+    let reading = || {
+        let mut hasher = Digest::hasher();
+        hasher.update(head);
+        let mut read = || -> Result<(), LoadError> {
+            for span in spans {
+                let (compressed, rest) = std::mem::take(&mut blocks).split_at_mut(span.compressed_len);
+                blocks = rest;
+                files.read_exact(compressed)?;
+                hasher.update(compressed);
+                let (into, rest) = std::mem::take(&mut out).split_at_mut(span.decompressed.len());
+                out = rest;
+                let block = CodeBlock {
+                    compressed,
+                    decompressed: span.decompressed.clone(),
+                };
+                queue
+                    .lock()
+                    .expect("no panic holds the lock")
+                    .blocks
+                    .push_back((block, into));
+                read_one.notify_one();
+            }
+            Ok(())
+        };
+        let read = read();
+        tracing::debug!(read_and_hash_ms = started.elapsed().as_secs_f64() * 1000.0, "code read");
+        queue.lock().expect("no panic holds the lock").reading = false;
+        read_one.notify_all();
+        read.map(|()| hasher.finish())
+    };
+    let read = with_decompressing_threads(reading, decompress);
     tracing::debug!(
         decompressed_ms = started.elapsed().as_secs_f64() * 1000.0,
         "code decompressed"
