@@ -4,7 +4,7 @@
 
 use crate::limits::RequestLimits;
 use std::time::Duration;
-use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline};
 
 /// How often the epoch advances; a request's timeout is rounded up to this.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -210,4 +210,22 @@ fn start_epoch_ticker(engine: &Engine) {
 /// Epoch ticks a request may run for.
 pub fn deadline_ticks(timeout: Duration) -> u64 {
     (timeout.as_nanos().div_ceil(EPOCH_TICK.as_nanos()) as u64).max(1)
+}
+
+/// Arms a request's store: the guest traps with `Trap::Interrupt` once `timeout` has
+/// passed (rounded up to ticks), and until then yields at every epoch tick. A thread
+/// serves all of its connections (see `edge`), so a long handler holds up the requests
+/// beside it for one tick at a time, not for its whole run.
+pub fn arm_timeout<T: 'static>(store: &mut Store<T>, timeout: Duration) {
+    let mut ticks_left = deadline_ticks(timeout);
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(move |_| {
+        ticks_left = ticks_left.saturating_sub(1);
+        if ticks_left == 0 {
+            return Ok(UpdateDeadline::Interrupt);
+        }
+        // tokio's own yield: the other tasks and the I/O driver go first. A plain
+        // self-wake (`Yield`) can be polled again at once, before anything else ran.
+        Ok(UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now())))
+    });
 }

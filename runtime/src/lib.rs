@@ -148,12 +148,15 @@ pub async fn serve(
         ));
     }
     let (phase_tx, phase) = tokio::sync::watch::channel(edge::Phase::Serving);
+    // A serving thread per usable core (the cgroup's CPU quota counted).
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     let mut server = tokio::spawn(edge::serve(
         listener,
         server::function_router(state),
         edge::EdgeLimits::from_config(&config),
         metrics,
         phase,
+        threads,
     ));
     readiness.set(true);
     tracing::info!(function = %config.function, address = %function_addr, admin = %admin_addr, "serving");
@@ -164,8 +167,9 @@ pub async fn serve(
 
     tokio::select! {
         result = &mut server => {
-            // The accept loop only returns once told to: this is a panic.
-            result.map_err(std::io::Error::other)?;
+            // The serving threads only return once told to: this is a panic, or a
+            // thread that could not start.
+            result.map_err(std::io::Error::other)??;
         }
         () = shutdown => {
             // Endpoints are removed asynchronously: keep serving while load balancers
@@ -181,7 +185,7 @@ pub async fn serve(
             tracing::info!("drain delay over: no longer accepting connections");
             let _ = phase_tx.send(edge::Phase::Closing);
             match tokio::time::timeout(config.shutdown_grace, server).await {
-                Ok(result) => result.map_err(std::io::Error::other)?,
+                Ok(result) => result.map_err(std::io::Error::other)??,
                 Err(_) => tracing::warn!("shutdown grace ran out with requests still in flight"),
             }
         }

@@ -185,6 +185,45 @@ async fn misbehaving_go_handler_fails_only_its_own_request() {
     assert_eq!(get(runtime.url("/")).await.0, 200);
 }
 
+/// Each serving thread runs every request of its connections (runtime/src/edge.rs), so a
+/// handler that spins must give way: with spinners on every thread, a quick request is
+/// still answered while they all run, not after their timeout.
+#[tokio::test(flavor = "multi_thread")]
+async fn spinning_handlers_on_every_thread_do_not_hold_up_a_quick_request() {
+    let runtime = Runtime::start(rust_echo_with_digest(), &["--timeout", "20s"]);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let spinners: Vec<_> = (0..2 * threads)
+        .map(|_| tokio::spawn(get(runtime.url("/loop"))))
+        .collect();
+    let in_flight = || async {
+        let metrics = client()
+            .get(runtime.admin_url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        sample(&metrics, "wasmless_requests_in_flight", &[]).unwrap_or(0.0)
+    };
+    let mut waited = 0;
+    while in_flight().await < spinners.len() as f64 {
+        waited += 1;
+        assert!(waited < 400, "the spinning requests never all started");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+
+    let (status, text) = get(runtime.url("/hello")).await;
+    assert_eq!((status, text.as_str()), (200, "Hello, world!\n"));
+    assert!(
+        spinners.iter().all(|spinner| !spinner.is_finished()),
+        "the quick request was answered only once a spinner had timed out"
+    );
+    for spinner in spinners {
+        spinner.abort();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn misbehaving_commands_get_their_status() {
     let cases: [(&str, Vec<u8>, u16); 5] = [

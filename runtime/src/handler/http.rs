@@ -1,7 +1,7 @@
 //! Components exporting `wasi:http/incoming-handler`, served through wasmtime-wasi-http.
 
 use super::{Failure, MAX_HANDLER_OUTPUT, Shared, log_handler_output};
-use crate::engine::deadline_ticks;
+use crate::engine::arm_timeout;
 use crate::limits::RequestLimiter;
 use axum::body::Body;
 use bytes::Bytes;
@@ -106,8 +106,7 @@ impl HttpHandler {
         };
         let mut store = Store::new(self.pre.engine(), state);
         store.limiter(|state| &mut state.limiter);
-        store.set_epoch_deadline(deadline_ticks(self.shared.limits.timeout));
-        store.epoch_deadline_trap();
+        arm_timeout(&mut store, self.shared.limits.timeout);
 
         let (sender, mut receiver) = tokio::sync::oneshot::channel();
         let responded = Arc::new(AtomicBool::new(false));

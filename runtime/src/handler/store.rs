@@ -2,7 +2,7 @@
 //! WASI context, with stdout and stderr captured, the memory limiter and the deadline.
 
 use super::{MAX_HANDLER_OUTPUT, Shared, log_handler_output};
-use crate::engine::deadline_ticks;
+use crate::engine::arm_timeout;
 use crate::limits::RequestLimiter;
 use wasmtime::{Engine, Linker, Store};
 use wasmtime_wasi::WasiCtxBuilder;
@@ -64,8 +64,7 @@ pub fn new_store(engine: &Engine, shared: &Shared, wasi: WasiP1Ctx) -> Store<Gue
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);
-    store.epoch_deadline_trap();
-    store.set_epoch_deadline(deadline_ticks(shared.limits.timeout));
+    arm_timeout(&mut store, shared.limits.timeout);
     store
 }
 
@@ -76,5 +75,5 @@ pub fn renew(store: &mut Store<GuestState>, shared: &Shared, wasi: WasiP1Ctx) {
     let state = store.data_mut();
     state.wasi = wasi;
     state.limiter.memory_exceeded = false;
-    store.set_epoch_deadline(deadline_ticks(shared.limits.timeout));
+    arm_timeout(store, shared.limits.timeout);
 }
