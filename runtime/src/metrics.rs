@@ -16,8 +16,26 @@ type Function = Arc<String>;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     function: Function,
-    method: String,
+    method: &'static str,
     status: u16,
+}
+
+/// The `method` label: the standard methods by name, any other as `other`, so that a
+/// client inventing methods cannot make a series for each (and the memory to keep it).
+pub fn method_label(method: &http::Method) -> &'static str {
+    use http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "other",
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -98,14 +116,16 @@ pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     request_duration: Family<RequestLabels, Histogram>,
-    in_flight: Family<FunctionLabels, Gauge>,
-    instantiate_duration: Family<FunctionLabels, Histogram>,
     traps: Family<TrapLabels, Counter>,
     module_load: Family<FunctionLabels, Gauge<f64, AtomicU64>>,
     module_info: Family<ModuleLabels, Gauge>,
     compile_fallbacks: Family<FallbackLabels, Counter>,
     refused: Family<RefusedLabels, Counter>,
-    connections_open: Family<FunctionLabels, Gauge>,
+    /// The one series of each per-function family (the registry holds the family),
+    /// looked up once, not per request.
+    in_flight: Gauge,
+    instantiate_duration: Histogram,
+    connections_open: Gauge,
 }
 
 impl Metrics {
@@ -116,7 +136,7 @@ impl Metrics {
         let request_duration = Family::<RequestLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.0001, 2.0, 17))
         });
-        let in_flight = Family::default();
+        let in_flight = Family::<FunctionLabels, Gauge>::default();
         let instantiate_duration = Family::<FunctionLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.00001, 2.0, 16))
         });
@@ -125,7 +145,7 @@ impl Metrics {
         let module_info = Family::default();
         let compile_fallbacks = Family::default();
         let refused = Family::default();
-        let connections_open = Family::default();
+        let connections_open = Family::<FunctionLabels, Gauge>::default();
         // prometheus-client appends `_total` to counters.
         registry.register(
             "wasmless_requests",
@@ -181,22 +201,22 @@ impl Metrics {
                 reason: refusal.reason(),
             });
         }
-        let _ = connections_open.get_or_create(&FunctionLabels {
+        let labels = FunctionLabels {
             function: function.clone(),
-        });
+        };
         Self {
+            in_flight: in_flight.get_or_create(&labels).clone(),
+            instantiate_duration: instantiate_duration.get_or_create(&labels).clone(),
+            connections_open: connections_open.get_or_create(&labels).clone(),
             function,
             registry,
             requests,
             request_duration,
-            in_flight,
-            instantiate_duration,
             traps,
             module_load,
             module_info,
             compile_fallbacks,
             refused,
-            connections_open,
         }
     }
 
@@ -212,7 +232,7 @@ impl Metrics {
 
     /// Counts an open connection until the guard is dropped.
     pub fn connection_open(&self) -> InFlight {
-        let gauge = self.connections_open.get_or_create(&self.function_labels()).clone();
+        let gauge = self.connections_open.clone();
         gauge.inc();
         InFlight(gauge)
     }
@@ -234,10 +254,10 @@ impl Metrics {
         }
     }
 
-    pub fn observe_request(&self, method: &str, status: u16, elapsed: Duration) {
+    pub fn observe_request(&self, method: &http::Method, status: u16, elapsed: Duration) {
         let labels = RequestLabels {
             function: self.function.clone(),
-            method: method.to_string(),
+            method: method_label(method),
             status,
         };
         self.requests.get_or_create(&labels).inc();
@@ -248,15 +268,13 @@ impl Metrics {
 
     /// Counts a request in flight until the guard is dropped.
     pub fn in_flight(&self) -> InFlight {
-        let gauge = self.in_flight.get_or_create(&self.function_labels()).clone();
+        let gauge = self.in_flight.clone();
         gauge.inc();
         InFlight(gauge)
     }
 
     pub fn observe_instantiate(&self, elapsed: Duration) {
-        self.instantiate_duration
-            .get_or_create(&self.function_labels())
-            .observe(elapsed.as_secs_f64());
+        self.instantiate_duration.observe(elapsed.as_secs_f64());
     }
 
     pub fn count_trap(&self, kind: &'static str) {

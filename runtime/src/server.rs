@@ -111,7 +111,7 @@ pub fn function_router(state: FunctionState) -> Router {
 
 async fn record_metrics(State(state): State<FunctionState>, request: Request, next: Next) -> Response {
     let _in_flight = state.metrics.in_flight();
-    let method = request.method().to_string();
+    let method = request.method().clone();
     let started = Instant::now();
     let response = next.run(request).await;
     state

@@ -345,6 +345,12 @@ async fn metrics_count_requests() {
     for _ in 0..2 {
         assert_eq!(get(runtime.url("/?status=404")).await.0, 404);
     }
+    // Invented methods share one series: a client cannot grow the metrics without bound.
+    for method in ["BREW", "WHEN", "FROBNICATE"] {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let response = client().request(method, runtime.url("/")).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+    }
     let response = client().get(runtime.admin_url("/metrics")).send().await.unwrap();
     assert!(
         response.headers()["content-type"]
@@ -360,6 +366,13 @@ async fn metrics_count_requests() {
         "{metrics}"
     );
     assert_eq!(sample(&metrics, "wasmless_requests_total", &labels("404")), Some(2.0));
+    let other = [("function", "counted"), ("method", "other"), ("status", "200")];
+    assert_eq!(
+        sample(&metrics, "wasmless_requests_total", &other),
+        Some(3.0),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("BREW"), "{metrics}");
     assert_eq!(
         sample(&metrics, "wasmless_request_duration_seconds_count", &labels("200")),
         Some(5.0)
@@ -370,7 +383,7 @@ async fn metrics_count_requests() {
             "wasmless_instantiate_duration_seconds_count",
             &[("function", "counted")]
         ),
-        Some(7.0)
+        Some(10.0)
     );
     assert_eq!(
         sample(&metrics, "wasmless_requests_in_flight", &[("function", "counted")]),
