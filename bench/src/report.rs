@@ -246,7 +246,8 @@ fn markdown(settings: &Settings, results: &Results, plot_name: &str) -> String {
     }
     let _ = writeln!(
         md,
-        "\n`throughput`: VmRSS after the first answer, and VmHWM after the wrk run.\n"
+        "\n`throughput`: VmRSS after the first answer, and VmHWM after the wrk run, of a second start: \
+         the first filled the compile cache, so no figure holds the memory of a compilation.\n"
     );
 
     let _ = writeln!(md, "## Per-request cost\n");
