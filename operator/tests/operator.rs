@@ -2013,7 +2013,8 @@ fn repo_root() -> std::path::PathBuf {
         .to_path_buf()
 }
 
-/// The objects `kubectl kustomize <dir>` renders, or `None` (and why, on stderr) without kubectl.
+/// The objects `kubectl kustomize <dir>` renders, or `None` (and why, on stderr) without
+/// kubectl. With `CI` set it panics instead: a skipped RBAC check there would pass unseen.
 fn kustomize(dir: &str) -> Option<Vec<Value>> {
     use serde::Deserialize;
     let output = match std::process::Command::new("kubectl")
@@ -2022,6 +2023,9 @@ fn kustomize(dir: &str) -> Option<Vec<Value>> {
         .output()
     {
         Ok(output) => output,
+        Err(error) if std::env::var_os("CI").is_some() => {
+            panic!("kubectl is not installed ({error}) and CI is set: install kubectl (scripts/setup.sh does)")
+        }
         Err(error) => {
             eprintln!("skipping: kubectl is not installed ({error}); scripts/setup.sh installs it");
             return None;
