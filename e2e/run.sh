@@ -249,10 +249,12 @@ prometheus_scrapes() {
   pods_scraped() {
     local pods
     pods=$(kubectl get pods -n "$NS" -l wasmless.io/function=hello,wasmless.io/component=runtime --no-headers | wc -l)
-    [[ $(value_of 'count(wasmless_module_info{function="hello"})') == "$pods" ]]
+    [[ $(value_of "count(wasmless_module_info{namespace=\"$NS\",function=\"hello\"})") == "$pods" ]]
   }
   wait_until 90 "Prometheus to scrape hello's pods" pods_scraped
-  local query='sum(wasmless_requests_total{function="hello"})' baseline
+  # This namespace's hello only: cli_deploy's hello, in a namespace still being deleted,
+  # may be scraped too, and its count taken for the baseline.
+  local query="sum(wasmless_requests_total{namespace=\"$NS\",function=\"hello\"})" baseline
   baseline=$(value_of "$query")
   [[ $baseline == none ]] && baseline=0
   local url
