@@ -249,10 +249,12 @@ prometheus_scrapes() {
   pods_scraped() {
     local pods
     pods=$(kubectl get pods -n "$NS" -l wasmless.io/function=hello,wasmless.io/component=runtime --no-headers | wc -l)
-    [[ $(value_of 'count(wasmless_module_info{function="hello"})') == "$pods" ]]
+    [[ $(value_of "count(wasmless_module_info{namespace=\"$NS\",function=\"hello\"})") == "$pods" ]]
   }
   wait_until 90 "Prometheus to scrape hello's pods" pods_scraped
-  local query='sum(wasmless_requests_total{function="hello"})' baseline
+  # This namespace's hello only: cli_deploy's hello, in a namespace still being deleted,
+  # may be scraped too, and its count taken for the baseline.
+  local query="sum(wasmless_requests_total{namespace=\"$NS\",function=\"hello\"})" baseline
   baseline=$(value_of "$query")
   [[ $baseline == none ]] && baseline=0
   local url
@@ -419,19 +421,42 @@ oci_storage() {
 }
 
 failover() {
-  step "the operator's leader deleted mid-build: the other replica finishes it, with no second Job"
+  step "the operator's leader deleted mid-build: it releases the Lease on SIGTERM, the other replica takes it at once and finishes the build, with no second Job"
   set_source hello "$(go_handler 'v3')"
   wait_until 60 "phase Building" phase_is hello Building
   local old_leader digest
   old_leader=$(leader)
   digest=$(fn_field hello .status.sourceDigest)
+  # Every write of the Lease from here on, in order (holder|renewTime): the old leader's
+  # renewals, its release (no holder), the new leader's acquisition. The first line is the
+  # Lease as it is now; later writes are watched from that version on.
+  kubectl get lease wasmless-operator -n wasmless-system --watch \
+    -o 'jsonpath={.spec.holderIdentity}{"|"}{.spec.renewTime}{"\n"}' >"$WORK/lease.log" 2>&1 &
+  PIDS+=($!)
+  local watch=$!
+  wait_until 10 "the watch of the Lease" test -s "$WORK/lease.log"
+  local deleted=$SECONDS
   kubectl delete pod "$old_leader" -n wasmless-system --wait=false >/dev/null
   new_leader() {
     local holder
     holder=$(kubectl get lease wasmless-operator -n wasmless-system -o 'jsonpath={.spec.holderIdentity}')
     [[ -n $holder && $holder != "$old_leader" ]]
   }
-  wait_until 120 "a new leader" new_leader
+  # Released, the Lease is taken at a standby's next try (every 5 s). Unreleased, it could be
+  # taken only 15 s after its last renewal (every 5 s): 10 s after the delete at the earliest,
+  # and then straight from the old holder, which the watch below would show.
+  wait_until 10 "a new leader before the Lease could expire" new_leader
+  echo "    new leader $(leader) $((SECONDS - deleted))s after deleting $old_leader"
+  sleep 1 # the watch prints the acquisition
+  kill "$watch" 2>/dev/null || true
+  sed 's/^/    lease: /' "$WORK/lease.log"
+  # The release itself: the holder emptied between the old leader and the new one.
+  local released
+  released=$(awk -F'|' -v old="$old_leader" '
+    $1 == old && !cleared { seen_old = 1 }
+    $1 == "" && seen_old { cleared = 1 }
+    $1 != "" && $1 != old && cleared { print "yes"; exit }' "$WORK/lease.log")
+  expect_eq "$released" yes "the Lease released (no holder) by $old_leader before another replica took it"
   local url
   url=$(service_url hello)
   answers_v3() { [[ $(get "$url") == v3 ]]; }
@@ -622,10 +647,40 @@ least_privilege() {
   refused=$(kubectl create rolebinding wasmless-builder -n "$NS" --role=wasmless-builder \
     --serviceaccount=kube-system:wasmless-builder --dry-run=server --as="$OPERATOR_ACCOUNT" 2>&1 || true)
   expect_contains "$refused" "of its namespace only" "the builder Role bound to another namespace's account, as the operator"
+  # Pod specs labelled as a Function's, so that only the ServiceAccount rules can refuse
+  # them; each with its accepted twin, so that a refusal is the rule's and no other's.
+  refused=$(probe_job default | dry_run_as_operator)
+  expect_contains "$refused" "build Jobs run as the wasmless-builder ServiceAccount only" "a build Job as the default account, as the operator"
+  expect_contains "$(probe_job wasmless-builder | dry_run_as_operator)" "created (server dry run)" "a build Job as wasmless-builder, as the operator"
+  refused=$(probe_deployment wasmless-builder false | dry_run_as_operator)
+  expect_contains "$refused" "function pods run as the default ServiceAccount, without its token" "function pods as another account, as the operator"
+  refused=$(probe_deployment default true | dry_run_as_operator)
+  expect_contains "$refused" "function pods run as the default ServiceAccount, without its token" "function pods with a token, as the operator"
+  expect_contains "$(probe_deployment default false | dry_run_as_operator)" "created (server dry run)" "function pods as the default account without a token, as the operator"
   # The operator's own writes pass it: the builder RBAC it wrote for hello is there.
   expect_eq "$(kubectl get role wasmless-builder -n "$NS" -o 'jsonpath={.rules[0].verbs}')" '["create","patch"]' \
     "the builder Role's verbs"
   ok
+}
+
+# dry_run_as_operator: creates the manifest on stdin in $NS as the operator's ServiceAccount,
+# admission run but nothing stored; prints what kubectl says, refusal included.
+dry_run_as_operator() { kubectl create -n "$NS" -f - --dry-run=server --as="$OPERATOR_ACCOUNT" 2>&1 || true; }
+
+probe_job() { # SERVICE_ACCOUNT: a build Job of Function probe running as it
+  printf '%s\n' 'apiVersion: batch/v1' 'kind: Job' \
+    'metadata: {name: wasmless-probe, labels: {wasmless.io/function: probe}}' \
+    'spec:' '  template:' '    spec:' "      serviceAccountName: $1" '      restartPolicy: Never' \
+    '      containers: [{name: builder, image: wasmless/builder:0.1.0}]'
+}
+
+probe_deployment() { # SERVICE_ACCOUNT AUTOMOUNT_TOKEN: function pods of Function probe
+  printf '%s\n' 'apiVersion: apps/v1' 'kind: Deployment' \
+    'metadata: {name: wasmless-probe, labels: {wasmless.io/function: probe}}' \
+    'spec:' '  selector: {matchLabels: {wasmless.io/function: probe}}' '  template:' \
+    '    metadata: {labels: {wasmless.io/function: probe}}' '    spec:' \
+    "      serviceAccountName: $1" "      automountServiceAccountToken: $2" \
+    '      containers: [{name: runtime, image: wasmless/runtime:0.1.0}]'
 }
 
 port_clash() {
@@ -638,7 +693,19 @@ port_clash() {
   expect_contains "$message" "serverPort 9090 is the Service's metrics port" "status.buildMessage"
   expect_eq "$(jobs_of clash)" 0 "build Jobs of clash"
   phase_is hello Ready || fail "hello: phase $(fn_field hello .status.phase)"
+  # While clash stands refused, a change to hello (a new generation) is still reconciled.
+  kubectl patch fn hello -n "$NS" --type merge -p '{"spec": {"env": [{"name": "SEEN_AFTER_CLASH", "value": "1"}]}}' >/dev/null
+  local generation
+  generation=$(kubectl get fn hello -n "$NS" -o 'jsonpath={.metadata.generation}')
+  hello_observed() { [[ $(fn_field hello .status.observedGeneration) == "$generation" ]]; }
+  wait_until 60 "hello's status.observedGeneration to reach $generation" hello_observed
+  expect_contains "$(kubectl get deploy hello -n "$NS" -o 'jsonpath={.spec.template.spec.containers[0].args}')" \
+    "SEEN_AFTER_CLASH=1" "hello's runtime arguments after the change"
+  phase_is clash Failed || fail "clash: phase $(fn_field clash .status.phase)"
   kubectl delete fn clash -n "$NS" >/dev/null
+  # The next steps start from hello served and rolled out.
+  kubectl wait fn/hello -n "$NS" --for=condition=Ready --timeout=180s >/dev/null
+  kubectl rollout status deploy/hello -n "$NS" --timeout=120s >/dev/null
   ok
 }
 

@@ -82,6 +82,16 @@ pub(crate) struct Failed {
     condition: Option<&'static str>,
     doing: String,
     error: Error,
+    /// The status this reconcile wrote before the step failed, if it got that far: the
+    /// failure is reported on it, not on the older status the reconcile started from.
+    written: Option<Box<FunctionStatus>>,
+}
+
+impl Failed {
+    fn after_writing(mut self, status: &FunctionStatus) -> Self {
+        self.written = Some(Box::new(status.clone()));
+        self
+    }
 }
 
 /// Names the step a fallible call belongs to, for [`Failed`].
@@ -95,6 +105,7 @@ impl<T, E: Into<Error>> Doing<T> for Result<T, E> {
             condition,
             doing: what(),
             error: error.into(),
+            written: None,
         })
     }
 }
@@ -208,7 +219,8 @@ async fn reconcile_steps(func: &Function, ctx: &Context) -> Result<Action, Faile
     {
         collect_old_builds(ctx, &ns, &name, &module.source_digest)
             .await
-            .doing(None, || format!("deleting the older builds of {name}"))?;
+            .doing(BUILT, || format!("deleting the older builds of {name}"))
+            .map_err(|failed| failed.after_writing(&status))?;
     }
 
     Ok(match (&build, status.phase) {
@@ -247,9 +259,10 @@ async fn write_status(ctx: &Context, func: &Function, status: &FunctionStatus) -
     Ok(())
 }
 
-/// Puts a failed step on the condition it belongs to (`Built` for the source and the
-/// build, `Ready` for the Deployment and the Service), reason `ReconcileError`, with a
-/// Warning Event; the rest of the status stays as the last reconcile wrote it.
+/// Puts a failed step on the condition it belongs to (`Built` for the source, the build
+/// and the collection of older builds, `Ready` for the Deployment and the Service), reason
+/// `ReconcileError`, with a Warning Event; the rest of the status stays as the last
+/// write left it.
 async fn report_failure(ctx: &Context, func: &Function, failed: &Failed) {
     let Some(kind) = failed.condition else { return };
     let mut message = format!("{}: {}", failed.doing, failed.error);
@@ -259,7 +272,10 @@ async fn report_failure(ctx: &Context, func: &Function, failed: &Failed) {
         );
     }
     message.push_str("; retrying with backoff");
-    let old = func.status.clone().unwrap_or_default();
+    let old = match &failed.written {
+        Some(written) => FunctionStatus::clone(written),
+        None => func.status.clone().unwrap_or_default(),
+    };
     let mut status = old.clone();
     let failed_condition = condition(kind, false, REASON_RECONCILE_ERROR, message, func.metadata.generation);
     match status.conditions.iter_mut().find(|c| c.type_ == kind) {

@@ -1386,6 +1386,42 @@ async fn a_failed_build_step_is_reported_on_built() {
 }
 
 #[tokio::test]
+async fn a_failed_collection_of_old_builds_is_reported_on_built() {
+    let h = Harness::fake();
+    let fake = h.fake.as_ref().unwrap();
+    ready_function(&h, "hello", json!({"source": HELLO})).await;
+    h.update_spec("hello", json!({"source": HELLO_V2})).await;
+    h.reconcile("hello").await.unwrap();
+    h.finish_build("hello", &wasm("v2")).await;
+    h.reconcile("hello").await.unwrap();
+    h.make_available("hello").await;
+    // v2 serves everywhere: this reconcile deletes the first build, and that fails.
+    fake.fail(http::Method::DELETE, "/jobs/hello-build-", 1);
+    h.reconcile("hello")
+        .await
+        .expect_err("the old build Job cannot be deleted");
+    let func = h.function("hello").await;
+    let built = condition(&func, "Built");
+    assert_eq!(
+        (built.status.as_str(), built.reason.as_str()),
+        ("False", "ReconcileError")
+    );
+    assert!(
+        built.message.starts_with("deleting the older builds of hello: "),
+        "{}",
+        built.message
+    );
+    // Reported on the status this reconcile wrote (v2 Ready), not the one it started from.
+    assert_eq!(status(&func).phase, Some(Phase::Ready), "v2 still serves");
+    assert_eq!(condition(&func, "Ready").reason, "Available");
+    assert_eq!(h.jobs("hello").await.len(), 2, "nothing collected yet");
+    // The retry collects the old build and puts Built right.
+    let func = h.reconciled("hello").await;
+    assert_eq!(condition(&func, "Built").reason, "Built");
+    assert_eq!(h.jobs("hello").await.len(), 1, "old build Job collected");
+}
+
+#[tokio::test]
 async fn chunks_are_found_from_their_metadata_not_their_data() {
     let h = Harness::fake();
     let fake = h.fake.as_ref().unwrap();
@@ -1977,7 +2013,8 @@ fn repo_root() -> std::path::PathBuf {
         .to_path_buf()
 }
 
-/// The objects `kubectl kustomize <dir>` renders, or `None` (and why, on stderr) without kubectl.
+/// The objects `kubectl kustomize <dir>` renders, or `None` (and why, on stderr) without
+/// kubectl. With `CI` set it panics instead: a skipped RBAC check there would pass unseen.
 fn kustomize(dir: &str) -> Option<Vec<Value>> {
     use serde::Deserialize;
     let output = match std::process::Command::new("kubectl")
@@ -1986,6 +2023,9 @@ fn kustomize(dir: &str) -> Option<Vec<Value>> {
         .output()
     {
         Ok(output) => output,
+        Err(error) if std::env::var_os("CI").is_some() => {
+            panic!("kubectl is not installed ({error}) and CI is set: install kubectl (scripts/setup.sh does)")
+        }
         Err(error) => {
             eprintln!("skipping: kubectl is not installed ({error}); scripts/setup.sh installs it");
             return None;
