@@ -270,7 +270,7 @@ fn markdown(settings: &Settings, results: &Results, plot_name: &str) -> String {
     if let Some(go) = &results.go_breakdown {
         let _ = writeln!(
             md,
-            "The Go path, per request (from the runtime's own histograms: the least of three means over 300 sequential requests, the first request left out):\n"
+            "The Go path over CGI (a Go `main`, or any WASI command), per request (from the runtime's own histograms: the least of three means over 300 sequential requests, the first request left out):\n"
         );
         let _ = writeln!(md, "| part | time |\n|---|---|");
         let _ = writeln!(md, "| instantiate (pooling allocator) | {:.0} µs |", go.instantiate_us);
@@ -287,7 +287,7 @@ fn markdown(settings: &Settings, results: &Results, plot_name: &str) -> String {
         let _ = writeln!(md, "| total, request to response headers | {:.0} µs |\n", go.total_us);
         let _ = writeln!(
             md,
-            "`go_breakdown`: Go's start-up inside the module is the part to cut next.\n"
+            "`go_breakdown`: over CGI, Go starts inside every request; a Goless handler is built as a reactor instead, which skips that start-up (its request is broken down under \"Where the time goes\").\n"
         );
     }
 
