@@ -22,7 +22,7 @@ struct RequestLabels {
 
 /// The `method` label: the standard methods by name, any other as `other`, so that a
 /// client inventing methods cannot make a series for each (and the memory to keep it).
-pub fn method_label(method: &http::Method) -> &'static str {
+fn method_label(method: &http::Method) -> &'static str {
     use http::Method;
     match *method {
         Method::GET => "GET",
