@@ -1,4 +1,5 @@
-//! The parts of the `wasmless` command line that read files a user hands it, as a library
-//! so the fuzz targets (`fuzz/`) reach them; the commands themselves live in the binary.
+//! The parts of the `wasmless` command line that read files a user hands it; the
+//! commands themselves live in the binary. The parser of `function.yaml` is in
+//! `wasmless-formats`, with the other formats of bytes we did not write (fuzzed there).
 
-pub mod function_file;
+pub use wasmless_formats::function_file;

@@ -1,8 +1,8 @@
-//! Arbitrary bytes as a handler binary: which ABI they speak (`wasmless_runtime::abi::detect`).
+//! Arbitrary bytes as a handler binary: which ABI they speak (`wasmless_formats::abi::detect`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use wasmless_runtime::abi::{Abi, detect};
+use wasmless_formats::abi::{Abi, detect};
 
 fuzz_target!(|bytes: &[u8]| {
     match detect(bytes) {

@@ -1,8 +1,8 @@
-//! A guest's stdout, read as a CGI response (`wasmless_runtime::handler::cgi_response`).
+//! A guest's stdout, read as a CGI response (`wasmless_formats::cgi_response`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use wasmless_runtime::handler::cgi_response;
+use wasmless_formats::cgi_response;
 
 fuzz_target!(|output: &[u8]| {
     let Ok(response) = cgi_response::parse(output) else {

@@ -3,7 +3,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use std::path::Path;
-use wasmless::function_file::LocalFunction;
+use wasmless_formats::function_file::LocalFunction;
 
 fuzz_target!(|text: &str| {
     if let Ok(function) = LocalFunction::from_yaml_text(text, Path::new("function.yaml")) {

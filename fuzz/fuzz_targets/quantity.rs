@@ -1,10 +1,10 @@
 //! Kubernetes-style quantities and durations of flags and `spec.limits`
-//! (`wasmless_runtime::config::{parse_bytes, parse_duration}`).
+//! (`wasmless_formats::quantity::{parse_bytes, parse_duration}`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use std::time::Duration;
-use wasmless_runtime::config::{parse_bytes, parse_duration};
+use wasmless_formats::quantity::{parse_bytes, parse_duration};
 
 fuzz_target!(|text: &str| {
     if let Ok(bytes) = parse_bytes(text) {

@@ -1,8 +1,8 @@
-//! A Go reactor's answer, read as a response (`wasmless_runtime::handler::reactor_response`).
+//! A Go reactor's answer, read as a response (`wasmless_formats::reactor_response`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use wasmless_runtime::handler::reactor_response;
+use wasmless_formats::reactor_response;
 
 fuzz_target!(|output: &[u8]| {
     let Ok(response) = reactor_response::parse(output) else {

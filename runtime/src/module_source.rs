@@ -30,8 +30,8 @@ pub enum LoadError {
         expected: Digest,
         actual: Digest,
     },
-    #[error("cannot pull {reference}: {message}")]
-    Oci { reference: String, message: String },
+    #[error(transparent)]
+    Oci(#[from] crate::oci::OciError),
 }
 
 /// A module's location, parsed from `--module`.

@@ -1,24 +1,36 @@
 //! Pulling a module from an OCI registry, always by digest.
 
-use crate::module_source::LoadError;
 use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::manifest::OciImageManifest;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use wasmless_artifact::{Digest, oci::LAYER_MEDIA_TYPE};
+use wasmless_formats::oci_manifest;
+
+/// Why a pull failed; a [`crate::module_source::LoadError`] carries it.
+#[derive(Debug, thiserror::Error)]
+pub enum OciError {
+    #[error("cannot pull {reference}: {message}")]
+    Pull { reference: String, message: String },
+    #[error("module digest mismatch: expected {expected}, but {module} has {actual}; refusing to run it")]
+    LayerMismatch {
+        module: String,
+        expected: Digest,
+        actual: Digest,
+    },
+}
 
 /// Pulls `reference` (no `oci://`). A reference pinned by manifest digest
 /// (`repo@sha256:...`) names its `application/wasm` layer; otherwise the layer blob is
 /// fetched by the module digest, which must be pinned. Returns the bytes and the digest
 /// they must match.
-pub async fn pull(reference: &str, pinned: Option<Digest>) -> Result<(Vec<u8>, Digest), LoadError> {
+pub async fn pull(reference: &str, pinned: Option<Digest>) -> Result<(Vec<u8>, Digest), OciError> {
     let registry = Registry::connect(reference).await?;
     let digest = match pinned {
         // Pinned twice: the manifest's layer must be the module pinned, or both are named.
         Some(digest) if registry.reference.digest().is_some() => {
             let layer = registry.layer_digest(LAYER_MEDIA_TYPE).await?;
             if layer != digest {
-                return Err(LoadError::DigestMismatch {
+                return Err(OciError::LayerMismatch {
                     module: format!("{}{reference}", wasmless_artifact::oci::SCHEME),
                     expected: digest,
                     actual: layer,
@@ -39,7 +51,7 @@ pub async fn pull(reference: &str, pinned: Option<Digest>) -> Result<(Vec<u8>, D
 
 /// Pulls the blob `digest` of the repository `reference` names (the compiled-code layer
 /// beside a module); the caller checks the bytes against the digest.
-pub async fn pull_blob(reference: &str, digest: &Digest) -> Result<Vec<u8>, LoadError> {
+pub async fn pull_blob(reference: &str, digest: &Digest) -> Result<Vec<u8>, OciError> {
     Registry::connect(reference).await?.blob(digest).await
 }
 
@@ -51,8 +63,8 @@ struct Registry {
 }
 
 impl Registry {
-    async fn connect(reference: &str) -> Result<Self, LoadError> {
-        let error = |message: String| LoadError::Oci {
+    async fn connect(reference: &str) -> Result<Self, OciError> {
+        let error = |message: String| OciError::Pull {
             reference: reference.to_string(),
             message,
         };
@@ -76,24 +88,28 @@ impl Registry {
         })
     }
 
-    fn error(&self, message: impl Into<String>) -> LoadError {
-        LoadError::Oci {
+    fn error(&self, message: impl Into<String>) -> OciError {
+        OciError::Pull {
             reference: self.text.clone(),
             message: message.into(),
         }
     }
 
-    /// The digest of the manifest's layer of `media_type`.
-    async fn layer_digest(&self, media_type: &str) -> Result<Digest, LoadError> {
-        let (manifest, _) = self
+    /// The digest of the manifest's layer of `media_type`. oci-client fetches the manifest
+    /// (checked against the reference's digest when it has one); its bytes are parsed by
+    /// the fuzzed `oci_manifest`.
+    async fn layer_digest(&self, media_type: &str) -> Result<Digest, OciError> {
+        let (body, _) = self
             .client
-            .pull_image_manifest(&self.reference, &self.auth)
+            .pull_manifest_raw(&self.reference, &self.auth, oci_manifest::ACCEPTED_MEDIA_TYPES)
             .await
             .map_err(|e| self.error(e.to_string()))?;
-        layer_digest(&manifest, media_type).map_err(|e| self.error(e))
+        oci_manifest::parse(&body)
+            .and_then(|manifest| manifest.layer_digest(media_type))
+            .map_err(|e| self.error(e.to_string()))
     }
 
-    async fn blob(&self, digest: &Digest) -> Result<Vec<u8>, LoadError> {
+    async fn blob(&self, digest: &Digest) -> Result<Vec<u8>, OciError> {
         let mut bytes = Vec::new();
         self.client
             .pull_blob(&self.reference, digest.to_string().as_str(), &mut bytes)
@@ -101,17 +117,6 @@ impl Registry {
             .map_err(|e| self.error(e.to_string()))?;
         Ok(bytes)
     }
-}
-
-/// The digest of `manifest`'s layer of `media_type`: the first such layer, as a
-/// registry's manifest names it (fuzzed with the manifests a registry may answer).
-pub fn layer_digest(manifest: &OciImageManifest, media_type: &str) -> Result<Digest, String> {
-    let layer = manifest
-        .layers
-        .iter()
-        .find(|layer| layer.media_type == media_type)
-        .ok_or_else(|| format!("the artifact has no {media_type} layer"))?;
-    layer.digest.parse().map_err(|e| format!("layer digest: {e}"))
 }
 
 /// Registries on loopback (the tests', a developer's) speak plain HTTP; so does any

@@ -135,7 +135,7 @@ impl ModuleSource {
             Self::Oci(reference) => {
                 let blob = match crate::oci::pull_blob(reference, &pinned).await {
                     Ok(blob) => blob,
-                    Err(error) => return Ok(Err(Fallback::Unavailable(error))),
+                    Err(error) => return Ok(Err(Fallback::Unavailable(error.into()))),
                 };
                 return blocking(move || verify_and_decode(code, &blob, pinned)).await;
             }

@@ -1,10 +1,32 @@
 //! What `wasmless dev` needs of a function: a `function.yaml` (the same file
 //! `kubectl apply` takes) or a bare source file.
 
-use anyhow::{Context, bail};
+use crate::source::{Language, Source, SourceError};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
-use wasmless_builder::{Language, Source};
+
+/// Why a path is not a function `wasmless dev` can build; each says what to write instead.
+#[derive(Debug, thiserror::Error)]
+pub enum FunctionFileError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{} is not a Function: it needs metadata.name and spec.source: {source}", path.display())]
+    NotAFunction { path: PathBuf, source: serde_yaml::Error },
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error("{} has no function.yaml and no handler.go, handler.rs or handler.wat", .0.display())]
+    NoHandler(PathBuf),
+    #[error("{} has several handler files: name the one to serve", .0.display())]
+    SeveralHandlers(PathBuf),
+    #[error("{}: a prebuilt `module` has nothing to build locally; serve it with `wasmless serve`", .0.display())]
+    Prebuilt(PathBuf),
+    #[error("{}: spec.source (or Goless's spec.function) holds the handler's source", .0.display())]
+    NoSource(PathBuf),
+    #[error("{}: give exactly one of spec.source, spec.function and spec.module", .0.display())]
+    SeveralSources(PathBuf),
+    #[error("cannot tell the language of {}: use .go, .rs, .wat or a function.yaml", .0.display())]
+    UnknownExtension(PathBuf),
+}
 
 /// A function to build and serve locally.
 pub struct LocalFunction {
@@ -61,7 +83,7 @@ struct EnvVar {
 impl LocalFunction {
     /// Reads a directory (its `function.yaml`, or its one handler source file), a
     /// `function.yaml`, or a source file (language from the extension).
-    pub fn load(path: &Path) -> anyhow::Result<Self> {
+    pub fn load(path: &Path) -> Result<Self, FunctionFileError> {
         if path.is_dir() {
             let yaml = path.join("function.yaml");
             if yaml.exists() {
@@ -74,11 +96,8 @@ impl LocalFunction {
                 .collect();
             return match sources.as_slice() {
                 [one] => Self::from_source_file(one),
-                [] => bail!(
-                    "{} has no function.yaml and no handler.go, handler.rs or handler.wat",
-                    path.display()
-                ),
-                _ => bail!("{} has several handler files: name the one to serve", path.display()),
+                [] => Err(FunctionFileError::NoHandler(path.to_path_buf())),
+                _ => Err(FunctionFileError::SeveralHandlers(path.to_path_buf())),
             };
         }
         match path.extension().and_then(|e| e.to_str()) {
@@ -87,35 +106,27 @@ impl LocalFunction {
         }
     }
 
-    fn from_yaml(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    fn from_yaml(path: &Path) -> Result<Self, FunctionFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| FunctionFileError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Self::from_yaml_text(&text, path)
     }
 
     /// Reads `text`, the contents of the `function.yaml` at `path` (named in errors and
     /// watched for changes).
-    pub fn from_yaml_text(text: &str, path: &Path) -> anyhow::Result<Self> {
-        let file: FunctionFile = serde_yaml::from_str(text).with_context(|| {
-            format!(
-                "{} is not a Function: it needs metadata.name and spec.source",
-                path.display()
-            )
+    pub fn from_yaml_text(text: &str, path: &Path) -> Result<Self, FunctionFileError> {
+        let file: FunctionFile = serde_yaml::from_str(text).map_err(|source| FunctionFileError::NotAFunction {
+            path: path.to_path_buf(),
+            source,
         })?;
         let language: Language = file.spec.language.as_deref().unwrap_or("go").parse()?;
         let text = match (file.spec.source, file.spec.function, file.spec.module) {
             (Some(source), None, None) | (None, Some(source), None) => source,
-            (None, None, Some(_)) => bail!(
-                "{}: a prebuilt `module` has nothing to build locally; serve it with `wasmless serve`",
-                path.display()
-            ),
-            (None, None, None) => bail!(
-                "{}: spec.source (or Goless's spec.function) holds the handler's source",
-                path.display()
-            ),
-            _ => bail!(
-                "{}: give exactly one of spec.source, spec.function and spec.module",
-                path.display()
-            ),
+            (None, None, Some(_)) => return Err(FunctionFileError::Prebuilt(path.to_path_buf())),
+            (None, None, None) => return Err(FunctionFileError::NoSource(path.to_path_buf())),
+            _ => return Err(FunctionFileError::SeveralSources(path.to_path_buf())),
         };
         Ok(Self {
             source: Source::inline(
@@ -130,16 +141,13 @@ impl LocalFunction {
         })
     }
 
-    fn from_source_file(path: &Path) -> anyhow::Result<Self> {
+    fn from_source_file(path: &Path) -> Result<Self, FunctionFileError> {
         let language = match path.extension().and_then(|e| e.to_str()) {
             Some("go") => Language::Go,
             Some("rs") => Language::Rust,
             Some("wat") => Language::Wat,
             Some("wasm") => Language::Wasm,
-            _ => bail!(
-                "cannot tell the language of {}: use .go, .rs, .wat or a function.yaml",
-                path.display()
-            ),
+            _ => return Err(FunctionFileError::UnknownExtension(path.to_path_buf())),
         };
         let name = path
             .parent()

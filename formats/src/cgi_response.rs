@@ -1,6 +1,6 @@
 //! The response half of CGI (RFC 3875 §6): what a guest writes to stdout, read into an
-//! HTTP response. Kept apart from the wasmtime plumbing of [`super`]'s CGI handler because
-//! it is a parser of bytes we did not write: the fuzz target `cgi_response` feeds it.
+//! HTTP response. Kept apart from the wasmtime plumbing of the runtime's CGI handler
+//! because it is a parser of bytes we did not write: the fuzz target `cgi_response` feeds it.
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Response, StatusCode, header};

@@ -7,7 +7,8 @@ use wasmless_artifact::Digest;
 /// Largest source the builder accepts, as the CRD does.
 pub const MAX_SOURCE_BYTES: usize = 512 * 1024;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Language {
     Go,
     Rust,
@@ -148,10 +149,10 @@ impl Source {
         self.files.iter().map(|f| f.bytes.len()).sum()
     }
 
-    /// DESIGN.md's `sourceDigest`. A single file hashes as its bytes alone, so the
-    /// operator (which has only the inline text) computes the same digest; several
-    /// files hash with their names.
-    pub fn digest(&self) -> Digest {
+    /// DESIGN.md's `sourceDigest`, for the builder of `builder_version`. A single file
+    /// hashes as its bytes alone, so the operator (which has only the inline text)
+    /// computes the same digest; several files hash with their names.
+    pub fn digest(&self, builder_version: &str) -> Digest {
         let canonical = match self.files.as_slice() {
             [single] => single.bytes.clone(),
             files => {
@@ -165,7 +166,7 @@ impl Source {
                 joined
             }
         };
-        Digest::of_source(self.language.name(), crate::BUILDER_VERSION, &canonical)
+        Digest::of_source(self.language.name(), builder_version, &canonical)
     }
 
     /// The checks that need no compiler.
@@ -301,14 +302,12 @@ mod tests {
     fn single_file_digest_ignores_the_file_name() {
         let a = Source::inline(Language::Go, "handler.go", GOLESS);
         let b = Source::inline(Language::Go, "source", GOLESS);
-        assert_eq!(a.digest(), b.digest());
-        assert_eq!(
-            a.digest(),
-            Digest::of_source("go", crate::BUILDER_VERSION, GOLESS.as_bytes())
-        );
+        assert_eq!(a.digest("0.1.0"), b.digest("0.1.0"));
+        assert_eq!(a.digest("0.1.0"), Digest::of_source("go", "0.1.0", GOLESS.as_bytes()));
+        assert_ne!(a.digest("0.1.0"), a.digest("0.2.0"));
         assert_ne!(
-            a.digest(),
-            Source::inline(Language::Rust, "handler.go", GOLESS).digest()
+            a.digest("0.1.0"),
+            Source::inline(Language::Rust, "handler.go", GOLESS).digest("0.1.0")
         );
     }
 }

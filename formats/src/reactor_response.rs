@@ -12,17 +12,18 @@ use http::{HeaderName, HeaderValue, Response, StatusCode};
 #[error("{0}")]
 pub struct BadResponse(String);
 
-/// Little-endian `u32`s and `u32`-length-prefixed byte strings, front to back.
-pub(super) struct Reader<'a>(pub(super) &'a [u8]);
+/// Little-endian `u32`s and `u32`-length-prefixed byte strings, front to back: the
+/// encoding of a reactor's response, and of the request the runtime hands it.
+pub struct Reader<'a>(pub &'a [u8]);
 
 impl<'a> Reader<'a> {
-    pub(super) fn u32(&mut self) -> Option<u32> {
+    pub fn u32(&mut self) -> Option<u32> {
         let (head, rest) = self.0.split_first_chunk::<4>()?;
         self.0 = rest;
         Some(u32::from_le_bytes(*head))
     }
 
-    pub(super) fn bytes(&mut self) -> Option<&'a [u8]> {
+    pub fn bytes(&mut self) -> Option<&'a [u8]> {
         let length = self.u32()? as usize;
         if self.0.len() < length {
             return None;
