@@ -1,0 +1,105 @@
+# The e2e run's reporting (a step, its checks, the summary line) and the helpers its steps
+# share: a Function's fields, its Service's address, a GET through it. Sourced by e2e/run.sh.
+
+# ---- reporting -------------------------------------------------------------------------
+
+step() {
+  current=$1
+  step_start=$SECONDS
+  printf '\n--- %s\n' "$1"
+}
+
+ok() {
+  passed=$((passed + 1))
+  echo "ok - $current ($((SECONDS - step_start)) s)"
+}
+
+fail() {
+  echo "FAILED: $*" >&2
+  exit 1
+}
+die() { fail "$@"; } # scripts/lib.sh's wait_until fails the step
+
+expect_eq() { # ACTUAL EXPECTED WHAT
+  [[ $1 == "$2" ]] || fail "$3: expected '$2', got '$1'"
+}
+
+expect_contains() { # TEXT PART WHAT
+  [[ $1 == *"$2"* ]] || fail "$3: '$2' not in: $1"
+}
+
+diagnostics() {
+  echo "=== what the cluster holds"
+  kubectl get fn,deploy,rs,pods,jobs,svc,cm -n "$NS" -o wide 2>&1 | head -60 || true
+  kubectl get pods -n wasmless-system -o wide 2>&1 || true
+  kubectl get fn -n "$NS" -o yaml 2>&1 | grep -A30 '^  status:' | head -80 || true
+  kubectl get events -n "$NS" --sort-by=.lastTimestamp 2>&1 | tail -30 || true
+  local pod
+  for pod in $(kubectl get pods -n wasmless-system -o name 2>/dev/null); do
+    echo "=== logs of $pod"
+    kubectl logs -n wasmless-system "$pod" --tail=30 2>&1 || true
+  done
+  for pod in $(kubectl get pods -n "$NS" -o name 2>/dev/null | head -8); do
+    echo "=== logs of $pod"
+    kubectl logs -n "$NS" "$pod" --all-containers --tail=15 2>&1 || true
+  done
+}
+
+finish() {
+  local status=$?
+  # Only the test itself reports and cleans up, not a subshell it started in the background.
+  [[ $BASHPID == "$MAIN_PID" ]] || return 0
+  if [[ $status != 0 ]]; then
+    echo "not ok - $current"
+    diagnostics
+  fi
+  local pid
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+  if [[ $status == 0 ]]; then echo "$passed passed, 0 failed"; else echo "$passed passed, 1 failed"; fi
+  exit "$status"
+}
+MAIN_PID=$BASHPID
+trap finish EXIT
+
+# ---- helpers ---------------------------------------------------------------------------
+
+fn_field() { kubectl get fn "$1" -n "$NS" -o "jsonpath={$2}"; }
+
+# service_url FUNCTION: the function's Service as the node reaches it (ClusterIP, kube-proxy).
+service_url() {
+  local service
+  service=$(kubectl get fn "$1" -n "$NS" -o 'jsonpath={.spec.service}')
+  kubectl get svc "${service:-$1}" -n "$NS" \
+    -o 'jsonpath=http://{.spec.clusterIP}:{.spec.ports[?(@.name=="http")].port}/'
+}
+
+get() { curl -fsS --max-time 5 "$1"; }
+
+# get_service FUNCTION: one GET through the function's Service.
+get_service() { get "$(service_url "$1")"; }
+
+# expect_service_answer FUNCTION EXPECTED: a new Service's answer. Ready is the pods'
+# readiness; kube-proxy programs the Service a moment later, and until then its ClusterIP
+# refuses connections. Up to 30 s for that, then the answer is checked.
+expect_service_answer() {
+  local deadline=$((SECONDS + 30))
+  until [[ $(get_service "$1" 2>/dev/null) == "$2" ]] || ((SECONDS >= deadline)); do sleep 1; done
+  expect_eq "$(get_service "$1")" "$2" "GET through $1's Service"
+}
+
+jobs_of() { kubectl get jobs -n "$NS" -l "wasmless.io/function=$1" -o name | wc -l; }
+has_jobs() { [[ $(jobs_of "$1") -ge 1 ]]; }
+
+phase_is() { [[ $(fn_field "$1" .status.phase) == "$2" ]]; }
+
+go_handler() { # MESSAGE: a Goless handler answering MESSAGE
+  printf 'package handlers\n\nimport "net/http"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {\n\tw.Write([]byte("%s"))\n}\n' "$1"
+}
+
+set_source() { # FUNCTION SOURCE
+  local patch
+  patch=$(python3 -c 'import json,sys; print(json.dumps({"spec": {"function": sys.argv[1]}}))' "$2")
+  kubectl patch fn "$1" -n "$NS" --type merge -p "$patch" >/dev/null
+}

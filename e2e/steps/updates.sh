@@ -1,0 +1,134 @@
+# Changing a Function that serves: a rolling update with no failed request, a compile error
+# that keeps the old version, OCI storage, the operator's leader lost mid-build.
+# Sourced by e2e/run.sh, which runs the steps in its order; e2e/lib.sh has the helpers.
+
+# new_function NAME MESSAGE: applies a Go Function answering MESSAGE.
+new_function() {
+  local source
+  source=$(go_handler "$2" | sed 's/^/    /')
+  printf 'apiVersion: wasmless.io/v1alpha1\nkind: Function\nmetadata: {name: %s}\nspec:\n%s  source: |\n%s\n' \
+    "$1" "${3:-}" "$source" | kubectl apply -n "$NS" -f - >/dev/null
+}
+
+rolling_update() {
+  step "a source change: one new build, a rolling update with zero failed requests, old pods gone"
+  local before
+  before=$(fn_field hello .status.moduleDigest)
+  # Requests through the Service, one connection each, for as long as the update runs.
+  local url
+  url=$(service_url hello)
+  (
+    while [[ ! -f $WORK/stop ]]; do
+      if body=$(get "$url" 2>&1); then echo "ok $body"; else echo "FAIL $body"; fi
+      sleep 0.05
+    done
+  ) >"$WORK/requests.log" &
+  PIDS+=($!)
+  local loop=$!
+  set_source hello "$(go_handler 'v2')"
+  module_changed() { [[ $(fn_field hello .status.moduleDigest) != "$before" ]]; }
+  wait_until 600 "the new module" module_changed
+  kubectl wait fn/hello -n "$NS" --for=condition=Ready --timeout=180s >/dev/null
+  kubectl rollout status deploy/hello -n "$NS" --timeout=120s >/dev/null
+  only_running_pods() { ! kubectl get pods -n "$NS" -l wasmless.io/function=hello,wasmless.io/component=runtime --no-headers | grep -v Running; }
+  wait_until 120 "the old pods to go" only_running_pods
+  sleep 2
+  touch "$WORK/stop"
+  wait "$loop" || true
+  local total failed
+  total=$(wc -l <"$WORK/requests.log")
+  failed=$(grep -c '^FAIL' "$WORK/requests.log" || true)
+  echo "$total requests during the update, $failed failed; last answer: $(tail -1 "$WORK/requests.log")"
+  grep '^FAIL' "$WORK/requests.log" | head -5 || true
+  expect_eq "$failed" 0 "failed requests during the rolling update"
+  expect_eq "$(tail -1 "$WORK/requests.log")" "ok v2" "the answer after the update"
+  # One build for the new source; the old build's Job is collected once the new module serves.
+  local source
+  source=$(fn_field hello .status.sourceDigest)
+  expect_eq "$(kubectl get jobs -n "$NS" -l "wasmless.io/function=hello" -o name)" "job.batch/hello-build-${source:7:10}" "build Jobs of hello after one change"
+  expect_eq "$(kubectl get pods -n "$NS" -l wasmless.io/function=hello,wasmless.io/component=runtime --no-headers | wc -l)" 1 "runtime pods"
+  ok
+}
+
+compile_error() {
+  step "a compile error: phase Failed, the compiler's message on status and in an Event, v2 keeps answering"
+  set_source hello "$(printf 'package handlers\n\nimport "net/http"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {\n\tundefinedHelper(w)\n}\n')"
+  wait_until 600 "phase Failed" phase_is hello Failed
+  local message
+  message=$(fn_field hello .status.buildMessage)
+  echo "buildMessage: $message"
+  expect_contains "$message" "undefined: undefinedHelper" "status.buildMessage"
+  local events
+  events=$(kubectl get events -n "$NS" --field-selector involvedObject.name=hello -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}')
+  expect_contains "$events" "undefined: undefinedHelper" "the BuildFailed Event"
+  expect_eq "$(get_service hello)" "v2" "the previous version after a failed build"
+  ok
+}
+
+oci_storage() {
+  step "the Rust example with storage: oci: built, pushed to a registry, pulled by digest"
+  mkdir -p "$WORK/registry"
+  printf 'version: 0.1\nlog: {level: warn}\nstorage: {filesystem: {rootdirectory: %s}}\nhttp: {addr: "%s"}\n' \
+    "$WORK/registry" "$REGISTRY" >"$WORK/registry.yml"
+  docker-registry serve "$WORK/registry.yml" >"$WORK/registry.log" 2>&1 &
+  PIDS+=($!)
+  wait_until 30 "the registry" curl -fsS "http://$REGISTRY/v2/"
+  sed 's/^  language: rust$/  language: rust\n  storage: oci/' examples/hello-rust/function.yaml | kubectl apply -n "$NS" -f - >/dev/null
+  settled() { [[ $(fn_field hello-rust .status.phase) =~ ^(Ready|Failed)$ ]]; }
+  wait_until 900 "hello-rust Ready or Failed" settled
+  phase_is hello-rust Ready || fail "hello-rust: $(fn_field hello-rust .status.buildMessage)"
+  expect_service_answer hello-rust "Hello from Rust!"
+  local args
+  args=$(kubectl get deploy hello-rust -n "$NS" -o 'jsonpath={.spec.template.spec.containers[0].args}')
+  expect_contains "$args" "oci://$REGISTRY/$NS/hello-rust@sha256:" "the runtime's --module"
+  [[ -n $(curl -fsS "http://$REGISTRY/v2/$NS/hello-rust/tags/list") ]] || fail "nothing in the registry"
+  ok
+}
+
+failover() {
+  step "the operator's leader deleted mid-build: it releases the Lease on SIGTERM, the other replica takes it at once and finishes the build, with no second Job"
+  set_source hello "$(go_handler 'v3')"
+  wait_until 60 "phase Building" phase_is hello Building
+  local old_leader digest
+  old_leader=$(leader)
+  digest=$(fn_field hello .status.sourceDigest)
+  # Every write of the Lease from here on, in order (holder|renewTime): the old leader's
+  # renewals, its release (no holder), the new leader's acquisition. The first line is the
+  # Lease as it is now; later writes are watched from that version on.
+  kubectl get lease wasmless-operator -n wasmless-system --watch \
+    -o 'jsonpath={.spec.holderIdentity}{"|"}{.spec.renewTime}{"\n"}' >"$WORK/lease.log" 2>&1 &
+  PIDS+=($!)
+  local watch=$!
+  wait_until 10 "the watch of the Lease" test -s "$WORK/lease.log"
+  local deleted=$SECONDS
+  kubectl delete pod "$old_leader" -n wasmless-system --wait=false >/dev/null
+  new_leader() {
+    local holder
+    holder=$(kubectl get lease wasmless-operator -n wasmless-system -o 'jsonpath={.spec.holderIdentity}')
+    [[ -n $holder && $holder != "$old_leader" ]]
+  }
+  # Released, the Lease is taken at a standby's next try (every 5 s). Unreleased, it could be
+  # taken only 15 s after its last renewal (every 5 s): 10 s after the delete at the earliest,
+  # and then straight from the old holder, which the watch below would show.
+  wait_until 10 "a new leader before the Lease could expire" new_leader
+  echo "    new leader $(leader) $((SECONDS - deleted))s after deleting $old_leader"
+  sleep 1 # the watch prints the acquisition
+  kill "$watch" 2>/dev/null || true
+  sed 's/^/    lease: /' "$WORK/lease.log"
+  # The release itself: the holder emptied between the old leader and the new one.
+  local released
+  released=$(awk -F'|' -v old="$old_leader" '
+    $1 == old && !cleared { seen_old = 1 }
+    $1 == "" && seen_old { cleared = 1 }
+    $1 != "" && $1 != old && cleared { print "yes"; exit }' "$WORK/lease.log")
+  expect_eq "$released" yes "the Lease released (no holder) by $old_leader before another replica took it"
+  local url
+  url=$(service_url hello)
+  answers_v3() { [[ $(get "$url") == v3 ]]; }
+  wait_until 600 "v3 to answer" answers_v3
+  local short=${digest#sha256:}
+  short=${short:0:10}
+  expect_eq "$(kubectl get jobs -n "$NS" -l "wasmless.io/source-digest=$short" -o name | wc -l)" 1 "Jobs for the v3 source"
+  phase_is hello Ready || fail "phase $(fn_field hello .status.phase) after the failover"
+  ok
+}
