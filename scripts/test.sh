@@ -1,19 +1,48 @@
 #!/usr/bin/env bash
-# The test command: sets up what is missing, checks formatting and lints, fuzzes every
-# parser of untrusted bytes for a bounded time (scripts/fuzz.sh), builds the release
-# binaries once, makes the images from them, starts the test cluster (scripts/cluster.sh),
-# runs every test against the release build and the cluster, then the end-to-end run
-# (e2e/run.sh), and takes the cluster down again, whatever happened.
+# The test command: sets up what is missing, checks formatting, fuzzes every parser of
+# untrusted bytes for a bounded time (scripts/fuzz.sh), builds the release binaries once
+# with clippy's lints, makes the images from them, starts the test cluster
+# (scripts/cluster.sh), runs every test against the release build and the cluster, then the
+# end-to-end run (e2e/run.sh), and takes the cluster down again, whatever happened. Each
+# step's start is marked `== STEP (SECONDS s)`, and the marks are summed up at the end
+# (docs/testing.md has a cold and a warm run's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+marks=()
+step() {
+  printf '\n== %s (%ss)\n' "$*" "$SECONDS"
+  marks+=("$SECONDS $*")
+}
+# The minutes each step took, whatever ended the run.
+summary() {
+  # A run that stopped early leaves no Go build behind.
+  [[ -n ${go_build:-} ]] && { pkill -P "$go_build" 2>/dev/null || true; kill "$go_build" 2>/dev/null || true; }
+  marks+=("$SECONDS in all")
+  printf '\n== step marks (minutes)\n'
+  printf '%s\n' "${marks[@]}" | awk '
+    NR > 1 { printf "%6.1f  %s\n", ($1 - start) / 60, name }
+    { start = $1; $1 = ""; name = substr($0, 2) }
+    END { printf "%6.1f  in all\n", start / 60 }'
+}
+trap summary EXIT
+
+step "set-up (scripts/setup.sh)"
 . scripts/setup.sh
 # One target directory outside the checkout, so a fresh clone on the same machine
 # reuses the compiled dependencies (wasmtime is minutes of compiling on 2 cores).
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wasmless/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
-step() { printf '\n== %s (%ss)\n' "$*" "$SECONDS"; }
+# Go compiles in the background while Rust compiles in the foreground: a Rust build leaves a
+# core idle for minutes at a time (one large crate, or a link, holding up the rest), and Go
+# fills it. Helm and Prometheus (scripts/lib.sh), then Kubernetes, etcd, the pause image and
+# metrics-server (scripts/cluster.sh build); the Helm check and the cluster wait for them.
+step "Go: Helm, Prometheus, Kubernetes, etcd, metrics-server, started in the background"
+go_log=$(mktemp /tmp/wasmless-go-build.XXXXXX)
+# shellcheck source=scripts/lib.sh
+(. scripts/lib.sh && helm_tool && prometheus_tool && scripts/cluster.sh build) >"$go_log" 2>&1 &
+go_build=$!
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -24,16 +53,10 @@ unformatted=$("$(go env GOROOT)/bin/gofmt" -l sdk/go runtime/tests/handlers)
 (cd sdk/go && GOOS=wasip1 GOARCH=wasm GOFLAGS=-mod=mod GOPROXY=off go vet ./...)
 
 step "shell and Python scripts parse, the dashboard is JSON"
-for script in scripts/*.sh e2e/*.sh bench/*.sh; do bash -n "$script"; done
+for script in scripts/*.sh e2e/*.sh e2e/steps/*.sh bench/*.sh; do bash -n "$script"; done
 # The dashboard check and picture (standard library; matplotlib imported only when drawing).
 python3 -c 'import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]' e2e/dashboard_queries.py e2e/dashboard_picture.py
 python3 -c 'import json, sys; json.load(open(sys.argv[1]))' deploy/grafana/wasmless.json
-
-step "the Helm chart installs what deploy/ does (scripts/check-helm.sh)"
-scripts/check-helm.sh
-
-step "cargo clippy"
-cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 
 # Every parser of untrusted bytes under libFuzzer for a bounded time (docs/fuzzing.md):
 # cold, the instrumented build is most of it; WASMLESS_FUZZ_SECONDS=0 skips it.
@@ -44,14 +67,31 @@ fi
 
 # `cargo test` builds the binaries too, with the dev-dependencies' features unified; a plain
 # `cargo build` would compile a second set. The images take these binaries.
-step "cargo test --no-run (one release build: the images, the tests and the cluster share it)"
-cargo test --release --workspace --no-run --quiet
+#
+# Clippy lints the workspace's crates in the same build: clippy-driver is rustc with the
+# lints added, and is what `cargo clippy` itself runs as the workspace wrapper. Run apart,
+# `cargo clippy` first builds the metadata of every dependency a second time (5 of the 82
+# minutes of a cold run). Both cargo calls take the same wrapper and CLIPPY_ARGS, which are
+# part of the crates' fingerprints; the wrapper goes by --config, not the environment, so
+# the `cargo build`s the builder runs for Rust handlers under test do not inherit it.
+# (clippy-driver compiles without MIR optimizations, LLVM's still run: these binaries are
+# for tests, and the benchmarks build their own.)
+lint=(--config "build.rustc-workspace-wrapper=\"$(rustc --print sysroot)/bin/clippy-driver\"")
+export CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__ # cargo clippy's encoding of `-- -D warnings`
+step "cargo test --no-run, linted by clippy (one release build: the images, the tests and the cluster share it)"
+cargo "${lint[@]}" test --release --workspace --all-targets --no-run --quiet
+
+step "waiting for the Go builds (their log: $go_log)"
+wait "$go_build" || { tail -n 60 "$go_log"; echo "the Go builds failed: the whole log is $go_log"; exit 1; }
+
+step "the Helm chart installs what deploy/ does (scripts/check-helm.sh)"
+scripts/check-helm.sh
 
 step "images (scripts/build-images.sh)"
 images=$(scripts/build-images.sh)
 
 step "test cluster up (scripts/cluster.sh)"
-trap 'step "test cluster down"; scripts/cluster.sh down' EXIT
+trap 'step "test cluster down"; scripts/cluster.sh down; summary' EXIT
 export WASMLESS_TEST_KUBECONFIG
 WASMLESS_TEST_KUBECONFIG=$(scripts/cluster.sh up)
 eval "$(scripts/cluster.sh env)"
@@ -59,7 +99,7 @@ eval "$(scripts/cluster.sh env)"
 scripts/cluster.sh load $images
 
 step "cargo test (release; the operator's real_api scenarios on the test cluster)"
-cargo test --release --workspace
+cargo "${lint[@]}" test --release --workspace
 
 step "end to end on the test cluster (e2e/run.sh)"
 e2e/run.sh
