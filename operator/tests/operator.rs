@@ -25,6 +25,9 @@ use wasmless_operator::resources::{self, MANAGER};
 use wasmless_operator::testing::FakeApiServer;
 use wasmless_operator::{Context, Metrics, Settings, error_policy, reconcile};
 
+#[path = "operator/golden.rs"]
+mod golden;
+
 const HELLO: &str = "package handlers\n\nimport \"net/http\"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) { w.Write([]byte(\"This works!\")) }\n";
 const HELLO_V2: &str = "package handlers\n\nimport \"net/http\"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) { w.Write([]byte(\"v2\")) }\n";
 
