@@ -1,5 +1,5 @@
 //! The operator's behaviour, scenario by scenario. Each scenario runs against the in-memory
-//! API server (`wasmless_operator::testing`), and again (`real_api`) on the cluster that
+//! API server (`wasmless_testkit::FakeApiServer`), and again (`real_api`) on the cluster that
 //! `WASMLESS_TEST_KUBECONFIG` names (`scripts/cluster.sh up` starts one; without it those
 //! tests fail, saying so: skip them with `cargo test -- --skip real_api`).
 //! The builder is simulated through the API: the tests write the chunk ConfigMaps, and the
@@ -21,9 +21,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use wasmless_artifact::{CHUNK_KEY, Digest, Part, annotations, compress_and_split, configmap_name, labels};
 use wasmless_operator::crd::{Function, Phase};
-use wasmless_operator::resources::{self, MANAGER};
-use wasmless_operator::testing::FakeApiServer;
+use wasmless_operator::objects::{self as resources, MANAGER};
 use wasmless_operator::{Context, Metrics, Settings, error_policy, reconcile};
+use wasmless_testkit::FakeApiServer;
 
 #[path = "operator/golden.rs"]
 mod golden;

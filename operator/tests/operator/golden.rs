@@ -6,9 +6,10 @@
 use serde::Serialize;
 use serde_json::json;
 use wasmless_artifact::Digest;
-use wasmless_operator::crd::{Function, Storage};
 use wasmless_operator::Settings;
-use wasmless_operator::resources::{self, Code, Module, ModuleLocation};
+use wasmless_operator::crd::{Function, Storage};
+use wasmless_operator::module::{Code, Module, ModuleLocation};
+use wasmless_operator::objects as resources;
 
 fn function(spec: serde_json::Value) -> Function {
     serde_json::from_value(json!({
@@ -169,10 +170,7 @@ fn golden_prebuilt_and_codeless_modules() {
         },
         code: None,
     };
-    check(
-        "wasm-prebuilt",
-        &render(&func, &settings, &module, Storage::ConfigMap),
-    );
+    check("wasm-prebuilt", &render(&func, &settings, &module, Storage::ConfigMap));
 
     let func = function(json!({
         "language": "wat",
