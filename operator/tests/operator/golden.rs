@@ -9,7 +9,7 @@ use wasmless_artifact::Digest;
 use wasmless_operator::Settings;
 use wasmless_operator::crd::{Function, Storage};
 use wasmless_operator::module::{Code, Module, ModuleLocation};
-use wasmless_operator::objects as resources;
+use wasmless_operator::objects;
 
 fn function(spec: serde_json::Value) -> Function {
     serde_json::from_value(json!({
@@ -33,24 +33,24 @@ fn render(func: &Function, settings: &Settings, module: &Module, storage: Storag
         out.push_str("---\n");
     }
     let source = func.spec.inline_source().unwrap_or_default();
-    let source_digest = resources::source_digest(func.spec.language, &settings.builder_version, source);
+    let source_digest = objects::source_digest(func.spec.language, &settings.builder_version, source);
     let mut out = String::new();
     if func.spec.module.is_none() {
         doc(
             &mut out,
             "source ConfigMap",
-            &resources::source_configmap(func, source, &source_digest),
+            &objects::source_configmap(func, source, &source_digest),
         );
-        let publish = resources::publish_target(func, storage, settings, &source_digest).expect("a publish target");
+        let publish = objects::publish_target(func, storage, settings, &source_digest).expect("a publish target");
         doc(
             &mut out,
             "build Job",
-            &resources::build_job(func, settings, &source_digest, &publish),
+            &objects::build_job(func, settings, &source_digest, &publish),
         );
     }
-    doc(&mut out, "Deployment", &resources::deployment(func, settings, module));
-    doc(&mut out, "Service", &resources::service(func));
-    let (account, role, binding) = resources::builder_rbac("shop");
+    doc(&mut out, "Deployment", &objects::deployment(func, settings, module));
+    doc(&mut out, "Service", &objects::service(func));
+    let (account, role, binding) = objects::builder_rbac("shop");
     doc(&mut out, "builder ServiceAccount", &account);
     doc(&mut out, "builder Role", &role);
     doc(&mut out, "builder RoleBinding", &binding);
@@ -97,7 +97,7 @@ fn golden_go_function_in_configmaps_with_code() {
     }));
     let mut settings = Settings::new("wasmless/runtime:1.2.3", "wasmless/builder:1.2.3");
     settings.oci_plain_http = Some("registry.local:5000".into());
-    let source_digest = resources::source_digest(
+    let source_digest = objects::source_digest(
         func.spec.language,
         &settings.builder_version,
         func.spec.inline_source().unwrap(),
@@ -130,7 +130,7 @@ fn golden_rust_function_in_oci() {
     let mut settings = Settings::new("wasmless/runtime:1.2.3", "wasmless/builder:1.2.3");
     settings.default_storage = Storage::Oci;
     settings.oci_registry = Some("registry.local:5000/functions/".into());
-    let source_digest = resources::source_digest(
+    let source_digest = objects::source_digest(
         func.spec.language,
         &settings.builder_version,
         func.spec.inline_source().unwrap(),
@@ -177,7 +177,7 @@ fn golden_prebuilt_and_codeless_modules() {
         "source": "(module (memory (export \"memory\") 1) (func (export \"_start\")))",
         "limits": {"isolation": "request"},
     }));
-    let source_digest = resources::source_digest(
+    let source_digest = objects::source_digest(
         func.spec.language,
         &settings.builder_version,
         func.spec.inline_source().unwrap(),
