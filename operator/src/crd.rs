@@ -1,4 +1,4 @@
-//! The `Function` custom resource (wasmless.io/v1alpha1), as DESIGN.md writes it.
+//! The `Function` custom resource (wasmless.io/v1alpha1), as docs/operator.md describes it.
 //!
 //! The schema is generated from these types by `crdgen` into `crds/function.yaml`.
 //! What the API server can check (enums, bounds, exclusivity, size) is in the schema and
