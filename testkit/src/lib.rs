@@ -2,9 +2,11 @@
 //! Kubernetes API server (`FakeApiServer`) of the operator's and the builder's tests (tests
 //! also run against a real one when `WASMLESS_TEST_KUBECONFIG` is set).
 
+#[cfg(feature = "fake-api")]
 mod fake_api;
 mod registry;
 
+#[cfg(feature = "fake-api")]
 pub use fake_api::{FakeApiServer, Recorded, ServedFakeApi};
 pub use registry::Registry;
 
