@@ -1,3 +1,6 @@
+//! How a module is stored in ConfigMaps: zstd-compressed, split into chunks of at most
+//! 900 KiB, named by the source digest; and read back, bounded, from chunks or chunk files.
+
 use std::io::Read;
 
 /// A ConfigMap holds at most 1 MiB; 900 KiB leaves room for keys, labels and annotations.

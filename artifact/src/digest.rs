@@ -1,3 +1,5 @@
+//! `Digest`, the `sha256:<hex>` that pins modules, code and sources everywhere.
+
 use sha2::{Digest as _, Sha256};
 use std::fmt;
 use std::str::FromStr;

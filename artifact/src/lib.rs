@@ -8,6 +8,7 @@ mod chunks;
 mod code;
 mod digest;
 mod go_source;
+pub mod ports;
 
 pub use chunks::{
     ChunkError, MAX_CHUNK_BYTES, MAX_MODULE_BYTES, Part, chunk_file_name, chunks_configmap_names, compress_and_split,

@@ -1,3 +1,5 @@
+//! `wasmless-builder`: the build Job's entry point (`build`), a thin front on the library.
+
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use wasmless_builder::command::{self, BuildArgs};

@@ -82,7 +82,7 @@ async fn configmap_publishing_chunks_a_go_module_that_the_runtime_reassembles() 
     let dir = tempfile::tempdir().unwrap();
     let (_, source) = write_example_source(dir.path(), "hello-go");
     let output = dir.path().join("hello.wasm");
-    let kube = FakeKube::start().await;
+    let kube = fake_api().await;
     let built = result(
         &build_command("go", &source, &output, &dir.path().join("cache"))
             .args(["--publish", "configmap://default/hello"])
@@ -96,7 +96,7 @@ async fn configmap_publishing_chunks_a_go_module_that_the_runtime_reassembles() 
     let size = built["size"].as_u64().unwrap();
     assert!(size > 5_000_000, "a Go module is several MB: {size}");
 
-    let stored = kube.state.config_maps.lock().unwrap().clone();
+    let stored = stored_configmaps(&kube, "default");
     let names: Vec<String> = built["configMaps"]
         .as_array()
         .unwrap()
@@ -111,7 +111,7 @@ async fn configmap_publishing_chunks_a_go_module_that_the_runtime_reassembles() 
     let chunk_dir = dir.path().join("volume");
     std::fs::create_dir(&chunk_dir).unwrap();
     for (index, name) in names.iter().enumerate() {
-        let object = &stored[&("default".to_string(), name.clone())];
+        let object = &stored[name];
         let labels = &object["metadata"]["labels"];
         assert_eq!(labels["wasmless.io/function"], "hello");
         // Label values hold at most 63 characters: the short digest; the full one is annotated.
@@ -147,7 +147,7 @@ async fn configmap_publishing_chunks_a_go_module_that_the_runtime_reassembles() 
     );
     let mut stored_code = Vec::new();
     for name in &code_names {
-        let object = &stored[&("default".to_string(), name.clone())];
+        let object = &stored[name];
         let annotations = &object["metadata"]["annotations"];
         assert_eq!(annotations["wasmless.io/code-digest"], code_digest.to_string());
         assert_eq!(annotations["wasmless.io/module-digest"], digest.to_string());
@@ -220,7 +220,7 @@ async fn oci_publishing_pushes_an_artifact_the_runtime_pulls_by_digest() {
 #[tokio::test(flavor = "multi_thread")]
 async fn broken_sources_fail_with_the_compilers_message_and_publish_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let kube = FakeKube::start().await;
+    let kube = fake_api().await;
     let cases = [
         (
             "go",
@@ -266,7 +266,7 @@ async fn broken_sources_fail_with_the_compilers_message_and_publish_nothing() {
         );
         assert!(!output.exists(), "{language}: no module written");
         assert!(
-            kube.state.config_maps.lock().unwrap().is_empty(),
+            stored_configmaps(&kube, "default").is_empty(),
             "{language}: nothing published"
         );
     }
@@ -280,9 +280,10 @@ async fn transient_publish_errors_are_retried_and_the_build_succeeds() {
     let dir = tempfile::tempdir().unwrap();
     let source = dir.path().join("module.wat");
     std::fs::write(&source, WAT_MODULE).unwrap();
-    let kube = FakeKube::start().await;
+    let kube = fake_api().await;
     // A conflict and a restarting API server, as a build can meet while publishing.
-    kube.state.apply_failures.lock().unwrap().extend([409, 503]);
+    kube.api
+        .fail_with(axum::http::Method::PATCH, "/configmaps/", [409, 503]);
     let built = result(
         &build_command("wat", &source, &dir.path().join("out.wasm"), &dir.path().join("cache"))
             // The module's chunk alone (`--no-code`), so the count of attempts is one chunk's.
@@ -292,13 +293,9 @@ async fn transient_publish_errors_are_retried_and_the_build_succeeds() {
             .unwrap(),
     );
     assert_eq!(built["published"], "configmap://default/retried");
-    let stored = kube.state.config_maps.lock().unwrap().len();
+    let stored = stored_configmaps(&kube, "default").len();
     assert_eq!(stored, 1, "the one chunk is stored");
-    assert_eq!(
-        kube.state.applies.lock().unwrap().len(),
-        3,
-        "two failed attempts, then success"
-    );
+    assert_eq!(configmap_writes(&kube), 3, "two failed attempts, then success");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -306,8 +303,8 @@ async fn a_publish_that_keeps_failing_exits_1_so_the_job_retries_it() {
     let dir = tempfile::tempdir().unwrap();
     let source = dir.path().join("module.wat");
     std::fs::write(&source, WAT_MODULE).unwrap();
-    let kube = FakeKube::start().await;
-    kube.state.apply_failures.lock().unwrap().extend([500; 10]);
+    let kube = fake_api().await;
+    kube.api.fail_with(axum::http::Method::PATCH, "/configmaps/", [500; 10]);
     let output = build_command("wat", &source, &dir.path().join("out.wasm"), &dir.path().join("cache"))
         .args(["--publish", "configmap://default/unlucky"])
         .env("KUBECONFIG", kube.kubeconfig.path())
@@ -319,11 +316,7 @@ async fn a_publish_that_keeps_failing_exits_1_so_the_job_retries_it() {
         "not the source's fault: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert_eq!(
-        kube.state.applies.lock().unwrap().len(),
-        5,
-        "five attempts, then it gives up"
-    );
+    assert_eq!(configmap_writes(&kube), 5, "five attempts, then it gives up");
 }
 
 #[test]

@@ -12,9 +12,9 @@ use wasmless_builder::{BuildOptions, Built};
 pub struct DevArgs {
     /// A function directory, a function.yaml, or a handler source file.
     path: PathBuf,
-    #[arg(long, default_value_t = 8080)]
+    #[arg(long, default_value_t = wasmless_artifact::ports::HTTP)]
     port: u16,
-    #[arg(long, default_value_t = 9090)]
+    #[arg(long, default_value_t = wasmless_artifact::ports::ADMIN)]
     admin_port: u16,
     #[arg(long, default_value = "127.0.0.1")]
     bind: String,

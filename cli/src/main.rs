@@ -1,3 +1,6 @@
+//! `wasmless`: the person's tool (`dev`, `build`, `serve`, `crd`, and `deploy`, `get`,
+//! `logs` on a cluster).
+
 mod cluster;
 mod dev;
 

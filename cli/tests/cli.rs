@@ -7,6 +7,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[path = "cli/runtime_args.rs"]
+mod runtime_args;
+
 fn wasmless() -> Command {
     Command::new(env!("CARGO_BIN_EXE_wasmless"))
 }

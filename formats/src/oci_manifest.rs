@@ -60,8 +60,7 @@ pub fn parse(body: &[u8]) -> Result<ImageManifest, ManifestError> {
     if let Ok(Shape { manifests: Some(_) }) = serde_json::from_slice::<Shape>(body) {
         return Err(ManifestError::Index);
     }
-    let manifest: ImageManifest =
-        serde_json::from_slice(body).map_err(|e| ManifestError::Malformed(e.to_string()))?;
+    let manifest: ImageManifest = serde_json::from_slice(body).map_err(|e| ManifestError::Malformed(e.to_string()))?;
     if manifest.schema_version != 2 {
         return Err(ManifestError::SchemaVersion(manifest.schema_version));
     }
@@ -98,10 +97,16 @@ mod tests {
     fn the_layer_of_a_media_type_is_found() {
         let body = manifest(
             OCI_IMAGE_MANIFEST,
-            &format!(r#"{{"mediaType":"other","digest":"sha256:{HEX}","size":1}},{{"mediaType":"{MODULE}","digest":"sha256:{}","size":2}}"#, "1".repeat(64)),
+            &format!(
+                r#"{{"mediaType":"other","digest":"sha256:{HEX}","size":1}},{{"mediaType":"{MODULE}","digest":"sha256:{}","size":2}}"#,
+                "1".repeat(64)
+            ),
         );
         let parsed = parse(body.as_bytes()).unwrap();
-        assert_eq!(parsed.layer_digest(MODULE).unwrap().to_string(), format!("sha256:{}", "1".repeat(64)));
+        assert_eq!(
+            parsed.layer_digest(MODULE).unwrap().to_string(),
+            format!("sha256:{}", "1".repeat(64))
+        );
         assert_eq!(
             parsed.layer_digest("application/x-code"),
             Err(ManifestError::NoLayer("application/x-code".into()))
@@ -114,10 +119,18 @@ mod tests {
         assert_eq!(parse(index.as_bytes()), Err(ManifestError::Index));
         assert_eq!(
             parse(manifest("application/vnd.oci.artifact.manifest.v1+json", "").as_bytes()),
-            Err(ManifestError::MediaType("application/vnd.oci.artifact.manifest.v1+json".into()))
+            Err(ManifestError::MediaType(
+                "application/vnd.oci.artifact.manifest.v1+json".into()
+            ))
         );
         assert!(matches!(parse(b"<html>"), Err(ManifestError::Malformed(_))));
-        let bad = manifest(DOCKER_IMAGE_MANIFEST, &format!(r#"{{"mediaType":"{MODULE}","digest":"md5:00"}}"#));
-        assert!(matches!(parse(bad.as_bytes()).unwrap().layer_digest(MODULE), Err(ManifestError::LayerDigest(_))));
+        let bad = manifest(
+            DOCKER_IMAGE_MANIFEST,
+            &format!(r#"{{"mediaType":"{MODULE}","digest":"md5:00"}}"#),
+        );
+        assert!(matches!(
+            parse(bad.as_bytes()).unwrap().layer_digest(MODULE),
+            Err(ManifestError::LayerDigest(_))
+        ));
     }
 }

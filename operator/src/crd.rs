@@ -1,4 +1,4 @@
-//! The `Function` custom resource (wasmless.io/v1alpha1), as DESIGN.md writes it.
+//! The `Function` custom resource (wasmless.io/v1alpha1), as docs/operator.md describes it.
 //!
 //! The schema is generated from these types by `crdgen` into `crds/function.yaml`.
 //! What the API server can check (enums, bounds, exclusivity, size) is in the schema and
@@ -391,7 +391,7 @@ impl FunctionSpec {
         if !(1..=65535).contains(&self.server_port) {
             problems.push(format!("serverPort {} is not a port (1-65535)", self.server_port));
         }
-        if self.server_port == crate::resources::ADMIN_PORT {
+        if self.server_port == i32::from(wasmless_artifact::ports::ADMIN) {
             // The Service carries both ports, and the API server refuses two of one number.
             problems.push(format!(
                 "serverPort {} is the Service's metrics port (the runtime's admin port): choose another, such as 8080",

@@ -6,10 +6,9 @@ pub mod controller;
 pub mod crd;
 pub mod leader;
 pub mod metrics;
-pub mod resources;
+pub mod module;
+pub mod objects;
 pub mod settings;
-#[doc(hidden)]
-pub mod testing;
 
 pub use controller::{Context, error_policy, reconcile, run};
 pub use crd::{Function, FunctionSpec, FunctionStatus};

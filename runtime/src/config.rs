@@ -40,11 +40,11 @@ pub struct Config {
     pub code_digest: Option<wasmless_artifact::Digest>,
 
     /// Port that serves the function.
-    #[arg(long, env = "WASMLESS_PORT", default_value_t = 8080)]
+    #[arg(long, env = "WASMLESS_PORT", default_value_t = wasmless_artifact::ports::HTTP)]
     pub port: u16,
 
     /// Port that serves `/metrics`, `/healthz` and `/readyz`.
-    #[arg(long, env = "WASMLESS_ADMIN_PORT", default_value_t = 9090)]
+    #[arg(long, env = "WASMLESS_ADMIN_PORT", default_value_t = wasmless_artifact::ports::ADMIN)]
     pub admin_port: u16,
 
     /// Address both ports bind to.

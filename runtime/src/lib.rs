@@ -85,49 +85,7 @@ pub async fn serve(
 
     let source = ModuleSource::parse(&config.module);
     let expected = source.known_digest(config.module_digest).await;
-    // A new pod's code is read, verified and decompressed on other threads while this one
-    // makes the engine: neither needs the other, and each takes milliseconds.
-    let started = Instant::now();
-    let code = match &config.code {
-        Some(code) => {
-            let module = expected.ok_or(ServeError::CodeWithoutModuleDigest)?;
-            let code_digest = config.code_digest.ok_or(ServeError::UnpinnedCode)?;
-            let code = precompiled::CodeSource::parse(code);
-            let loading = tokio::spawn({
-                let code = code.clone();
-                async move { code.load_code(code_digest).await }
-            });
-            Some((code, module, loading))
-        }
-        None => None,
-    };
-    let loader = Arc::new(Loader::new(
-        limits::RequestLimits::from_config(&config),
-        config.env.clone(),
-        &config.function,
-        metrics.clone(),
-        config.cache_dir.clone(),
-    )?);
-    tracing::debug!(engine_ms = started.elapsed().as_secs_f64() * 1000.0, "engine made");
-    // The builder's code first (a new pod: nothing to compile), then this node's cache (a
-    // restart), then the module itself, compiled here.
-    let mut handler = None;
-    if let Some((code, module, loading)) = code {
-        let loaded = loading
-            .await
-            .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()));
-        handler = loader.load_precompiled(&code, loaded, module, started).await?;
-    }
-    if handler.is_none()
-        && let Some(digest) = expected
-    {
-        handler = loader.load_cached(digest).await;
-    }
-    let handler = match handler {
-        Some(handler) => handler,
-        // The digest read above is the one to check against; no second read of the digest file.
-        None => loader.load(source.load(expected).await?).await?,
-    };
+    let (loader, handler) = load_first(&config, &source, expected, &metrics).await?;
 
     let listener = bind(config.listen_addr()).await?;
     let function_addr = listener.local_addr()?;
@@ -171,27 +129,89 @@ pub async fn serve(
             // thread that could not start.
             result.map_err(std::io::Error::other)??;
         }
-        () = shutdown => {
-            // Endpoints are removed asynchronously: keep serving while load balancers
-            // catch up with the readiness that just went false.
-            readiness.set(false);
-            tracing::info!(
-                drain_delay_seconds = config.drain_delay.as_secs_f64(),
-                grace_seconds = config.shutdown_grace.as_secs_f64(),
-                "shutting down: serving on through the drain delay, then finishing requests in flight"
-            );
-            let _ = phase_tx.send(edge::Phase::Draining);
-            tokio::time::sleep(config.drain_delay).await;
-            tracing::info!("drain delay over: no longer accepting connections");
-            let _ = phase_tx.send(edge::Phase::Closing);
-            match tokio::time::timeout(config.shutdown_grace, server).await {
-                Ok(result) => result.map_err(std::io::Error::other)??,
-                Err(_) => tracing::warn!("shutdown grace ran out with requests still in flight"),
-            }
-        }
+        () = shutdown => drain_and_close(&config, &readiness, &phase_tx, server).await?,
     }
     let _ = stop_admin.send(());
     let _ = admin.await;
+    Ok(())
+}
+
+/// The handler of the first module: the builder's code first (a new pod: nothing to
+/// compile), then this node's cache (a restart), then the module itself, compiled here.
+async fn load_first(
+    config: &Config,
+    source: &ModuleSource,
+    expected: Option<wasmless_artifact::Digest>,
+    metrics: &Arc<Metrics>,
+) -> Result<(Arc<Loader>, handler::LoadedHandler), ServeError> {
+    // A new pod's code is read, verified and decompressed on other threads while this one
+    // makes the engine: neither needs the other, and each takes milliseconds.
+    let started = Instant::now();
+    let code = match &config.code {
+        Some(code) => {
+            let module = expected.ok_or(ServeError::CodeWithoutModuleDigest)?;
+            let code_digest = config.code_digest.ok_or(ServeError::UnpinnedCode)?;
+            let code = precompiled::CodeSource::parse(code);
+            let loading = tokio::spawn({
+                let code = code.clone();
+                async move { code.load_code(code_digest).await }
+            });
+            Some((code, module, loading))
+        }
+        None => None,
+    };
+    let loader = Arc::new(Loader::new(
+        limits::RequestLimits::from_config(config),
+        config.env.clone(),
+        &config.function,
+        metrics.clone(),
+        config.cache_dir.clone(),
+    )?);
+    tracing::debug!(engine_ms = started.elapsed().as_secs_f64() * 1000.0, "engine made");
+    let mut handler = None;
+    if let Some((code, module, loading)) = code {
+        let loaded = loading
+            .await
+            .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()));
+        handler = loader.load_precompiled(&code, loaded, module, started).await?;
+    }
+    if handler.is_none()
+        && let Some(digest) = expected
+    {
+        handler = loader.load_cached(digest).await;
+    }
+    let handler = match handler {
+        Some(handler) => handler,
+        // The digest read above is the one to check against; no second read of the digest file.
+        None => loader.load(source.load(expected).await?).await?,
+    };
+    Ok((loader, handler))
+}
+
+/// After the shutdown signal: serve on, not ready, through the drain delay; then stop
+/// accepting and give requests in flight the shutdown grace.
+async fn drain_and_close(
+    config: &Config,
+    readiness: &Readiness,
+    phase: &tokio::sync::watch::Sender<edge::Phase>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+) -> Result<(), ServeError> {
+    // Endpoints are removed asynchronously: keep serving while load balancers
+    // catch up with the readiness that just went false.
+    readiness.set(false);
+    tracing::info!(
+        drain_delay_seconds = config.drain_delay.as_secs_f64(),
+        grace_seconds = config.shutdown_grace.as_secs_f64(),
+        "shutting down: serving on through the drain delay, then finishing requests in flight"
+    );
+    let _ = phase.send(edge::Phase::Draining);
+    tokio::time::sleep(config.drain_delay).await;
+    tracing::info!("drain delay over: no longer accepting connections");
+    let _ = phase.send(edge::Phase::Closing);
+    match tokio::time::timeout(config.shutdown_grace, server).await {
+        Ok(result) => result.map_err(std::io::Error::other)??,
+        Err(_) => tracing::warn!("shutdown grace ran out with requests still in flight"),
+    }
     Ok(())
 }
 

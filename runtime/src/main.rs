@@ -1,3 +1,5 @@
+//! `wasmless-runtime`: flags and environment in, `serve` until SIGTERM.
+
 use clap::Parser;
 use wasmless_runtime::{Config, logging, serve, shutdown_signal};
 

@@ -1,5 +1,5 @@
-//! The runtime's Prometheus metrics, named as DESIGN.md names them. Every series
-//! carries the `function` label.
+//! The runtime's Prometheus metrics, as docs/architecture.md ("Metrics") lists them.
+//! Every series carries the `function` label.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

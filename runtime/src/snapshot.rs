@@ -214,29 +214,7 @@ pub fn compact_data_segments(wasm: &[u8]) -> Result<Compacted, SnapshotError> {
     let bad = |e: wasmparser::BinaryReaderError| SnapshotError::Segments(e.to_string());
 
     // Whether any code names a data segment; if so, every segment keeps its index.
-    let mut indexed = false;
-    let mut memory_pages = 0u64;
-    for payload in Parser::new(0).parse_all(wasm) {
-        match payload.map_err(bad)? {
-            Payload::CodeSectionEntry(body) => {
-                let mut ops = body.get_operators_reader().map_err(bad)?;
-                while !ops.eof() {
-                    if matches!(
-                        ops.read().map_err(bad)?,
-                        Operator::MemoryInit { .. } | Operator::DataDrop { .. }
-                    ) {
-                        indexed = true;
-                    }
-                }
-            }
-            Payload::MemorySection(reader) => {
-                for memory in reader {
-                    memory_pages += memory.map_err(bad)?.initial;
-                }
-            }
-            _ => {}
-        }
-    }
+    let (indexed, memory_pages) = segment_use(wasm)?;
 
     let mut module = wasm_encoder::Module::new();
     let mut before = 0;
@@ -285,20 +263,7 @@ pub fn compact_data_segments(wasm: &[u8]) -> Result<Compacted, SnapshotError> {
                         }
                     }
                 }
-                active.sort_by_key(|(memory, offset, _)| (*memory, *offset));
-                let mut merged: Vec<(u32, u64, Vec<u8>)> = Vec::new();
-                for (memory, offset, data) in active {
-                    if let Some((last_memory, last_offset, last_data)) = merged.last_mut() {
-                        let end = *last_offset + last_data.len() as u64;
-                        if *last_memory == memory && offset >= end && offset - end <= MERGE_GAP {
-                            last_data.resize((offset - *last_offset) as usize, 0);
-                            last_data.extend_from_slice(&data);
-                            continue;
-                        }
-                    }
-                    merged.push((memory, offset, data));
-                }
-                for (memory, offset, data) in merged {
+                for (memory, offset, data) in merge_active_segments(active) {
                     section.active(memory, &const_offset(wasm, memory, offset), data);
                     after += 1;
                 }
@@ -321,6 +286,56 @@ pub fn compact_data_segments(wasm: &[u8]) -> Result<Compacted, SnapshotError> {
         segments_after: after,
         memory_bytes: memory_pages * 65536,
     })
+}
+
+/// Whether any code names a data segment by index (`memory.init`, `data.drop`), and the
+/// initial pages of all memories.
+fn segment_use(wasm: &[u8]) -> Result<(bool, u64), SnapshotError> {
+    use wasmparser::{Operator, Parser, Payload};
+    let bad = |e: wasmparser::BinaryReaderError| SnapshotError::Segments(e.to_string());
+    let mut indexed = false;
+    let mut memory_pages = 0u64;
+    for payload in Parser::new(0).parse_all(wasm) {
+        match payload.map_err(bad)? {
+            Payload::CodeSectionEntry(body) => {
+                let mut ops = body.get_operators_reader().map_err(bad)?;
+                while !ops.eof() {
+                    if matches!(
+                        ops.read().map_err(bad)?,
+                        Operator::MemoryInit { .. } | Operator::DataDrop { .. }
+                    ) {
+                        indexed = true;
+                    }
+                }
+            }
+            Payload::MemorySection(reader) => {
+                for memory in reader {
+                    memory_pages += memory.map_err(bad)?.initial;
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok((indexed, memory_pages))
+}
+
+/// Active segments `(memory, offset, bytes)` sorted, and merged across gaps of zeros of at
+/// most `MERGE_GAP` bytes.
+fn merge_active_segments(mut active: Vec<(u32, u64, Vec<u8>)>) -> Vec<(u32, u64, Vec<u8>)> {
+    active.sort_by_key(|(memory, offset, _)| (*memory, *offset));
+    let mut merged: Vec<(u32, u64, Vec<u8>)> = Vec::new();
+    for (memory, offset, data) in active {
+        if let Some((last_memory, last_offset, last_data)) = merged.last_mut() {
+            let end = *last_offset + last_data.len() as u64;
+            if *last_memory == memory && offset >= end && offset - end <= MERGE_GAP {
+                last_data.resize((offset - *last_offset) as usize, 0);
+                last_data.extend_from_slice(&data);
+                continue;
+            }
+        }
+        merged.push((memory, offset, data));
+    }
+    merged
 }
 
 /// The offset expression of an active segment of `memory`: `i64.const` for a 64-bit memory.

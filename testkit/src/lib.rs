@@ -1,12 +1,13 @@
-//! What the integration tests start on loopback: Debian's OCI registry, and an
-//! in-memory Kubernetes API for ConfigMaps (the issue allows a fake API server where
-//! no cluster exists; tests also run against a real one when
-//! `WASMLESS_TEST_KUBECONFIG` is set).
+//! What the integration tests start on loopback: Debian's OCI registry, and the in-memory
+//! Kubernetes API server (`FakeApiServer`) of the operator's and the builder's tests (tests
+//! also run against a real one when `WASMLESS_TEST_KUBECONFIG` is set).
 
-mod fake_kube;
+#[cfg(feature = "fake-api")]
+mod fake_api;
 mod registry;
 
-pub use fake_kube::{FakeKube, RunningFakeKube};
+#[cfg(feature = "fake-api")]
+pub use fake_api::{FakeApiServer, Recorded, ServedFakeApi};
 pub use registry::Registry;
 
 /// A loopback port that was free a moment ago.

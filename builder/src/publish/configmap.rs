@@ -1,6 +1,6 @@
 //! ConfigMap chunks of both parts (the module and its compiled code): zstd-compressed,
-//! split at 900 KiB, named by the source digest, labelled and annotated as DESIGN.md
-//! says, written by server-side apply.
+//! split at 900 KiB, named by the source digest, labelled and annotated as
+//! docs/architecture.md ("Builder") says, written by server-side apply.
 
 use super::{PublishError, Published};
 use crate::{Built, CompiledCode};
@@ -73,7 +73,7 @@ struct ChunkSet<'a> {
 }
 
 impl ChunkSet<'_> {
-    /// One immutable ConfigMap per chunk of `part`, labelled and annotated as DESIGN.md
+    /// One immutable ConfigMap per chunk of `part`, labelled and annotated as docs/architecture.md
     /// says (the module digest on both parts: the code's is the module it was made from).
     async fn write(
         &self,

@@ -1,7 +1,35 @@
 //! Running the builder binary, reading the examples, serving modules in-process with
 //! the runtime library.
 
-pub use wasmless_testkit::{FakeKube, Registry};
+pub use wasmless_testkit::{FakeApiServer, Registry, ServedFakeApi};
+
+/// The in-memory API server on loopback, for the builder process to publish to.
+pub async fn fake_api() -> ServedFakeApi {
+    FakeApiServer::new().serve().await
+}
+
+/// The ConfigMaps stored in `namespace`, by name.
+pub fn stored_configmaps(kube: &ServedFakeApi, namespace: &str) -> std::collections::BTreeMap<String, Value> {
+    kube.api
+        .objects(&format!("/namespaces/{namespace}/configmaps/"))
+        .into_iter()
+        .map(|object| {
+            (
+                object["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                object,
+            )
+        })
+        .collect()
+}
+
+/// How many ConfigMap writes the builder sent, answered or refused.
+pub fn configmap_writes(kube: &ServedFakeApi) -> usize {
+    kube.api
+        .writes()
+        .iter()
+        .filter(|r| r.resource() == "configmaps")
+        .count()
+}
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};

@@ -84,13 +84,8 @@ impl HttpHandler {
         Ok(Self { pre, shared })
     }
 
-    pub async fn invoke(
-        &self,
-        request: http::Request<Bytes>,
-        permit: tokio::sync::OwnedSemaphorePermit,
-    ) -> Result<Response<Body>, Failure> {
-        let stdout = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
-        let stderr = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
+    /// A request's own store: its WASI context with captured output, its limits, its deadline.
+    fn new_store(&self, stdout: &MemoryOutputPipe, stderr: &MemoryOutputPipe) -> Store<HttpState> {
         let wasi = WasiCtxBuilder::new()
             .args(&[self.shared.function.as_str()])
             .envs(&self.shared.env)
@@ -107,6 +102,17 @@ impl HttpHandler {
         let mut store = Store::new(self.pre.engine(), state);
         store.limiter(|state| &mut state.limiter);
         arm_timeout(&mut store, self.shared.limits.timeout);
+        store
+    }
+
+    pub async fn invoke(
+        &self,
+        request: http::Request<Bytes>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> Result<Response<Body>, Failure> {
+        let stdout = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
+        let stderr = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
+        let mut store = self.new_store(&stdout, &stderr);
 
         let (sender, mut receiver) = tokio::sync::oneshot::channel();
         let responded = Arc::new(AtomicBool::new(false));

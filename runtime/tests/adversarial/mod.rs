@@ -3,7 +3,6 @@
 //! connection cap, requests during shutdown. Each shows that a well-behaved client is
 //! still served and that nothing is left behind once the attackers go.
 
-use crate::rust_echo_with_digest;
 use crate::support::*;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -132,7 +131,7 @@ fn open_fds(runtime: &Runtime) -> usize {
 }
 
 async fn metrics(runtime: &Runtime) -> String {
-    super::get(runtime.admin_url("/metrics")).await.1
+    get(runtime.admin_url("/metrics")).await.1
 }
 
 async fn refused(runtime: &Runtime, reason: &str) -> f64 {

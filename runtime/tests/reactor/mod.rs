@@ -2,7 +2,6 @@
 //! the same handlers do over CGI, and nothing the snapshot froze, nor anything one
 //! request leaves behind, reaches another request.
 
-use super::{get, with_digest_file};
 use crate::support::*;
 use serde_json::Value;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -405,3 +405,37 @@ pub fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64>
             .then(|| value.parse().ok())?
     })
 }
+
+/// GET `url`: the status and the body.
+pub async fn get(url: String) -> (u16, String) {
+    let response = client().get(url).send().await.unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+/// Path of the Rust handler, with its digest file beside it (the runtime needs one).
+pub fn rust_echo_with_digest() -> std::path::PathBuf {
+    with_digest_file(rust_echo())
+}
+
+pub fn go_with_digest(name: &str) -> std::path::PathBuf {
+    with_digest_file(go_handler(name))
+}
+
+pub fn with_digest_file(module: std::path::PathBuf) -> std::path::PathBuf {
+    let digest = Digest::of(&std::fs::read(&module).unwrap());
+    let mut sidecar = module.clone().into_os_string();
+    sidecar.push(".sha256");
+    std::fs::write(sidecar, digest.to_string()).unwrap();
+    module
+}
+
+/// The builder's step, as the builder runs it: the module compiled for the portable
+/// target, in the artifact format.
+pub fn precompile_for(engine: &wasmtime::Engine, module: &[u8]) -> Vec<u8> {
+    let abi = wasmless_runtime::abi::detect(module).unwrap();
+    wasmless_runtime::precompiled::precompile(engine, abi, module, Digest::of(module)).unwrap()
+}
+
+pub fn portable_engine() -> wasmtime::Engine {
+    wasmless_runtime::precompiled::precompile_engine().unwrap()
+}

@@ -1,3 +1,5 @@
+//! The request's query string, decoded.
+
 /// The query's `key=value` pairs, percent-decoded, `+` read as a space.
 pub fn query_pairs<B>(request: &http::Request<B>) -> Vec<(String, String)> {
     request

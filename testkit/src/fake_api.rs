@@ -1,11 +1,13 @@
-//! An in-memory Kubernetes API server for tests: a `tower::Service` that a `kube::Client`
-//! talks to. It stores objects by path, answers GET, LIST (with label selectors), POST,
+//! An in-memory Kubernetes API server for tests, the one fake of the workspace: a
+//! `tower::Service` that a `kube::Client` talks to in-process (the operator's tests), and
+//! the same server on loopback with a kubeconfig (the builder's tests, which run the builder
+//! as a process). It stores objects by path, answers GET, LIST (with label selectors), POST,
 //! PUT, DELETE, server-side apply and merge patches (of objects and their status), records
-//! every request, and can fail or hang chosen requests, so reconcile tests assert on the
-//! objects the operator writes rather than on a scripted sequence of calls. Watches are
-//! answered with nothing, ever (a quiet cluster), and lists asked for metadata only
-//! (`PartialObjectMetadataList`) get metadata only. Like the real API server it refuses
-//! an Event whose note is over 1024 bytes.
+//! every request, and can fail or hang chosen requests, so tests assert on the objects
+//! written rather than on a scripted sequence of calls. Watches are answered with nothing,
+//! ever (a quiet cluster), and lists asked for metadata only (`PartialObjectMetadataList`)
+//! get metadata only. Like the real API server it refuses an Event whose note is over 1024
+//! bytes.
 
 use http::{Method, Request, Response, StatusCode};
 use kube::client::Body;
@@ -86,8 +88,8 @@ struct Fault {
     method: Method,
     path_contains: String,
     remaining: usize,
-    /// Never answer, instead of answering 500.
-    hang: bool,
+    /// The status answered instead of the request's own answer; `None` never answers.
+    answer: Option<StatusCode>,
 }
 
 #[derive(Default)]
@@ -138,11 +140,11 @@ fn status_body(code: StatusCode, reason: &str, message: String) -> Value {
     })
 }
 
-fn respond(code: StatusCode, body: &Value) -> Response<Body> {
+fn respond(code: StatusCode, body: &Value) -> Response<Vec<u8>> {
     Response::builder()
         .status(code)
         .header("content-type", "application/json")
-        .body(Body::from(serde_json::to_vec(body).expect("json")))
+        .body(serde_json::to_vec(body).expect("json"))
         .expect("response")
 }
 
@@ -276,8 +278,22 @@ impl FakeApiServer {
             method,
             path_contains: path_contains.into(),
             remaining: times,
-            hang: false,
+            answer: Some(StatusCode::INTERNAL_SERVER_ERROR),
         });
+    }
+
+    /// Answers the next requests of `method` whose path contains `path_contains` with
+    /// `codes`, one each in order (a busy API server: 409, 429, 503 …).
+    pub fn fail_with(&self, method: Method, path_contains: &str, codes: impl IntoIterator<Item = u16>) {
+        let mut state = self.state.lock().expect("state");
+        for code in codes {
+            state.faults.push(Fault {
+                method: method.clone(),
+                path_contains: path_contains.into(),
+                remaining: 1,
+                answer: Some(StatusCode::from_u16(code).expect("a status code")),
+            });
+        }
     }
 
     /// Leaves the next `times` requests of `method` whose path contains `path_contains`
@@ -287,7 +303,7 @@ impl FakeApiServer {
             method,
             path_contains: path_contains.into(),
             remaining: times,
-            hang: true,
+            answer: None,
         });
     }
 
@@ -308,7 +324,7 @@ impl FakeApiServer {
     }
 
     /// The response, or `None` for a request never answered (a hung one, or a watch).
-    fn handle(&self, request: Recorded) -> Option<Response<Body>> {
+    fn handle(&self, request: Recorded) -> Option<Response<Vec<u8>>> {
         let mut state = self.state.lock().expect("state");
         let at = state.log.len();
         state.log.push(request.clone());
@@ -327,17 +343,14 @@ impl FakeApiServer {
             .find(|f| f.remaining > 0 && f.method == method && path.contains(&f.path_contains))
         {
             fault.remaining -= 1;
-            if fault.hang {
-                return None;
-            }
-            return Some(respond(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &status_body(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "InternalError",
-                    "injected failure".into(),
-                ),
-            ));
+            let code = fault.answer?;
+            let reason = match code {
+                StatusCode::CONFLICT => "Conflict",
+                StatusCode::TOO_MANY_REQUESTS => "TooManyRequests",
+                StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
+                _ => "InternalError",
+            };
+            return Some(respond(code, &status_body(code, reason, "injected failure".into())));
         }
         if state.log[at].verbs() == ["watch"] {
             return None;
@@ -377,7 +390,7 @@ impl FakeApiServer {
         content_type: String,
         accept: String,
         body: Option<Value>,
-    ) -> Response<Body> {
+    ) -> Response<Vec<u8>> {
         let path = state.log[at].path.clone();
         let not_found = |name: &str| {
             respond(
@@ -538,6 +551,71 @@ impl FakeApiServer {
     }
 }
 
+impl FakeApiServer {
+    /// Records one request and answers it; `None` for a request never answered.
+    fn receive(&self, parts: &http::request::Parts, bytes: &[u8]) -> Option<Response<Vec<u8>>> {
+        let body = (!bytes.is_empty()).then(|| serde_json::from_slice(bytes).unwrap_or(Value::Null));
+        let header = |name: &str| {
+            parts
+                .headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string()
+        };
+        self.handle(Recorded {
+            method: parts.method.clone(),
+            path: parts.uri.path().to_string(),
+            query: parts.uri.query().unwrap_or_default().to_string(),
+            content_type: header("content-type"),
+            accept: header("accept"),
+            body,
+            created: false,
+            user: self.user.clone(),
+        })
+    }
+
+    /// The same server on a loopback port, with a kubeconfig naming it, for a process
+    /// (such as the builder) that finds its API server through `KUBECONFIG`.
+    pub async fn serve(&self) -> ServedFakeApi {
+        let this = self.clone();
+        let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+            let this = this.clone();
+            async move {
+                let (parts, body) = request.into_parts();
+                let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
+                match this.receive(&parts, &bytes) {
+                    Some(response) => response.map(axum::body::Body::from),
+                    None => std::future::pending().await,
+                }
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let address = listener.local_addr().expect("its address");
+        tokio::spawn(async move { axum::serve(listener, app).await.expect("serving the fake API") });
+        let kubeconfig = tempfile::NamedTempFile::new().expect("a kubeconfig file");
+        std::fs::write(
+            kubeconfig.path(),
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{address}\nusers:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\ncurrent-context: fake\n"
+            ),
+        )
+        .expect("writing the kubeconfig");
+        ServedFakeApi {
+            api: self.clone(),
+            kubeconfig,
+        }
+    }
+}
+
+/// A [`FakeApiServer`] on loopback, for as long as this lives (the kubeconfig file with it).
+pub struct ServedFakeApi {
+    pub api: FakeApiServer,
+    pub kubeconfig: tempfile::NamedTempFile,
+}
+
 impl tower_service::Service<Request<Body>> for FakeApiServer {
     type Response = Response<Body>;
     type Error = Infallible;
@@ -552,27 +630,8 @@ impl tower_service::Service<Request<Body>> for FakeApiServer {
         Box::pin(async move {
             let (parts, body) = request.into_parts();
             let bytes = body.collect_bytes().await.unwrap_or_default();
-            let body = (!bytes.is_empty()).then(|| serde_json::from_slice(&bytes).unwrap_or(Value::Null));
-            let header = |name: &str| {
-                parts
-                    .headers
-                    .get(name)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_string()
-            };
-            let request = Recorded {
-                method: parts.method.clone(),
-                path: parts.uri.path().to_string(),
-                query: parts.uri.query().unwrap_or_default().to_string(),
-                content_type: header("content-type"),
-                accept: header("accept"),
-                body,
-                created: false,
-                user: this.user.clone(),
-            };
-            match this.handle(request) {
-                Some(response) => Ok(response),
+            match this.receive(&parts, &bytes) {
+                Some(response) => Ok(response.map(Body::from)),
                 None => std::future::pending().await,
             }
         })

@@ -1,0 +1,101 @@
+//! The contract between operator and runtime pod, checked from both ends: the arguments the
+//! operator's `runtime_args` writes into the pod template, parsed by the runtime's own
+//! `Config`. Here because this crate depends on both (the operator must not link the runtime).
+
+use clap::Parser;
+use serde_json::json;
+use std::time::Duration;
+use wasmless_artifact::{Digest, ports};
+use wasmless_operator::Function;
+use wasmless_operator::module::{Code, Module, ModuleLocation};
+use wasmless_operator::objects::{DRAIN_DELAY_SECONDS, SHUTDOWN_GRACE_SECONDS, runtime_args};
+use wasmless_runtime::config::Config;
+use wasmless_runtime::limits::Isolation;
+
+fn function(spec: serde_json::Value) -> Function {
+    serde_json::from_value(json!({
+        "apiVersion": "wasmless.io/v1alpha1",
+        "kind": "Function",
+        "metadata": {"name": "hello", "namespace": "default"},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn parse(args: Vec<String>) -> Config {
+    Config::try_parse_from(std::iter::once("wasmless-runtime".to_string()).chain(args.clone()))
+        .unwrap_or_else(|e| panic!("the runtime refuses the operator's arguments {args:?}: {e}"))
+}
+
+#[test]
+fn the_runtime_parses_what_the_operator_writes_for_a_module_in_configmaps() {
+    let func = function(json!({
+        "language": "go",
+        "source": "package handlers",
+        "env": [{"name": "GREETING", "value": "hi=there"}, {"name": "EMPTY"}],
+        "limits": {"memory": "128Mi", "timeout": "5s", "maxConcurrency": 16, "maxRequestBody": "2Mi", "isolation": "shared"},
+    }));
+    let module = Module {
+        digest: Digest::of(b"module"),
+        size: Some(10),
+        source_digest: Digest::of(b"source"),
+        location: ModuleLocation::ConfigMaps { count: 2 },
+        code: Some(Code {
+            digest: Digest::of(b"code"),
+            chunks: 3,
+        }),
+    };
+    let config = parse(runtime_args(&func, &module));
+    assert_eq!(config.module, "/module");
+    assert_eq!(config.module_digest, Some(module.digest));
+    assert_eq!(
+        config.code.as_deref(),
+        Some("/module"),
+        "the code is in the same volume"
+    );
+    assert_eq!(config.code_digest, Some(Digest::of(b"code")));
+    assert_eq!(config.function, "hello");
+    assert_eq!((config.port, config.admin_port), (ports::HTTP, ports::ADMIN));
+    assert_eq!(config.memory_limit, 128 << 20);
+    assert_eq!(config.timeout, Duration::from_secs(5));
+    assert_eq!(config.max_concurrency, 16);
+    assert_eq!(config.max_request_body, 2 << 20);
+    assert_eq!(config.isolation, Isolation::Shared);
+    assert_eq!(
+        config.env,
+        [("GREETING".into(), "hi=there".into()), ("EMPTY".into(), String::new())]
+    );
+    assert_eq!(config.cache_dir.as_deref(), Some(std::path::Path::new("/cache")));
+    assert_eq!(config.watch_interval, Duration::ZERO, "a pinned module is not watched");
+    assert_eq!(config.drain_delay, Duration::from_secs(DRAIN_DELAY_SECONDS as u64));
+    assert_eq!(
+        config.shutdown_grace,
+        Duration::from_secs(SHUTDOWN_GRACE_SECONDS as u64)
+    );
+}
+
+#[test]
+fn the_runtime_parses_what_the_operator_writes_for_a_module_in_a_registry() {
+    let func = function(json!({"language": "rust", "source": "pub fn handler() {}"}));
+    let reference = format!("registry.local:5000/fns/hello@{}", Digest::of(b"manifest"));
+    let module = Module {
+        digest: Digest::of(b"module"),
+        size: None,
+        source_digest: Digest::of(b"source"),
+        location: ModuleLocation::Oci {
+            reference: reference.clone(),
+        },
+        code: None,
+    };
+    let config = parse(runtime_args(&func, &module));
+    assert_eq!(config.module, format!("oci://{reference}"));
+    assert_eq!((config.code, config.code_digest), (None, None));
+    assert_eq!(
+        config.isolation,
+        Isolation::Request,
+        "the runtime's default, not written"
+    );
+    assert!(config.env.is_empty());
+    assert_eq!(config.timeout, Duration::from_secs(10));
+    assert_eq!(config.max_concurrency, 64);
+}

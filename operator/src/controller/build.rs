@@ -1,0 +1,251 @@
+//! Step 3 of the reconcile: reuse a module already built from this source, or create the
+//! build Job, or read how it ended (the builder's termination message, the Job's conditions).
+
+use super::{BUILT, Context, Doing, StepError, find};
+use crate::Error;
+use crate::crd::{Function, Storage};
+use crate::module::{Code, Module, ModuleLocation};
+use crate::objects::{self, MANAGER};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use wasmless_artifact::{Digest, labels};
+
+/// Where the build of the current source stands.
+#[derive(Debug)]
+pub(super) enum Build {
+    /// The spec cannot be built; the reasons, for status.
+    Invalid(String),
+    /// The Job is running (or was just created).
+    Running {
+        job: String,
+    },
+    /// The Job failed: the condition's reason (`BuildFailed`, `DeadlineExceeded`,
+    /// `OOMKilled`) and the message for status (the compiler's output for `BuildFailed`).
+    Failed {
+        reason: &'static str,
+        message: String,
+    },
+    Done(Module),
+}
+
+/// Reuses a module already built from `digest`, or runs (or reads) its Job.
+pub(super) async fn build(func: &Function, ctx: &Context, ns: &str, digest: &Digest) -> Result<Build, StepError> {
+    let name = func.name_any();
+    let storage = func.spec.storage.unwrap_or(ctx.settings.default_storage);
+    let found = match storage {
+        Storage::ConfigMap => find::find_chunks(ctx, func, ns, digest)
+            .await
+            .doing(BUILT, || format!("reading the module ConfigMaps of {name}"))?,
+        // The Job's result is the only record of an OCI build; status caches it.
+        Storage::Oci => find::oci_module_from_status(func, digest),
+    };
+    if let Some(module) = found {
+        return Ok(Build::Done(module));
+    }
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    let job_name = objects::job_name(&name, digest);
+    let Some(job) = jobs
+        .get_opt(&job_name)
+        .await
+        .doing(BUILT, || format!("reading the build Job {job_name}"))?
+    else {
+        ensure_builder_rbac(ctx, ns).await.doing(BUILT, || {
+            format!("writing the builder's ServiceAccount, Role and RoleBinding in {ns}")
+        })?;
+        let publish = objects::publish_target(func, storage, &ctx.settings, digest)
+            .ok_or(Error::NoRegistry)
+            .doing(BUILT, || "choosing where the build publishes".into())?;
+        let job = objects::build_job(func, &ctx.settings, digest, &publish);
+        jobs.patch(&job_name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&job))
+            .await
+            .doing(BUILT, || format!("creating the build Job {job_name}"))?;
+        return Ok(Build::Running { job: job_name });
+    };
+    let conditions = job
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let is = |kind: &str| conditions.iter().any(|c| c.type_ == kind && c.status == "True");
+    if let Some(failed) = conditions.iter().find(|c| c.type_ == "Failed" && c.status == "True") {
+        return failed_build(ctx, ns, &job, failed).await;
+    }
+    if is("Complete") {
+        return completed_build(ctx, ns, &name, &job_name, digest, storage).await;
+    }
+    Ok(Build::Running { job: job_name })
+}
+
+/// Why a failed Job failed. What stopped the builder comes first: after a deadline or an
+/// out-of-memory kill, the termination message is only the log tail
+/// (FallbackToLogsOnError), which says nothing about why the build ended.
+async fn failed_build(
+    ctx: &Context,
+    ns: &str,
+    job: &Job,
+    failed: &k8s_openapi::api::batch::v1::JobCondition,
+) -> Result<Build, StepError> {
+    let job_name = job.name_any();
+    if failed.reason.as_deref() == Some("DeadlineExceeded") {
+        let deadline = job
+            .spec
+            .as_ref()
+            .and_then(|s| s.active_deadline_seconds)
+            .unwrap_or_default();
+        return Ok(Build::Failed {
+            reason: "DeadlineExceeded",
+            message: format!(
+                "build Job {job_name} ran longer than its deadline of {deadline} s and was stopped; \
+                 the build may hang on this source, or the node is overloaded: fix the source, or delete the Job to build again"
+            ),
+        });
+    }
+    let terminated = last_termination(ctx, ns, &job_name)
+        .await
+        .doing(BUILT, || format!("reading the pods of the build Job {job_name}"))?;
+    if let Some(terminated) = &terminated
+        && terminated.reason.as_deref() == Some("OOMKilled")
+    {
+        return Ok(Build::Failed {
+            reason: "OOMKilled",
+            message: format!(
+                "the builder of Job {job_name} ran out of memory (its container's limit is {}) and was killed; \
+                 delete the Job to build again, or make the handler smaller",
+                objects::BUILDER_MEMORY_LIMIT
+            ),
+        });
+    }
+    let message = terminated
+        .and_then(|t| t.message)
+        .filter(|m| !m.trim().is_empty())
+        .unwrap_or_else(|| {
+            format!(
+                "build Job {job_name} failed ({}): {}",
+                failed.reason.as_deref().unwrap_or("no reason"),
+                failed.message.as_deref().unwrap_or("no message")
+            )
+        });
+    Ok(Build::Failed {
+        reason: "BuildFailed",
+        message: objects::cut_message(&message),
+    })
+}
+
+/// The module a completed Job made: for ConfigMap storage the chunks were looked for
+/// before, so a build that succeeded without them published somewhere else; for OCI, the
+/// builder's result line in its termination message.
+async fn completed_build(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    job_name: &str,
+    digest: &Digest,
+    storage: Storage,
+) -> Result<Build, StepError> {
+    let failed = |message: String| Build::Failed {
+        reason: "BuildFailed",
+        message,
+    };
+    Ok(match storage {
+        Storage::ConfigMap => failed(format!(
+            "build Job {job_name} succeeded but no complete set of module ConfigMaps labelled {}={},{}={} exists",
+            labels::FUNCTION,
+            name,
+            labels::SOURCE_DIGEST,
+            labels::digest_value(digest)
+        )),
+        Storage::Oci => match last_termination(ctx, ns, job_name)
+            .await
+            .doing(BUILT, || format!("reading the pods of the build Job {job_name}"))?
+            .and_then(|t| t.message)
+            .filter(|m| !m.trim().is_empty())
+        {
+            Some(message) => module_from_result(&message, digest).map_or_else(failed, Build::Done),
+            None => failed(format!("build Job {job_name} succeeded but left no result")),
+        },
+    })
+}
+
+/// The builder's result line: `{"digest":"sha256:..","size":N,"published":"..","code":{"digest":..}}`.
+#[derive(serde::Deserialize)]
+struct BuildResult {
+    digest: String,
+    size: Option<u64>,
+    published: String,
+    code: Option<BuildResultCode>,
+}
+
+#[derive(serde::Deserialize)]
+struct BuildResultCode {
+    digest: String,
+}
+
+/// The module an OCI build published, from the last JSON line of its termination message.
+fn module_from_result(message: &str, source_digest: &Digest) -> Result<Module, String> {
+    let line = message
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .unwrap_or_default();
+    let result: BuildResult = serde_json::from_str(line)
+        .map_err(|e| format!("the build's result {line:?} is not the builder's JSON line: {e}"))?;
+    let digest = result.digest.parse().map_err(|e| format!("the build's result: {e}"))?;
+    let code = match result.code {
+        Some(code) => Some(Code {
+            digest: code
+                .digest
+                .parse()
+                .map_err(|e| format!("the build's result: code: {e}"))?,
+            chunks: 0,
+        }),
+        None => None,
+    };
+    Ok(Module {
+        digest,
+        size: result.size,
+        source_digest: *source_digest,
+        code,
+        location: ModuleLocation::Oci {
+            reference: result
+                .published
+                .strip_prefix(wasmless_artifact::oci::SCHEME)
+                .unwrap_or(&result.published)
+                .to_string(),
+        },
+    })
+}
+
+/// How the builder container of the Job's newest pod ended: its reason (`OOMKilled`,
+/// `Error`, …) and termination message (the compiler's output on failure, the result line
+/// on success).
+async fn last_termination(ctx: &Context, ns: &str, job_name: &str) -> Result<Option<ContainerStateTerminated>, Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job_name}")))
+        .await?;
+    // The newest pod is the build's last attempt.
+    let mut pods = list.items;
+    pods.sort_by_key(|pod| std::cmp::Reverse(pod.metadata.creation_timestamp.clone().map(|t| t.0)));
+    Ok(pods.iter().find_map(|pod| {
+        let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+        statuses.iter().find_map(|status| {
+            status
+                .state
+                .as_ref()
+                .and_then(|s| s.terminated.clone())
+                .or_else(|| status.last_state.as_ref().and_then(|s| s.terminated.clone()))
+        })
+    }))
+}
+
+async fn ensure_builder_rbac(ctx: &Context, ns: &str) -> Result<(), Error> {
+    use super::apply::apply_if_changed;
+    let (account, role, binding) = objects::builder_rbac(ns);
+    apply_if_changed(&Api::<ServiceAccount>::namespaced(ctx.client.clone(), ns), &account).await?;
+    apply_if_changed(&Api::<Role>::namespaced(ctx.client.clone(), ns), &role).await?;
+    apply_if_changed(&Api::<RoleBinding>::namespaced(ctx.client.clone(), ns), &binding).await?;
+    Ok(())
+}

@@ -1,0 +1,60 @@
+//! What a Function no longer uses: its Service under an older name (step 4), and the Jobs
+//! and ConfigMaps of its older sources once the current module is Ready (step 6).
+
+use super::{Context, Doing, READY, StepError};
+use crate::Error;
+use crate::crd::Function;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::api::{DeleteParams, ListParams};
+use kube::{Api, ResourceExt};
+use wasmless_artifact::{Digest, labels};
+
+/// Deletes this Function's Services under another name than `spec.service` now gives.
+pub(super) async fn remove_renamed_services(
+    services: &Api<Service>,
+    func: &Function,
+    current: &str,
+) -> Result<(), StepError> {
+    let selector = format!("{}={}", labels::FUNCTION, func.name_any());
+    let uid = func.uid();
+    let listed = services
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await
+        .doing(READY, || format!("listing the Services of {}", func.name_any()))?;
+    for service in listed.items {
+        let owned = service.owner_references().iter().any(|o| Some(&o.uid) == uid.as_ref());
+        let old = service.name_any();
+        if owned && old != current {
+            services
+                .delete(&old, &DeleteParams::default())
+                .await
+                .doing(READY, || format!("deleting the Service {old}, renamed to {current}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the Jobs, source and chunk ConfigMaps of this Function's older sources.
+pub(super) async fn collect_old_builds(ctx: &Context, ns: &str, name: &str, current: &Digest) -> Result<(), Error> {
+    let selector = format!(
+        "{}={name},{}!={}",
+        labels::FUNCTION,
+        labels::SOURCE_DIGEST,
+        labels::digest_value(current)
+    );
+    let params = ListParams::default().labels(&selector);
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    for job in jobs.list_metadata(&params).await?.items {
+        if job.labels().contains_key(labels::SOURCE_DIGEST) {
+            jobs.delete(&job.name_any(), &DeleteParams::background()).await?;
+        }
+    }
+    let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    for cm in configmaps.list_metadata(&params).await?.items {
+        if cm.labels().contains_key(labels::SOURCE_DIGEST) {
+            configmaps.delete(&cm.name_any(), &DeleteParams::default()).await?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,183 @@
+//! Modules that already exist: a prebuilt one (`spec.module`), the chunk ConfigMaps a build
+//! published, an OCI build recorded on status, and the one a Deployment serves.
+
+use super::Context;
+use crate::Error;
+use crate::crd::{Function, ModuleImage};
+use crate::module::{Code, Module, ModuleLocation};
+use crate::objects::MANAGER;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{ListParams, PartialObjectMeta, Patch, PatchParams};
+use kube::{Api, Resource, ResourceExt};
+use wasmless_artifact::{Digest, Part, annotations, labels};
+
+/// A prebuilt module (`spec.module`): nothing to build, the runtime pulls it by digest.
+pub(super) fn prebuilt_module(image: &ModuleImage) -> Result<Module, String> {
+    let digest: Digest = image.digest.parse().map_err(|e| format!("module.digest: {e}"))?;
+    let reference = image
+        .image
+        .strip_prefix(wasmless_artifact::oci::SCHEME)
+        .unwrap_or(&image.image)
+        .to_string();
+    Ok(Module {
+        digest,
+        size: None,
+        // A prebuilt module has no source: its own digest names it.
+        source_digest: digest,
+        location: ModuleLocation::Oci { reference },
+        code: None,
+    })
+}
+
+/// The module a Deployment serves, from the annotations its pod template was written with.
+pub(super) fn serving_module(deployment: &Deployment) -> Option<Module> {
+    let annotations = deployment
+        .spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?;
+    Module::from_pod_annotations(annotations)
+}
+
+/// The OCI module built from `digest`, as an earlier reconcile recorded it on status.
+pub(super) fn oci_module_from_status(func: &Function, digest: &Digest) -> Option<Module> {
+    let status = func.status.as_ref()?;
+    if status.source_digest.as_deref() != Some(&digest.to_string()) {
+        return None;
+    }
+    let reference = status
+        .module_ref
+        .as_deref()?
+        .strip_prefix(wasmless_artifact::oci::SCHEME)?;
+    Some(Module {
+        digest: status.module_digest.as_deref()?.parse().ok()?,
+        size: status.module_size.and_then(|s| u64::try_from(s).ok()),
+        source_digest: *digest,
+        code: status
+            .code_digest
+            .as_deref()
+            .and_then(|d| d.parse().ok())
+            .map(|digest| Code { digest, chunks: 0 }),
+        location: ModuleLocation::Oci {
+            reference: reference.to_string(),
+        },
+    })
+}
+
+/// The complete chunk set built from `digest`, if the builder published one, with the
+/// compiled code's chunks when those are complete too. The chunks get the Function as
+/// their owner here, in case the builder did not know its UID.
+pub(super) async fn find_chunks(
+    ctx: &Context,
+    func: &Function,
+    ns: &str,
+    digest: &Digest,
+) -> Result<Option<Module>, Error> {
+    let name = func.name_any();
+    let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    let selector = format!(
+        "{}={},{}={}",
+        labels::FUNCTION,
+        name,
+        labels::SOURCE_DIGEST,
+        labels::digest_value(digest)
+    );
+    // Names, labels and annotations are all it needs: not the chunks' megabytes of data.
+    let found = configmaps
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await?;
+    let Some(module) = complete_chunks(&found.items, Part::Module, &name, digest) else {
+        return Ok(None);
+    };
+    let Ok(module_digest) = module.module_digest.parse::<Digest>() else {
+        return Ok(None);
+    };
+    // Code made from another module than the one found is not this build's: never serve it.
+    let code = complete_chunks(&found.items, Part::Code, &name, digest)
+        .filter(|code| code.module_digest == module.module_digest)
+        .and_then(|code| {
+            Some(Code {
+                digest: code.annotation(annotations::CODE_DIGEST).parse().ok()?,
+                chunks: code.chunks.len(),
+            })
+        });
+    let owner = func.controller_owner_ref(&());
+    for cm in &found.items {
+        adopt(&configmaps, cm, owner.as_ref()).await?;
+    }
+    Ok(Some(Module {
+        digest: module_digest,
+        size: module.annotation(annotations::MODULE_SIZE).parse().ok(),
+        source_digest: *digest,
+        location: ModuleLocation::ConfigMaps {
+            count: module.chunks.len(),
+        },
+        code,
+    }))
+}
+
+/// One part's chunk ConfigMaps, all present and agreeing on the module digest.
+struct ChunkSet<'a> {
+    chunks: Vec<&'a PartialObjectMeta<ConfigMap>>,
+    module_digest: String,
+}
+
+impl ChunkSet<'_> {
+    fn annotation(&self, key: &str) -> String {
+        self.chunks[0].annotations().get(key).cloned().unwrap_or_default()
+    }
+}
+
+fn complete_chunks<'a>(
+    found: &'a [PartialObjectMeta<ConfigMap>],
+    part: Part,
+    function: &str,
+    digest: &Digest,
+) -> Option<ChunkSet<'a>> {
+    let annotation =
+        |cm: &PartialObjectMeta<ConfigMap>, key: &str| cm.annotations().get(key).cloned().unwrap_or_default();
+    let first_name = part.configmap_name(function, digest, 0);
+    let first = found.iter().find(|cm| cm.name_any() == first_name)?;
+    let module_digest = annotation(first, annotations::MODULE_DIGEST);
+    let count = annotation(first, annotations::CHUNK_COUNT).parse::<usize>().ok()?;
+    let chunks = part
+        .configmap_names(function, digest, count)
+        .into_iter()
+        .map(|name| {
+            found
+                .iter()
+                .find(|cm| cm.name_any() == name && annotation(cm, annotations::MODULE_DIGEST) == module_digest)
+        })
+        .collect::<Option<Vec<_>>>()?;
+    (!chunks.is_empty()).then_some(ChunkSet { chunks, module_digest })
+}
+
+/// Makes the Function the owner of a chunk the builder published without knowing its UID.
+async fn adopt(
+    configmaps: &Api<ConfigMap>,
+    cm: &PartialObjectMeta<ConfigMap>,
+    owner: Option<&OwnerReference>,
+) -> Result<(), Error> {
+    let Some(owner) = owner else { return Ok(()) };
+    if cm.owner_references().iter().any(|o| o.uid == owner.uid) {
+        return Ok(());
+    }
+    let patch = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": { "name": cm.name_any(), "ownerReferences": [owner] },
+    });
+    configmaps
+        .patch(
+            &cm.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    Ok(())
+}

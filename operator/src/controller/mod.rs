@@ -1,0 +1,275 @@
+//! The Function controller, after kube-rs's `controller-rs`: `Context`, `reconcile` (the
+//! steps of docs/operator.md, "Reconcile", each a call into a module of its own),
+//! `error_policy` and `run`.
+//!
+//! `build` runs or reads the build Job, `find` finds a module already built, `apply` writes
+//! an object only when it changed, `cleanup` deletes what a Function no longer uses, and
+//! `status` writes conditions and Events.
+
+mod apply;
+mod build;
+mod cleanup;
+mod find;
+mod status;
+
+pub use apply::is_subset;
+pub use status::{CONDITION_BUILT, CONDITION_READY, MAX_EVENT_NOTE_BYTES, REASON_RECONCILE_ERROR, event_note};
+
+use crate::crd::{Function, Phase, Storage};
+use crate::module::Module;
+use crate::objects::{self, MANAGER};
+use crate::{Error, Metrics, Settings};
+use build::Build;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use wasmless_artifact::{Digest, labels};
+
+/// What the controller shares between reconciles.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    pub settings: Settings,
+    /// Consecutive failures per Function, for the error policy's backoff.
+    failures: Mutex<HashMap<ObjectRef<Function>, u32>>,
+}
+
+impl Context {
+    pub fn new(client: Client, settings: Settings, metrics: Metrics, instance: Option<String>) -> Self {
+        let reporter = Reporter {
+            controller: MANAGER.into(),
+            instance,
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics,
+            settings,
+            failures: Mutex::default(),
+        }
+    }
+}
+
+/// A step of the reconcile that failed: the condition it reports on (none when status
+/// itself cannot be written), what it was doing, and the error.
+pub(crate) struct StepError {
+    condition: Option<&'static str>,
+    doing: String,
+    error: Error,
+    /// The status this reconcile wrote before the step failed, if it got that far: the
+    /// failure is reported on it, not on the older status the reconcile started from.
+    written: Option<Box<crate::FunctionStatus>>,
+}
+
+impl StepError {
+    fn after_writing(mut self, status: &crate::FunctionStatus) -> Self {
+        self.written = Some(Box::new(status.clone()));
+        self
+    }
+}
+
+/// Names the step a fallible call belongs to, for [`StepError`].
+trait Doing<T> {
+    fn doing(self, condition: Option<&'static str>, what: impl FnOnce() -> String) -> Result<T, StepError>;
+}
+
+impl<T, E: Into<Error>> Doing<T> for Result<T, E> {
+    fn doing(self, condition: Option<&'static str>, what: impl FnOnce() -> String) -> Result<T, StepError> {
+        self.map_err(|error| StepError {
+            condition,
+            doing: what(),
+            error: error.into(),
+            written: None,
+        })
+    }
+}
+
+/// The condition a step's failure is reported on: `Built` for the source, the build and
+/// the collection of older builds, `Ready` for the Deployment and the Service.
+const BUILT: Option<&str> = Some(CONDITION_BUILT);
+const READY: Option<&str> = Some(CONDITION_READY);
+
+/// Reconciles one Function; every step is idempotent, so running it again (after a crash,
+/// an error, or a watch event) converges on the same objects without duplicates.
+pub async fn reconcile(func: Arc<Function>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.start();
+    // Deletion needs nothing from us: everything the Function made carries its owner
+    // reference, and the garbage collector removes it.
+    if func.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    match reconcile_steps(&func, &ctx).await {
+        Ok(action) => {
+            ctx.failures
+                .lock()
+                .expect("failure counts")
+                .remove(&ObjectRef::from_obj(&*func));
+            Ok(action)
+        }
+        Err(failed) => {
+            // Retried with backoff by the error policy; meanwhile status says what failed,
+            // instead of keeping what the last successful reconcile wrote.
+            status::report_failure(&ctx, &func, &failed).await;
+            Err(failed.error)
+        }
+    }
+}
+
+/// The steps of docs/operator.md, "Reconcile", in their order.
+async fn reconcile_steps(func: &Function, ctx: &Context) -> Result<Action, StepError> {
+    let ns = func.namespace().ok_or(Error::NoNamespace).doing(None, String::new)?;
+    let name = func.name_any();
+    // 1. Validate.
+    let problems = problems(func, &ctx.settings);
+    // 2. The source digest, the source in its ConfigMap. 3. The build.
+    let (source_digest, build) = if !problems.is_empty() {
+        (None, Build::Invalid(problems.join("; ")))
+    } else if let Some(image) = &func.spec.module {
+        match find::prebuilt_module(image) {
+            Ok(module) => (Some(module.source_digest), Build::Done(module)),
+            Err(problem) => (None, Build::Invalid(problem)),
+        }
+    } else {
+        let digest = write_source(func, ctx, &ns).await?;
+        (Some(digest), build::build(func, ctx, &ns, &digest).await?)
+    };
+    // 4. Serve.
+    let (serving, deployment) = serve(func, ctx, &ns, &build).await?;
+    // 5. Status and events.
+    let status = status::update(ctx, func, &build, source_digest, serving.as_ref(), deployment.as_ref()).await?;
+    // 6. Garbage: once the current module serves everywhere, older builds are.
+    if let (Build::Done(module), Some(Phase::Ready)) = (&build, status.phase)
+        && func.spec.module.is_none()
+    {
+        cleanup::collect_old_builds(ctx, &ns, &name, &module.source_digest)
+            .await
+            .doing(BUILT, || format!("deleting the older builds of {name}"))
+            .map_err(|failed| failed.after_writing(&status))?;
+    }
+    Ok(match (&build, status.phase) {
+        (Build::Running { .. }, _) => Action::requeue(Duration::from_secs(15)),
+        (Build::Failed { .. } | Build::Invalid(_), _) => Action::await_change(),
+        (_, Some(Phase::Ready)) => Action::requeue(Duration::from_secs(600)),
+        _ => Action::requeue(Duration::from_secs(30)),
+    })
+}
+
+/// Step 1: what is wrong with the Function that the CRD did not refuse, for status.
+fn problems(func: &Function, settings: &Settings) -> Vec<String> {
+    let mut problems = func.spec.problems();
+    problems.extend(crate::crd::name_problem(&func.name_any()));
+    let storage = func.spec.storage.unwrap_or(settings.default_storage);
+    if storage == Storage::Oci && settings.oci_registry.is_none() && func.spec.module.is_none() {
+        problems.push("storage oci needs the operator's --oci-registry setting".into());
+    }
+    problems
+}
+
+/// Step 2: the source digest, and the source in its immutable ConfigMap.
+async fn write_source(func: &Function, ctx: &Context, ns: &str) -> Result<Digest, StepError> {
+    let source = func.spec.inline_source().unwrap_or_default();
+    let digest = objects::source_digest(func.spec.language, &ctx.settings.builder_version, source);
+    let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    let source_cm = objects::source_configmap(func, source, &digest);
+    apply::apply_if_changed(&configmaps, &source_cm)
+        .await
+        .doing(BUILT, || {
+            format!("writing the source ConfigMap {}", source_cm.name_any())
+        })?;
+    Ok(digest)
+}
+
+/// Step 4: the Deployment serves the new module once built, and the previous one (read
+/// back from its pod template) while a build runs or after one failed; the Service in
+/// front of it. The module served, and the Deployment as read when this reconcile did not
+/// change it (its status then says how the rollout stands).
+async fn serve(
+    func: &Function,
+    ctx: &Context,
+    ns: &str,
+    build: &Build,
+) -> Result<(Option<Module>, Option<Deployment>), StepError> {
+    let name = func.name_any();
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
+    let existing = deployments
+        .get_opt(&name)
+        .await
+        .doing(READY, || format!("reading the Deployment {name}"))?;
+    let serving = match build {
+        Build::Done(module) => Some(module.clone()),
+        _ => existing.as_ref().and_then(find::serving_module),
+    };
+    let Some(module) = serving.as_ref().filter(|_| !matches!(build, Build::Invalid(_))) else {
+        return Ok((serving, existing));
+    };
+    let desired = objects::deployment(func, &ctx.settings, module);
+    let rolled = apply::apply_if_changed_with(&deployments, existing.as_ref(), &desired)
+        .await
+        .doing(READY, || format!("applying the Deployment {name}"))?;
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
+    let service = objects::service(func);
+    apply::apply_if_changed(&services, &service)
+        .await
+        .doing(READY, || format!("applying the Service {}", service.name_any()))?;
+    cleanup::remove_renamed_services(&services, func, &service.name_any()).await?;
+    Ok((serving, if rolled { None } else { existing }))
+}
+
+/// Requeues a failed reconcile after 1 s, 2 s, 4 s … up to 5 minutes.
+pub fn error_policy(func: Arc<Function>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.failed(error);
+    let mut failures = ctx.failures.lock().expect("failure counts");
+    let count = failures.entry(ObjectRef::from_obj(&*func)).or_default();
+    *count = count.saturating_add(1);
+    let delay = Duration::from_secs(1u64 << (*count - 1).min(8)).min(Duration::from_secs(300));
+    tracing::warn!(function = %func.name_any(), %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+/// Runs the controller until a shutdown signal (or until `stop` resolves).
+pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<Output = ()> + Send + Sync + 'static) {
+    let client = ctx.client.clone();
+    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope> + Clone + DeserializeOwned + Debug,
+        K::DynamicType: Default,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    // Only what a Function made is watched, not every ConfigMap in the cluster.
+    let owned = watcher::Config::default().labels(labels::FUNCTION);
+    let controller = Controller::new(
+        api::<Function>(&client, namespace),
+        watcher::Config::default().any_semantic(),
+    );
+    ctx.metrics.watch(controller.store());
+    controller
+        .owns(api::<ConfigMap>(&client, namespace), owned.clone())
+        .owns(api::<Job>(&client, namespace), owned.clone())
+        .owns(api::<Deployment>(&client, namespace), owned.clone())
+        .owns(api::<Service>(&client, namespace), owned)
+        .graceful_shutdown_on(stop)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => tracing::debug!(function = %object.name, "reconciled"),
+                Err(error) => tracing::debug!(%error, "reconcile did not complete"),
+            }
+        })
+        .await;
+}

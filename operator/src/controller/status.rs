@@ -1,0 +1,273 @@
+//! Step 5 of the reconcile: the Function's status (`Built`, `Ready`, phase, digests, URL)
+//! and an Event for each condition that changed; and a failed step reported on its condition.
+
+use super::build::Build;
+use super::{Context, Doing, StepError};
+use crate::Error;
+use crate::crd::{Function, FunctionStatus, Phase};
+use crate::metrics::BuildOutcome;
+use crate::module::Module;
+use crate::objects::{self, MANAGER};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Resource, ResourceExt};
+use wasmless_artifact::Digest;
+
+pub const CONDITION_BUILT: &str = "Built";
+pub const CONDITION_READY: &str = "Ready";
+/// The reason of a condition whose step failed on an API error (retried with backoff).
+pub const REASON_RECONCILE_ERROR: &str = "ReconcileError";
+/// Longest Event note the API server accepts, in bytes.
+pub const MAX_EVENT_NOTE_BYTES: usize = 1024;
+
+/// Writes the status this reconcile arrived at, with its Events, and counts a build that
+/// ended; the status written.
+pub(super) async fn update(
+    ctx: &Context,
+    func: &Function,
+    build: &Build,
+    source_digest: Option<Digest>,
+    serving: Option<&Module>,
+    deployment: Option<&Deployment>,
+) -> Result<FunctionStatus, StepError> {
+    let (name, ns) = (func.name_any(), func.namespace().unwrap_or_default());
+    let status = status_for(func, build, source_digest, serving, deployment);
+    let old = func.status.clone().unwrap_or_default();
+    let status = keep_transition_times(status, &old);
+    publish_transitions(ctx, func, &old, &status).await;
+    if status != old {
+        write_status(ctx, func, &status)
+            .await
+            .doing(None, || format!("writing the status of {name}"))?;
+    }
+    // Counted once status records it, so a status write that fails and is retried does
+    // not count the same build twice.
+    ctx.metrics.builds_seen(&name, &ns);
+    if func.spec.module.is_none()
+        && let Some(result) = build_ended(&old, &status)
+    {
+        ctx.metrics.build_ended(&name, &ns, result);
+    }
+    Ok(status)
+}
+
+async fn write_status(ctx: &Context, func: &Function, status: &FunctionStatus) -> Result<(), Error> {
+    let functions: Api<Function> = Api::namespaced(ctx.client.clone(), &func.namespace().unwrap_or_default());
+    let patch = serde_json::json!({
+        "apiVersion": "wasmless.io/v1alpha1",
+        "kind": "Function",
+        "status": status,
+    });
+    functions
+        .patch_status(
+            &func.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Puts a failed step on the condition it belongs to, reason `ReconcileError`, with a
+/// Warning Event; the rest of the status stays as the last write left it.
+pub(super) async fn report_failure(ctx: &Context, func: &Function, failed: &StepError) {
+    let Some(kind) = failed.condition else { return };
+    let mut message = format!("{}: {}", failed.doing, failed.error);
+    if matches!(&failed.error, Error::Kube(kube::Error::Api(status)) if status.code == 403) {
+        message.push_str(
+            " — the operator's ServiceAccount is not allowed this: install the RBAC of this version (kubectl apply -k deploy/)",
+        );
+    }
+    message.push_str("; retrying with backoff");
+    let old = match &failed.written {
+        Some(written) => FunctionStatus::clone(written),
+        None => func.status.clone().unwrap_or_default(),
+    };
+    let mut status = old.clone();
+    let failed_condition = condition(kind, false, REASON_RECONCILE_ERROR, message, func.metadata.generation);
+    match status.conditions.iter_mut().find(|c| c.type_ == kind) {
+        Some(existing) => *existing = failed_condition,
+        None => status.conditions.push(failed_condition),
+    }
+    if status.phase.is_none() || (kind == CONDITION_READY && status.phase == Some(Phase::Ready)) {
+        status.phase = Some(Phase::Pending);
+    }
+    status.observed_generation = func.metadata.generation;
+    let status = keep_transition_times(status, &old);
+    publish_transitions(ctx, func, &old, &status).await;
+    if status != old
+        && let Err(error) = write_status(ctx, func, &status).await
+    {
+        tracing::warn!(function = %func.name_any(), %error, "could not report the failed step on status");
+    }
+}
+
+fn condition(kind: &str, ok: bool, reason: &str, message: String, generation: Option<i64>) -> Condition {
+    Condition {
+        type_: kind.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: generation,
+        last_transition_time: Time(Timestamp::now()),
+    }
+}
+
+fn status_for(
+    func: &Function,
+    build: &Build,
+    source_digest: Option<Digest>,
+    serving: Option<&Module>,
+    deployment: Option<&Deployment>,
+) -> FunctionStatus {
+    let generation = func.metadata.generation;
+    let (built, phase_of_build, build_message) = built_condition(build, generation);
+    let replicas = func.spec.replicas;
+    let deploy_status = deployment.and_then(|d| d.status.clone()).unwrap_or_default();
+    let ready = ready_condition(func, serving, deployment);
+    let phase = phase_of_build.unwrap_or(if ready.status == "True" || replicas == 0 {
+        Phase::Ready
+    } else {
+        Phase::Pending
+    });
+    FunctionStatus {
+        phase: Some(phase),
+        conditions: vec![built, ready],
+        observed_generation: generation,
+        source_digest: source_digest.map(|d| d.to_string()),
+        module_digest: serving.map(|m| m.digest.to_string()),
+        module_digest_short: serving.map(|m| m.digest.short()),
+        module_size: serving.and_then(|m| m.size).and_then(|s| i64::try_from(s).ok()),
+        module_ref: serving.map(|m| m.reference(&func.name_any())),
+        code_digest: serving.and_then(|m| m.code.as_ref()).map(|c| c.digest.to_string()),
+        url: serving.map(|_| objects::url(func)),
+        build_message,
+        ready_replicas: deploy_status.ready_replicas.or(serving.map(|_| 0)),
+        replicas: deploy_status.replicas.or(serving.map(|_| 0)),
+        selector: Some(objects::runtime_selector(func)),
+    }
+}
+
+/// `Built`, the phase the build decides (none once built: then `Ready` decides), and the
+/// message for `status.buildMessage`.
+fn built_condition(build: &Build, generation: Option<i64>) -> (Condition, Option<Phase>, Option<String>) {
+    let built = |ok, reason: &str, message| condition(CONDITION_BUILT, ok, reason, message, generation);
+    match build {
+        Build::Invalid(problems) => (
+            built(false, "InvalidSpec", problems.clone()),
+            Some(Phase::Failed),
+            Some(problems.clone()),
+        ),
+        Build::Running { job } => (
+            built(false, "Building", format!("build Job {job} is running")),
+            Some(Phase::Building),
+            None,
+        ),
+        Build::Failed { reason, message } => (
+            built(false, reason, message.lines().next().unwrap_or_default().to_string()),
+            Some(Phase::Failed),
+            Some(message.clone()),
+        ),
+        Build::Done(module) => (built(true, "Built", format!("module {}", module.digest)), None, None),
+    }
+}
+
+/// `Ready`: true when the Deployment has observed its generation and all replicas are
+/// updated and available.
+fn ready_condition(func: &Function, serving: Option<&Module>, deployment: Option<&Deployment>) -> Condition {
+    let generation = func.metadata.generation;
+    let replicas = func.spec.replicas;
+    let deploy_status = deployment.and_then(|d| d.status.clone()).unwrap_or_default();
+    let up_to_date = deployment.is_some_and(|d| {
+        d.status.as_ref().and_then(|s| s.observed_generation) >= d.metadata.generation
+            && deploy_status.updated_replicas.unwrap_or(0) >= replicas
+    });
+    let available = deploy_status.available_replicas.unwrap_or(0);
+    let ready = |ok, reason: &str, message| condition(CONDITION_READY, ok, reason, message, generation);
+    if serving.is_none() {
+        ready(false, "NoModule", "no module has been built yet".into())
+    } else if replicas == 0 {
+        ready(false, "ScaledToZero", "replicas is 0".into())
+    } else if up_to_date && available >= replicas {
+        ready(true, "Available", format!("{available}/{replicas} replicas available"))
+    } else {
+        ready(
+            false,
+            "RollingOut",
+            format!("{available}/{replicas} replicas available"),
+        )
+    }
+}
+
+/// The build result `new` reports that `old` did not: a `Built` condition whose reason is a
+/// build's end, for another source or after another reason. A failed step in between
+/// (`ReconcileError`) leaves the outcome that was already there uncounted again: the same
+/// module digest after a success, the same message after a failure.
+fn build_ended(old: &FunctionStatus, new: &FunctionStatus) -> Option<BuildOutcome> {
+    let built = |status: &FunctionStatus| status.conditions.iter().find(|c| c.type_ == CONDITION_BUILT).cloned();
+    let now = built(new)?;
+    let result = BuildOutcome::of_reason(&now.reason)?;
+    let Some(before) = built(old) else { return Some(result) };
+    let repeated = old.source_digest == new.source_digest
+        && (before.reason == now.reason
+            || (before.reason == REASON_RECONCILE_ERROR
+                && match result {
+                    BuildOutcome::Succeeded => old.module_digest == new.module_digest,
+                    _ => old.build_message == new.build_message,
+                }));
+    (!repeated).then_some(result)
+}
+
+/// A condition whose status did not change keeps the time it last changed.
+fn keep_transition_times(mut status: FunctionStatus, old: &FunctionStatus) -> FunctionStatus {
+    for condition in &mut status.conditions {
+        if let Some(previous) = old.conditions.iter().find(|c| c.type_ == condition.type_)
+            && previous.status == condition.status
+        {
+            condition.last_transition_time = previous.last_transition_time.clone();
+        }
+    }
+    status
+}
+
+/// One Event per condition that changed status or reason.
+async fn publish_transitions(ctx: &Context, func: &Function, old: &FunctionStatus, new: &FunctionStatus) {
+    for condition in &new.conditions {
+        let previous = old.conditions.iter().find(|c| c.type_ == condition.type_);
+        if previous.is_some_and(|p| p.status == condition.status && p.reason == condition.reason) {
+            continue;
+        }
+        let warning = matches!(
+            condition.reason.as_str(),
+            "BuildFailed" | "DeadlineExceeded" | "OOMKilled" | "InvalidSpec" | REASON_RECONCILE_ERROR
+        ) || (condition.type_ == CONDITION_READY
+            && condition.reason == "RollingOut"
+            && previous.is_some_and(|p| p.status == "True"));
+        let event = Event {
+            type_: if warning { EventType::Warning } else { EventType::Normal },
+            reason: condition.reason.clone(),
+            note: Some(event_note(&condition.message)),
+            action: condition.type_.clone(),
+            secondary: None,
+        };
+        // Events are for people watching; a lost one must not fail the reconcile.
+        if let Err(error) = ctx.recorder.publish(&event, &func.object_ref(&())).await {
+            tracing::warn!(function = %func.name_any(), %error, "could not publish event");
+        }
+    }
+}
+
+/// The Event API refuses a note over [`MAX_EVENT_NOTE_BYTES`] bytes (not characters):
+/// the start of the message, cut on a character boundary.
+pub fn event_note(message: &str) -> String {
+    const MARK: &str = " …";
+    let message = message.trim_end();
+    if message.len() <= MAX_EVENT_NOTE_BYTES {
+        return message.to_string();
+    }
+    let end = message.floor_char_boundary(MAX_EVENT_NOTE_BYTES - MARK.len());
+    format!("{}{MARK}", &message[..end])
+}

@@ -1,0 +1,247 @@
+//! The build Job of one source digest, and the identity build Jobs run as in a namespace.
+
+use super::pod::{empty_dir, mount, oci_plain_http_env, restricted_container_security, restricted_pod_security};
+use super::{MANAGED_BY_LABEL, MANAGER, SOURCE_KEY, job_name, labels_for, meta, source_configmap_name};
+use crate::crd::{Function, Storage};
+use crate::settings::Settings;
+use k8s_openapi::api::batch::v1::{
+    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyOnPodConditionsPattern,
+    PodFailurePolicyRule,
+};
+use k8s_openapi::api::core::v1::{
+    ConfigMapVolumeSource, Container, EnvVar, KeyToPath, PodSpec, PodTemplateSpec, ResourceRequirements,
+    ServiceAccount, Volume,
+};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
+use std::collections::BTreeMap;
+use wasmless_artifact::{Digest, labels};
+
+/// ServiceAccount (and Role, RoleBinding) the build Jobs run as, one per namespace.
+pub const BUILDER_ACCOUNT: &str = "wasmless-builder";
+/// Memory limit of the builder container (a Go build of a handler needs ~1 GiB).
+pub const BUILDER_MEMORY_LIMIT: &str = "2Gi";
+/// Compiler output kept on status: the start of it, where the first error is.
+pub const MAX_BUILD_MESSAGE_BYTES: usize = 4096;
+
+/// Where the build publishes: `configmap://<ns>/<fn>` or `oci://<registry>/<ns>/<fn>:<10 hex>`.
+pub fn publish_target(func: &Function, storage: Storage, settings: &Settings, digest: &Digest) -> Option<String> {
+    let ns = func.namespace().unwrap_or_default();
+    match storage {
+        Storage::ConfigMap => Some(format!("configmap://{ns}/{}", func.name_any())),
+        Storage::Oci => settings.oci_registry.as_ref().map(|registry| {
+            format!(
+                "oci://{}/{ns}/{}:{}",
+                registry.trim_end_matches('/'),
+                func.name_any(),
+                digest.short()
+            )
+        }),
+    }
+}
+
+/// The build Job of one source digest. Its name is deterministic, so an operator restart
+/// or a repeated reconcile finds it instead of building again.
+pub fn build_job(func: &Function, settings: &Settings, digest: &Digest, publish: &str) -> Job {
+    let name = func.name_any();
+    let source_file = func.spec.language.source_file_name();
+    let mut labels = labels_for(func, "builder");
+    labels.insert(labels::SOURCE_DIGEST.into(), labels::digest_value(digest));
+    Job {
+        metadata: meta(func, job_name(&name, digest), labels.clone()),
+        spec: Some(JobSpec {
+            // A source that does not build fails again if retried; anything else is retried
+            // twice (see `failure_policy`).
+            backoff_limit: Some(2),
+            pod_failure_policy: Some(failure_policy()),
+            // A hung compiler fails the build instead of blocking it forever.
+            active_deadline_seconds: Some(900),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    service_account_name: Some(BUILDER_ACCOUNT.into()),
+                    // The builder writes the chunk ConfigMaps with this token.
+                    automount_service_account_token: Some(true),
+                    enable_service_links: Some(false),
+                    security_context: Some(restricted_pod_security()),
+                    containers: vec![builder_container(func, settings, digest, publish)],
+                    volumes: Some(vec![
+                        source_volume(&source_configmap_name(&name, digest), source_file),
+                        empty_dir("work", "1Gi"),
+                        empty_dir("tmp", "4Gi"),
+                    ]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The builder's command line: the source mounted at `/src`, the module written to
+/// `/work`, published to `publish`.
+fn builder_container(func: &Function, settings: &Settings, digest: &Digest, publish: &str) -> Container {
+    let env = |name: &str, value: String| EnvVar {
+        name: name.into(),
+        value: Some(value),
+        ..Default::default()
+    };
+    let args = [
+        "build",
+        "--language",
+        func.spec.language.as_str(),
+        "--source",
+        &format!("/src/{}", func.spec.language.source_file_name()),
+        "--output",
+        "/work/module.wasm",
+        "--publish",
+        publish,
+    ];
+    let env = [
+        // The builder labels the chunks with the operator's digest (over language,
+        // builder version and source), which it cannot compute itself.
+        env("WASMLESS_SOURCE_DIGEST", digest.to_string()),
+        // The chunks it publishes are owned by the Function, so they are collected with
+        // it, even from a build that failed half-way or outlived its Function.
+        env("WASMLESS_FUNCTION_UID", func.uid().unwrap_or_default()),
+        env("HOME", "/tmp".into()),
+        env("GOCACHE", "/tmp/go-cache".into()),
+        env("CARGO_TARGET_DIR", "/tmp/target".into()),
+    ];
+    Container {
+        name: "builder".into(),
+        image: Some(settings.builder_image.clone()),
+        args: Some(args.map(String::from).to_vec()),
+        env: Some(env.into_iter().chain(oci_plain_http_env(settings)).collect()),
+        security_context: Some(restricted_container_security()),
+        // The compiler's output reaches status even if the builder dies before writing
+        // /dev/termination-log.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        volume_mounts: Some(vec![
+            mount("source", "/src", true),
+            mount("work", "/work", false),
+            mount("tmp", "/tmp", false),
+        ]),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".into(), Quantity("500m".into())),
+                ("memory".into(), Quantity("512Mi".into())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".into(),
+                Quantity(BUILDER_MEMORY_LIMIT.into()),
+            )])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A source that does not build (the builder's EXIT_SOURCE_DOES_NOT_BUILD) fails again if
+/// retried: it ends the Job at once. A pod lost to an eviction or a preemption does not
+/// count; anything else (the API server or the registry failing the publish, out of
+/// memory, a node failing) counts against the Job's backoff limit.
+fn failure_policy() -> PodFailurePolicy {
+    PodFailurePolicy {
+        rules: vec![
+            PodFailurePolicyRule {
+                action: "FailJob".into(),
+                on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                    container_name: Some("builder".into()),
+                    operator: "In".into(),
+                    values: vec![wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD],
+                }),
+                ..Default::default()
+            },
+            PodFailurePolicyRule {
+                action: "Ignore".into(),
+                on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
+                    type_: "DisruptionTarget".into(),
+                    status: "True".into(),
+                }]),
+                ..Default::default()
+            },
+        ],
+    }
+}
+
+/// The source ConfigMap, mounted under the file name the compiler expects.
+fn source_volume(configmap: &str, source_file: &str) -> Volume {
+    Volume {
+        name: "source".into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: configmap.into(),
+            items: Some(vec![KeyToPath {
+                key: SOURCE_KEY.into(),
+                path: source_file.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn builder_meta(namespace: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(BUILDER_ACCOUNT.into()),
+        namespace: Some(namespace.into()),
+        labels: Some(BTreeMap::from([(MANAGED_BY_LABEL.to_string(), MANAGER.to_string())])),
+        ..Default::default()
+    }
+}
+
+/// The build Jobs' identity in a namespace: it may write ConfigMaps there and nothing else
+/// (not even read them).
+/// Shared by the namespace's Functions, so it carries no owner reference.
+pub fn builder_rbac(namespace: &str) -> (ServiceAccount, Role, RoleBinding) {
+    let account = ServiceAccount {
+        metadata: builder_meta(namespace),
+        ..Default::default()
+    };
+    let role = Role {
+        metadata: builder_meta(namespace),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["".into()]),
+            resources: Some(vec!["configmaps".into()]),
+            // The builder only server-side applies its chunks, which the API server
+            // authorizes as `patch`, and as `create` for a chunk that did not exist.
+            verbs: ["create", "patch"].map(String::from).to_vec(),
+            ..Default::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: builder_meta(namespace),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: BUILDER_ACCOUNT.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: BUILDER_ACCOUNT.into(),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        }]),
+    };
+    (account, role, binding)
+}
+
+/// The start of a compiler's output, at most [`MAX_BUILD_MESSAGE_BYTES`], cut on a
+/// character boundary.
+pub fn cut_message(message: &str) -> String {
+    const MARK: &str = "\n… (cut to 4 KiB)";
+    let message = message.trim_end();
+    if message.len() <= MAX_BUILD_MESSAGE_BYTES {
+        return message.to_string();
+    }
+    let end = message.floor_char_boundary(MAX_BUILD_MESSAGE_BYTES - MARK.len());
+    format!("{}{MARK}", &message[..end])
+}

@@ -1,0 +1,148 @@
+//! The Kubernetes objects the operator writes for a Function, as pure functions of the
+//! Function, the operator's settings and the module being served. Nothing here talks to
+//! the API. The runtime's Deployment is in `runtime`, the build Job and the builder's
+//! identity in `builder`; the names, labels and smaller objects here.
+
+mod builder;
+mod pod;
+mod runtime;
+
+pub use builder::{
+    BUILDER_ACCOUNT, BUILDER_MEMORY_LIMIT, MAX_BUILD_MESSAGE_BYTES, build_job, builder_rbac, cut_message,
+    publish_target,
+};
+pub use pod::{NON_ROOT_UID, OCI_PLAIN_HTTP_ENV};
+pub use runtime::{
+    DRAIN_DELAY_SECONDS, SHUTDOWN_GRACE_SECONDS, TERMINATION_GRACE_PERIOD_SECONDS, deployment, runtime_args,
+};
+
+use crate::crd::{Function, Language};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use std::collections::BTreeMap;
+use wasmless_artifact::{Digest, labels, ports};
+
+/// Field manager of every server-side apply.
+pub const MANAGER: &str = "wasmless-operator";
+/// Which part of a function an object belongs to: `runtime`, `builder` or `source`.
+pub const COMPONENT_LABEL: &str = "wasmless.io/component";
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Key of the source in the source ConfigMap.
+pub const SOURCE_KEY: &str = "source";
+
+/// sha256 over what determines the module: language, builder version and source —
+/// the same digest the builder computes for a single-file source.
+pub fn source_digest(language: Language, builder_version: &str, source: &str) -> Digest {
+    Digest::of_source(language.as_str(), builder_version, source.as_bytes())
+}
+
+pub fn source_configmap_name(function: &str, source_digest: &Digest) -> String {
+    format!("{function}-source-{}", source_digest.short())
+}
+
+pub fn job_name(function: &str, source_digest: &Digest) -> String {
+    format!("{function}-build-{}", source_digest.short())
+}
+
+pub fn service_name(func: &Function) -> String {
+    func.spec.service.clone().unwrap_or_else(|| func.name_any())
+}
+
+pub fn url(func: &Function) -> String {
+    format!(
+        "http://{}.{}.svc.cluster.local:{}",
+        service_name(func),
+        func.namespace().unwrap_or_default(),
+        func.spec.server_port
+    )
+}
+
+fn owner(func: &Function) -> Vec<OwnerReference> {
+    use kube::Resource;
+    func.controller_owner_ref(&()).into_iter().collect()
+}
+
+fn labels_for(func: &Function, component: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (labels::FUNCTION.to_string(), func.name_any()),
+        (COMPONENT_LABEL.to_string(), component.to_string()),
+        (MANAGED_BY_LABEL.to_string(), MANAGER.to_string()),
+    ])
+}
+
+/// The runtime pods' label selector in its string form (`a=b,c=d`), as the scale
+/// subresource carries it.
+pub fn runtime_selector(func: &Function) -> String {
+    labels_for(func, "runtime")
+        .iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn meta(func: &Function, name: String, labels: BTreeMap<String, String>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: func.namespace(),
+        labels: Some(labels),
+        owner_references: Some(owner(func)),
+        ..Default::default()
+    }
+}
+
+/// The source of one digest, immutable: a build Job pending while the source changes
+/// must never read the newer source and label its module with the older digest.
+pub fn source_configmap(func: &Function, source: &str, digest: &Digest) -> ConfigMap {
+    let mut labels = labels_for(func, "source");
+    labels.insert(labels::SOURCE_DIGEST.into(), labels::digest_value(digest));
+    let mut meta = meta(func, source_configmap_name(&func.name_any(), digest), labels);
+    meta.annotations = Some(BTreeMap::from([(
+        crate::module::SOURCE_DIGEST_ANNOTATION.into(),
+        digest.to_string(),
+    )]));
+    ConfigMap {
+        metadata: meta,
+        data: Some(BTreeMap::from([(SOURCE_KEY.into(), source.to_string())])),
+        immutable: Some(true),
+        ..Default::default()
+    }
+}
+
+/// Prometheus's scrape annotations, on the pod template and the Service.
+fn prometheus_annotations() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("prometheus.io/scrape".into(), "true".into()),
+        ("prometheus.io/port".into(), ports::ADMIN.to_string()),
+        ("prometheus.io/path".into(), "/metrics".into()),
+    ])
+}
+
+/// The Service of the runtime pods: `spec.serverPort` to their HTTP port, and their admin
+/// port as `metrics`.
+pub fn service(func: &Function) -> Service {
+    let labels = labels_for(func, "runtime");
+    let mut meta = meta(func, service_name(func), labels.clone());
+    meta.annotations = Some(prometheus_annotations());
+    let port = |name: &str, port: i32, target: &str| ServicePort {
+        name: Some(name.into()),
+        port,
+        target_port: Some(IntOrString::String(target.into())),
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    };
+    Service {
+        metadata: meta,
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            selector: Some(labels),
+            ports: Some(vec![
+                port("http", func.spec.server_port, "http"),
+                port("metrics", ports::ADMIN.into(), "metrics"),
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,80 @@
+//! What the runtime's and the builder's pods share: the restricted security contexts,
+//! scratch volumes and mounts, and the plain-HTTP registries setting.
+
+use crate::settings::Settings;
+use k8s_openapi::api::core::v1::{
+    Capabilities, EmptyDirVolumeSource, EnvVar, PodSecurityContext, SeccompProfile, SecurityContext, Volume,
+    VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+/// The UID the images run as (distroless's `nonroot`).
+pub const NON_ROOT_UID: i64 = 65532;
+/// Environment variable naming registries spoken to over plain HTTP (builder and runtime).
+pub const OCI_PLAIN_HTTP_ENV: &str = "WASMLESS_OCI_PLAIN_HTTP";
+
+pub(super) fn restricted_container_security() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(NON_ROOT_UID),
+        run_as_group: Some(NON_ROOT_UID),
+        read_only_root_filesystem: Some(true),
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        seccomp_profile: Some(runtime_default_seccomp()),
+        ..Default::default()
+    }
+}
+
+fn runtime_default_seccomp() -> SeccompProfile {
+    SeccompProfile {
+        type_: "RuntimeDefault".into(),
+        ..Default::default()
+    }
+}
+
+pub(super) fn restricted_pod_security() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(NON_ROOT_UID),
+        run_as_group: Some(NON_ROOT_UID),
+        fs_group: Some(NON_ROOT_UID),
+        seccomp_profile: Some(runtime_default_seccomp()),
+        ..Default::default()
+    }
+}
+
+pub(super) fn empty_dir(name: &str, size_limit: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity(size_limit.into())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+pub(super) fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        // `readOnly: false` is what the API server stores as no field at all.
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
+}
+
+/// The registries the operator was told to reach over plain HTTP, for the builder's push
+/// and the runtime's pull (a registry on loopback needs no such word).
+pub(super) fn oci_plain_http_env(settings: &Settings) -> impl Iterator<Item = EnvVar> {
+    settings.oci_plain_http.clone().into_iter().map(|registries| EnvVar {
+        name: OCI_PLAIN_HTTP_ENV.into(),
+        value: Some(registries),
+        ..Default::default()
+    })
+}

@@ -1,0 +1,196 @@
+//! The objects the operator writes, rendered for a few representative Functions and compared
+//! byte for byte with `operator/tests/golden/`: a changed pod template restarts every pod of
+//! every Function when the operator is upgraded, so a change there must be a decision.
+//! `WASMLESS_BLESS=1 cargo test -p wasmless-operator --test operator golden` rewrites them.
+
+use serde::Serialize;
+use serde_json::json;
+use wasmless_artifact::Digest;
+use wasmless_operator::Settings;
+use wasmless_operator::crd::{Function, Storage};
+use wasmless_operator::module::{Code, Module, ModuleLocation};
+use wasmless_operator::objects;
+
+fn function(spec: serde_json::Value) -> Function {
+    serde_json::from_value(json!({
+        "apiVersion": "wasmless.io/v1alpha1",
+        "kind": "Function",
+        "metadata": {"name": "hello", "namespace": "shop", "uid": "5f0c6a8e-0000-4000-8000-000000000001"},
+        "spec": spec,
+    }))
+    .expect("a Function")
+}
+
+fn digest(text: &str) -> Digest {
+    Digest::of(text.as_bytes())
+}
+
+/// Every object of one Function, as YAML documents in a fixed order.
+fn render(func: &Function, settings: &Settings, module: &Module, storage: Storage) -> String {
+    fn doc(out: &mut String, title: &str, object: &impl Serialize) {
+        out.push_str(&format!("# {title}\n"));
+        out.push_str(&serde_yaml::to_string(object).expect("YAML"));
+        out.push_str("---\n");
+    }
+    let source = func.spec.inline_source().unwrap_or_default();
+    let source_digest = objects::source_digest(func.spec.language, &settings.builder_version, source);
+    let mut out = String::new();
+    if func.spec.module.is_none() {
+        doc(
+            &mut out,
+            "source ConfigMap",
+            &objects::source_configmap(func, source, &source_digest),
+        );
+        let publish = objects::publish_target(func, storage, settings, &source_digest).expect("a publish target");
+        doc(
+            &mut out,
+            "build Job",
+            &objects::build_job(func, settings, &source_digest, &publish),
+        );
+    }
+    doc(&mut out, "Deployment", &objects::deployment(func, settings, module));
+    doc(&mut out, "Service", &objects::service(func));
+    let (account, role, binding) = objects::builder_rbac("shop");
+    doc(&mut out, "builder ServiceAccount", &account);
+    doc(&mut out, "builder Role", &role);
+    doc(&mut out, "builder RoleBinding", &binding);
+    out
+}
+
+fn check(name: &str, rendered: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/{name}.yaml"));
+    if std::env::var_os("WASMLESS_BLESS").is_some() {
+        std::fs::write(&path, rendered).expect("writing the golden file");
+        return;
+    }
+    let golden = std::fs::read_to_string(&path).unwrap_or_default();
+    if golden != rendered {
+        let line = golden
+            .lines()
+            .zip(rendered.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(golden.lines().count().min(rendered.lines().count()));
+        panic!(
+            "{} differs from what the operator renders, first at line {}:\n  golden:   {:?}\n  rendered: {:?}\n\
+             A changed pod template restarts every pod on upgrade; if that is meant, rewrite it with WASMLESS_BLESS=1.",
+            path.display(),
+            line + 1,
+            golden.lines().nth(line),
+            rendered.lines().nth(line)
+        );
+    }
+}
+
+/// A Go function in ConfigMaps, with compiled code, env, shared isolation, its own Service
+/// name and port, container resources, and an operator told of a plain-HTTP registry.
+#[test]
+fn golden_go_function_in_configmaps_with_code() {
+    let func = function(json!({
+        "language": "go",
+        "source": "package handlers\n\nimport \"net/http\"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) { w.Write([]byte(\"This works!\")) }\n",
+        "service": "greeter",
+        "serverPort": 9000,
+        "replicas": 3,
+        "env": [{"name": "GREETING", "value": "hi"}, {"name": "EMPTY"}],
+        "limits": {"memory": "128Mi", "timeout": "5s", "maxConcurrency": 16, "maxRequestBody": "2Mi", "isolation": "shared"},
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+    }));
+    let mut settings = Settings::new("wasmless/runtime:1.2.3", "wasmless/builder:1.2.3");
+    settings.oci_plain_http = Some("registry.local:5000".into());
+    let source_digest = objects::source_digest(
+        func.spec.language,
+        &settings.builder_version,
+        func.spec.inline_source().unwrap(),
+    );
+    let module = Module {
+        digest: digest("module"),
+        size: Some(5_812_345),
+        source_digest,
+        location: ModuleLocation::ConfigMaps { count: 2 },
+        code: Some(Code {
+            digest: digest("code"),
+            chunks: 7,
+        }),
+    };
+    check(
+        "go-configmaps-code",
+        &render(&func, &settings, &module, Storage::ConfigMap),
+    );
+}
+
+/// A Rust function in an OCI registry, with code as a layer of the artifact, and defaults
+/// everywhere else.
+#[test]
+fn golden_rust_function_in_oci() {
+    let func = function(json!({
+        "language": "rust",
+        "source": "use wasmless_sdk::{Request, Response};\n\npub fn handler(_: Request) -> Response { Response::new(\"hi\".into()) }\n",
+        "storage": "oci",
+    }));
+    let mut settings = Settings::new("wasmless/runtime:1.2.3", "wasmless/builder:1.2.3");
+    settings.default_storage = Storage::Oci;
+    settings.oci_registry = Some("registry.local:5000/functions/".into());
+    let source_digest = objects::source_digest(
+        func.spec.language,
+        &settings.builder_version,
+        func.spec.inline_source().unwrap(),
+    );
+    let module = Module {
+        digest: digest("rust module"),
+        size: Some(81_234),
+        source_digest,
+        location: ModuleLocation::Oci {
+            reference: format!("registry.local:5000/functions/shop/hello@{}", digest("manifest")),
+        },
+        code: Some(Code {
+            digest: digest("rust code"),
+            chunks: 0,
+        }),
+    };
+    check("rust-oci-code", &render(&func, &settings, &module, Storage::Oci));
+}
+
+/// A prebuilt module (nothing to build, no code), and a WAT build of before compiled code
+/// (chunks without code): the two templates older operators wrote.
+#[test]
+fn golden_prebuilt_and_codeless_modules() {
+    let prebuilt_digest = digest("prebuilt");
+    let func = function(json!({
+        "language": "wasm",
+        "module": {"image": format!("registry.example.com/fns/hello@{}", digest("prebuilt manifest")), "digest": prebuilt_digest.to_string()},
+        "replicas": 0,
+    }));
+    let settings = Settings::new("wasmless/runtime:1.2.3", "wasmless/builder:1.2.3");
+    let module = Module {
+        digest: prebuilt_digest,
+        size: None,
+        source_digest: prebuilt_digest,
+        location: ModuleLocation::Oci {
+            reference: func.spec.module.as_ref().unwrap().image.clone(),
+        },
+        code: None,
+    };
+    check("wasm-prebuilt", &render(&func, &settings, &module, Storage::ConfigMap));
+
+    let func = function(json!({
+        "language": "wat",
+        "source": "(module (memory (export \"memory\") 1) (func (export \"_start\")))",
+        "limits": {"isolation": "request"},
+    }));
+    let source_digest = objects::source_digest(
+        func.spec.language,
+        &settings.builder_version,
+        func.spec.inline_source().unwrap(),
+    );
+    let module = Module {
+        digest: digest("wat module"),
+        size: Some(64),
+        source_digest,
+        location: ModuleLocation::ConfigMaps { count: 1 },
+        code: None,
+    };
+    check(
+        "wat-configmaps-no-code",
+        &render(&func, &settings, &module, Storage::ConfigMap),
+    );
+}

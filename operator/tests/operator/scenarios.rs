@@ -1,0 +1,727 @@
+//! The scenarios that run twice: `fake_api::*` on the in-memory API server, `real_api::*`
+//! on the cluster of `WASMLESS_TEST_KUBECONFIG`.
+
+use crate::harness::*;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use wasmless_artifact::{CHUNK_KEY, Digest, Part, annotations, configmap_name, labels};
+use wasmless_operator::crd::{Function, Phase};
+use wasmless_operator::objects::{self, MANAGER};
+
+async fn new_function_starts_one_content_addressed_build(h: &Harness) {
+    h.create("hello", json!({"source": HELLO, "serverPort": 9000})).await;
+    let func = h.reconciled("hello").await;
+    let st = status(&func);
+    assert_eq!(st.phase, Some(Phase::Building));
+    assert_eq!(condition(&func, "Built").reason, "Building");
+    let digest: Digest = st.source_digest.unwrap().parse().unwrap();
+    assert_eq!(
+        digest,
+        objects::source_digest(func.spec.language, "wasmless/builder:test", HELLO)
+    );
+
+    let jobs = h.jobs("hello").await;
+    assert_eq!(jobs.len(), 1, "exactly one build Job");
+    let job = &jobs[0];
+    assert_eq!(job.name_any(), format!("hello-build-{}", digest.short()));
+    let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let builder = &pod.containers[0];
+    let args = builder.args.clone().unwrap();
+    assert_eq!(
+        args,
+        [
+            "build",
+            "--language",
+            "go",
+            "--source",
+            "/src/handler.go",
+            "--output",
+            "/work/module.wasm",
+            "--publish",
+            &format!("configmap://{}/hello", h.ns)
+        ]
+    );
+    let env: BTreeMap<_, _> = builder
+        .env
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.name, e.value))
+        .collect();
+    assert_eq!(env["WASMLESS_SOURCE_DIGEST"], Some(digest.to_string()));
+    // The chunks the builder publishes are owned by the Function from the start, so a build
+    // that outlives its Function leaves nothing behind.
+    assert_eq!(env["WASMLESS_FUNCTION_UID"], func.uid());
+    assert_eq!(pod.service_account_name.as_deref(), Some(objects::BUILDER_ACCOUNT));
+    // A compile error ends the build at once (anything else is retried); an evicted pod is
+    // not a failed build.
+    let rules = job.spec.as_ref().unwrap().pod_failure_policy.clone().unwrap().rules;
+    assert_eq!(rules[0].action, "FailJob");
+    assert_eq!(
+        rules[0].on_exit_codes.as_ref().unwrap().values,
+        vec![wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD]
+    );
+    assert_eq!(rules[1].action, "Ignore");
+    let security = builder.security_context.as_ref().unwrap();
+    assert_eq!(security.read_only_root_filesystem, Some(true));
+    assert_eq!(security.run_as_non_root, Some(true));
+    assert_eq!(
+        security.capabilities.as_ref().unwrap().drop,
+        Some(vec!["ALL".to_string()])
+    );
+    assert_eq!(security.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+
+    // The source the Job mounts is the one its digest names.
+    let source_cm = h
+        .api::<ConfigMap>()
+        .get(&objects::source_configmap_name("hello", &digest))
+        .await
+        .unwrap();
+    assert_eq!(source_cm.data.unwrap()["source"], HELLO);
+    assert_eq!(source_cm.immutable, Some(true));
+    // The builder may write ConfigMaps in this namespace and nothing else.
+    let role = h
+        .api::<k8s_openapi::api::rbac::v1::Role>()
+        .get(objects::BUILDER_ACCOUNT)
+        .await
+        .unwrap();
+    let rules = role.rules.unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].resources, Some(vec!["configmaps".to_string()]));
+    // Nothing to serve yet.
+    assert!(h.deployment("hello").await.is_none());
+    assert!(h.event_reasons("hello").await.contains(&"Building".to_string()));
+
+    // Reconciling again (a restart, a watch event) never starts a second build.
+    h.reconcile("hello").await.unwrap();
+    assert_eq!(h.jobs("hello").await.len(), 1);
+    if let Some(fake) = &h.fake {
+        let job_writes = fake.writes().into_iter().filter(|w| w.resource() == "jobs").count();
+        assert_eq!(job_writes, 1, "the Job is written once");
+        assert!(
+            fake.writes()
+                .iter()
+                .filter(|w| w.method == http::Method::PATCH && w.resource() != "events")
+                .all(|w| w.query.contains(MANAGER) && w.content_type.contains("apply-patch")),
+            "every patch is a server-side apply by {MANAGER}"
+        );
+    }
+}
+
+async fn finished_build_rolls_out_and_becomes_ready(h: &Harness) {
+    h.create(
+        "hello",
+        json!({"source": HELLO, "serverPort": 9000, "env": [{"name": "GREETING", "value": "hi"}]}),
+    )
+    .await;
+    h.reconcile("hello").await.unwrap();
+    let module = h.finish_build("hello", &wasm("hello")).await;
+    let func = h.reconciled("hello").await;
+    let st = status(&func);
+    assert_eq!(condition(&func, "Built").status, "True");
+    assert_eq!(st.module_digest, Some(module.to_string()));
+    assert_eq!(st.module_digest_short, Some(module.short()));
+    assert_eq!(
+        st.url.as_deref(),
+        Some(format!("http://hello.{}.svc.cluster.local:9000", h.ns).as_str())
+    );
+    assert_eq!(st.phase, Some(Phase::Pending), "built, pods not yet available");
+
+    let deployment = h.deployment("hello").await.expect("the Deployment");
+    assert_eq!(
+        template_annotation(&deployment, annotations::MODULE_DIGEST),
+        module.to_string()
+    );
+    let pod = deployment.spec.as_ref().unwrap().template.spec.clone().unwrap();
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let runtime = &pod.containers[0];
+    let args = runtime.args.clone().unwrap();
+    let flag = |name: &str| args[args.iter().position(|a| a == name).unwrap() + 1].clone();
+    assert_eq!(flag("--module"), "/module");
+    assert_eq!(flag("--module-digest"), module.to_string());
+    assert_eq!(flag("--function"), "hello");
+    assert_eq!(flag("--env"), "GREETING=hi");
+    assert_eq!(flag("--cache-dir"), "/cache");
+    assert_eq!(flag("--watch-interval"), "0", "a pinned module is not polled");
+    // Graceful termination: the runtime serves on for the drain delay (endpoints are
+    // removed asynchronously), then drains; the kubelet waits longer than both.
+    assert_eq!(flag("--drain-delay"), "5s");
+    assert_eq!(flag("--shutdown-grace"), "30s");
+    assert_eq!(pod.termination_grace_period_seconds, Some(40));
+    assert!(
+        runtime.lifecycle.as_ref().is_none_or(|l| l.pre_stop.is_none()),
+        "the drain delay replaces the preStop sleep"
+    );
+    assert!(
+        !args.contains(&"--code".to_string()),
+        "a build without compiled code (an older builder's) serves the module alone: {args:?}"
+    );
+    assert_eq!(
+        runtime
+            .readiness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap()
+            .path
+            .as_deref(),
+        Some("/readyz")
+    );
+    assert_eq!(
+        runtime
+            .liveness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap()
+            .path
+            .as_deref(),
+        Some("/healthz")
+    );
+    assert_eq!(
+        runtime.security_context.as_ref().unwrap().read_only_root_filesystem,
+        Some(true)
+    );
+    // Every chunk ConfigMap is projected into one directory as NNNN.wasm.zst.
+    let volumes = pod.volumes.unwrap();
+    let projected = volumes
+        .iter()
+        .find(|v| v.name == "module")
+        .unwrap()
+        .projected
+        .clone()
+        .unwrap();
+    let source_digest = Harness::status_source_digest(&func);
+    let sources = projected.sources.unwrap();
+    assert_eq!(sources.len(), 1);
+    let cm = sources[0].config_map.as_ref().unwrap();
+    assert_eq!(cm.name, configmap_name("hello", &source_digest, 0));
+    assert_eq!(cm.items.as_ref().unwrap()[0].key, CHUNK_KEY);
+    assert_eq!(cm.items.as_ref().unwrap()[0].path, "0000.wasm.zst");
+    assert!(volumes.iter().any(|v| v.name == "cache" && v.empty_dir.is_some()));
+
+    let service = h.api::<Service>().get("hello").await.unwrap();
+    let ports = service.spec.as_ref().unwrap().ports.clone().unwrap();
+    assert!(
+        ports
+            .iter()
+            .any(|p| p.name.as_deref() == Some("http") && p.port == 9000)
+    );
+    assert!(
+        ports
+            .iter()
+            .any(|p| p.name.as_deref() == Some("metrics") && p.port == 9090)
+    );
+    assert_eq!(service.annotations()["prometheus.io/scrape"], "true");
+    assert_eq!(service.annotations()["prometheus.io/port"], "9090");
+
+    // The chunks the builder wrote now belong to the Function (deleted with it).
+    let chunk = h
+        .api::<ConfigMap>()
+        .get(&configmap_name("hello", &source_digest, 0))
+        .await
+        .unwrap();
+    assert_eq!(chunk.owner_references()[0].uid, func.uid().unwrap());
+
+    h.make_available("hello").await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(status(&func).phase, Some(Phase::Ready));
+    assert_eq!(condition(&func, "Ready").status, "True");
+    assert_eq!(condition(&func, "Ready").observed_generation, func.metadata.generation);
+    let reasons = h.event_reasons("hello").await;
+    assert!(
+        reasons.contains(&"Built".to_string()) && reasons.contains(&"Available".to_string()),
+        "{reasons:?}"
+    );
+}
+
+async fn compiled_code_is_mounted_beside_the_module_and_pinned(h: &Harness) {
+    h.create("hello", json!({"source": HELLO})).await;
+    h.reconcile("hello").await.unwrap();
+    let wasm = wasm("hello");
+    // Not code the runtime can load (that takes wasmtime): on a cluster its pods log the
+    // fallback and compile the module, and become available all the same.
+    let code = h.publish_code("hello", &wasm, b"compiled code for the module").await;
+    h.finish_build("hello", &wasm).await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(status(&func).code_digest, Some(code.to_string()));
+    let deployment = h.deployment("hello").await.expect("the Deployment");
+    assert_eq!(
+        template_annotation(&deployment, annotations::CODE_DIGEST),
+        code.to_string()
+    );
+    let template = deployment.spec.clone().unwrap().template;
+    let args = first_container_args(template.clone());
+    assert!(has_flag(&args, "--code", "/module"), "{args:?}");
+    assert!(has_flag(&args, "--code-digest", &code.to_string()), "{args:?}");
+    let source_digest = Harness::status_source_digest(&func);
+    let volume = template.spec.unwrap().volumes.unwrap();
+    let projected: Vec<(String, String)> = volume
+        .iter()
+        .find(|v| v.name == "module")
+        .and_then(|v| v.projected.as_ref())
+        .and_then(|p| p.sources.clone())
+        .unwrap()
+        .into_iter()
+        .map(|source| {
+            let cm = source.config_map.unwrap();
+            (cm.name, cm.items.unwrap()[0].path.clone())
+        })
+        .collect();
+    assert!(
+        projected.contains(&(
+            Part::Code.configmap_name("hello", &source_digest, 0),
+            Part::Code.chunk_file_name(0)
+        )),
+        "{projected:?}"
+    );
+    h.make_available("hello").await;
+    assert_eq!(condition(&h.reconciled("hello").await, "Ready").status, "True");
+
+    // Code made from another module than the one found is not served.
+    h.update_spec("hello", json!({"source": HELLO_V2})).await;
+    h.reconcile("hello").await.unwrap();
+    h.publish_code("hello", &wasm, b"code of the old module").await;
+    let v2 = h.finish_build("hello", &crate::harness::wasm("v2")).await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(status(&func).module_digest, Some(v2.to_string()));
+    assert_eq!(status(&func).code_digest, None);
+    let args = first_container_args(h.deployment("hello").await.unwrap().spec.unwrap().template);
+    assert!(!args.contains(&"--code".to_string()), "{args:?}");
+}
+
+async fn unchanged_function_writes_nothing(h: &Harness) {
+    ready_function(h, "hello", json!({"source": HELLO})).await;
+    let before = h.versions("hello").await;
+    if let Some(fake) = &h.fake {
+        fake.clear_requests();
+    }
+    h.reconcile("hello").await.unwrap();
+    h.reconcile("hello").await.unwrap();
+    assert_eq!(h.versions("hello").await, before, "no object changed");
+    if let Some(fake) = &h.fake {
+        let writes = fake.writes();
+        assert!(writes.is_empty(), "an unchanged Function writes nothing: {writes:#?}");
+    }
+}
+
+async fn source_change_builds_once_and_rolls_out(h: &Harness) {
+    let (_, old_module) = ready_function(h, "hello", json!({"source": HELLO})).await;
+    let old_deployment = h.deployment("hello").await.unwrap();
+    h.update_spec("hello", json!({"source": HELLO_V2})).await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(status(&func).phase, Some(Phase::Building));
+    // While building, the old module keeps serving, untouched.
+    let during = h.deployment("hello").await.unwrap();
+    assert!(h.same_spec(&old_deployment, &during));
+    assert_eq!(status(&func).module_digest, Some(old_module.to_string()));
+    h.reconcile("hello").await.unwrap();
+    assert_eq!(
+        h.jobs("hello").await.len(),
+        2,
+        "one Job per source, the new one created once"
+    );
+
+    let new_module = h.finish_build("hello", &wasm("v2")).await;
+    let func = h.reconciled("hello").await;
+    let deployment = h.deployment("hello").await.unwrap();
+    assert_eq!(
+        template_annotation(&deployment, annotations::MODULE_DIGEST),
+        new_module.to_string()
+    );
+    assert_eq!(status(&func).module_digest, Some(new_module.to_string()));
+    h.make_available("hello").await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(status(&func).phase, Some(Phase::Ready));
+    // Once the new module serves, the old build's Job and ConfigMaps are gone.
+    let jobs = h.jobs("hello").await;
+    assert_eq!(jobs.len(), 1, "old build Job collected");
+    assert_eq!(
+        jobs[0].name_any(),
+        objects::job_name("hello", &Harness::status_source_digest(&func))
+    );
+    // Changing back to the first source builds again (its artifacts were collected),
+    // under the same deterministic name.
+    assert_ne!(old_module, new_module);
+}
+
+async fn isolation_reaches_the_runtime_without_a_rebuild(h: &Harness) {
+    let (_, module) = ready_function(h, "hello", json!({"source": HELLO})).await;
+    let args = |deployment: Deployment| first_container_args(deployment.spec.unwrap().template);
+    let default_args = args(h.deployment("hello").await.unwrap());
+    assert!(
+        !default_args.contains(&"--isolation".to_string()),
+        "the default is left to the runtime, so an operator upgrade restarts no pod: {default_args:?}"
+    );
+    h.update_spec("hello", json!({"limits": {"isolation": "shared"}})).await;
+    let func = h.reconciled("hello").await;
+    let shared_args = args(h.deployment("hello").await.unwrap());
+    assert!(has_flag(&shared_args, "--isolation", "shared"), "{shared_args:?}");
+    assert_eq!(h.jobs("hello").await.len(), 1, "a runtime setting builds nothing");
+    assert_eq!(status(&func).module_digest, Some(module.to_string()));
+    h.update_spec("hello", json!({"limits": {"isolation": "request"}}))
+        .await;
+    h.reconcile("hello").await.unwrap();
+    assert_eq!(args(h.deployment("hello").await.unwrap()), default_args);
+}
+
+async fn failed_build_keeps_serving_previous_module(h: &Harness) {
+    let (_, old_module) = ready_function(h, "hello", json!({"source": HELLO})).await;
+    let before = h.deployment("hello").await.unwrap();
+    h.update_spec("hello", json!({"source": "package handlers\n\nfunc Handler( {\n"}))
+        .await;
+    h.reconcile("hello").await.unwrap();
+    let long_output = format!(
+        "./handler.go:3:15: syntax error: unexpected {{, expected )\n{}",
+        "note: more compiler output\n".repeat(400)
+    );
+    h.fail_build("hello", &long_output).await;
+    let func = h.reconciled("hello").await;
+    let st = status(&func);
+    assert_eq!(st.phase, Some(Phase::Failed));
+    assert_eq!(condition(&func, "Built").reason, "BuildFailed");
+    let message = st.build_message.expect("buildMessage");
+    assert!(message.starts_with("./handler.go:3:15: syntax error"), "{message}");
+    assert!(message.len() <= 4096, "cut to 4 KiB, was {}", message.len());
+    // The previous module keeps serving: the Deployment was not touched.
+    let after = h.deployment("hello").await.unwrap();
+    assert!(h.same_spec(&before, &after));
+    assert_eq!(
+        template_annotation(&after, annotations::MODULE_DIGEST),
+        old_module.to_string()
+    );
+    assert_eq!(st.module_digest, Some(old_module.to_string()));
+    assert_eq!(condition(&func, "Ready").status, "True", "still serving");
+    assert!(h.event_reasons("hello").await.contains(&"BuildFailed".to_string()));
+    // A failed build is not retried on its own.
+    h.reconcile("hello").await.unwrap();
+    assert_eq!(h.jobs("hello").await.len(), 2);
+}
+
+async fn replicas_zero_scales_to_zero(h: &Harness) {
+    let (_, module) = ready_function(h, "hello", json!({"source": HELLO})).await;
+    h.update_spec("hello", json!({"replicas": 0})).await;
+    let func = h.reconciled("hello").await;
+    let deployment = h.deployment("hello").await.unwrap();
+    assert_eq!(deployment.spec.as_ref().unwrap().replicas, Some(0));
+    assert_eq!(
+        template_annotation(&deployment, annotations::MODULE_DIGEST),
+        module.to_string()
+    );
+    assert_eq!(condition(&func, "Ready").reason, "ScaledToZero");
+    assert_eq!(h.jobs("hello").await.len(), 1, "scaling does not rebuild");
+}
+
+async fn scaling_a_function_scales_its_deployment(h: &Harness) {
+    let (_, module) = ready_function(h, "hello", json!({"source": HELLO})).await;
+    h.scale("hello", 3).await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(func.spec.replicas, 3, "the scale subresource writes spec.replicas");
+    let deployment = h.deployment("hello").await.unwrap();
+    assert_eq!(deployment.spec.as_ref().unwrap().replicas, Some(3));
+    assert_eq!(
+        template_annotation(&deployment, annotations::MODULE_DIGEST),
+        module.to_string()
+    );
+    // What an autoscaler reads to find the pods it measures: exactly the Deployment's.
+    let selector = status(&func).selector.expect("status.selector");
+    let match_labels = deployment.spec.as_ref().unwrap().selector.match_labels.clone().unwrap();
+    let expected: Vec<String> = match_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    assert_eq!(selector, expected.join(","));
+    if h.fake.is_none() {
+        let scale = h
+            .api::<Function>()
+            .get_scale("hello")
+            .await
+            .expect("get the scale subresource");
+        assert_eq!(scale.spec.and_then(|s| s.replicas), Some(3));
+        assert_eq!(scale.status.and_then(|s| s.selector), Some(selector));
+    }
+    // Reconciling again keeps what the autoscaler wrote, and does not rebuild.
+    let func = h.reconciled("hello").await;
+    assert_eq!(func.spec.replicas, 3);
+    assert_eq!(h.deployment("hello").await.unwrap().spec.unwrap().replicas, Some(3));
+    assert_eq!(h.jobs("hello").await.len(), 1, "scaling does not rebuild");
+}
+
+async fn everything_is_owned_by_the_function(h: &Harness) {
+    let (func, _) = ready_function(h, "hello", json!({"source": HELLO})).await;
+    let uid = func.uid().unwrap();
+    let params = ListParams::default().labels(&format!("{}=hello", labels::FUNCTION));
+    let mut owned = Vec::new();
+    for o in h.api::<ConfigMap>().list(&params).await.unwrap().items {
+        owned.push((format!("configmap/{}", o.name_any()), o.owner_references().to_vec()));
+    }
+    for o in h.api::<Job>().list(&params).await.unwrap().items {
+        owned.push((format!("job/{}", o.name_any()), o.owner_references().to_vec()));
+    }
+    let d = h.deployment("hello").await.unwrap();
+    owned.push(("deployment".into(), d.owner_references().to_vec()));
+    let s = h.api::<Service>().get("hello").await.unwrap();
+    owned.push(("service".into(), s.owner_references().to_vec()));
+    assert!(owned.len() >= 5, "{owned:?}");
+    for (what, refs) in owned {
+        assert!(
+            refs.iter()
+                .any(|r| r.uid == uid && r.controller == Some(true) && r.kind == "Function"),
+            "{what} is not owned by the Function: {refs:?}"
+        );
+    }
+    h.api::<Function>()
+        .delete("hello", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    if h.fake.is_none() {
+        // A real cluster's garbage collector removes the owned objects.
+        for _ in 0..60 {
+            if h.deployment("hello").await.is_none() && h.jobs("hello").await.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        panic!("the Deployment and Jobs outlived the Function");
+    }
+}
+
+async fn bad_functions_are_reported_not_fatal(h: &Harness) {
+    // What the CRD refuses cannot be created on a real server; these reach the operator
+    // only when the schema is bypassed (an older CRD), and must be reported, not crash it.
+    let cases = [
+        ("empty", json!({"source": "   \n"}), "source is empty"),
+        (
+            "main",
+            json!({"source": "package main\n\nfunc main() {}\n"}),
+            "package handlers",
+        ),
+        (
+            "big",
+            json!({"source": format!("package handlers\n//{}", "x".repeat(600 * 1024))}),
+            "over the 524288-byte limit",
+        ),
+        (
+            "both",
+            json!({"source": HELLO, "module": {"image": "registry.local/hello", "digest": Digest::of(b"m").to_string()}}),
+            "exactly one of",
+        ),
+        (
+            "port",
+            json!({"source": HELLO, "serverPort": 70000}),
+            "serverPort 70000",
+        ),
+        (
+            "cobol",
+            json!({"language": "cobol", "source": HELLO}),
+            "language is not one of",
+        ),
+        (
+            "a-name-far-too-long-for-its-build-job-name-to-be-a-label",
+            json!({"source": HELLO}),
+            "at most 46 characters",
+        ),
+    ];
+    for (name, spec, expected) in cases {
+        if h.fake.is_none() && name != "empty" && name != "main" {
+            continue;
+        }
+        h.create(name, spec).await;
+        let func = h.reconciled(name).await;
+        let st = status(&func);
+        assert_eq!(st.phase, Some(Phase::Failed), "{name}");
+        assert_eq!(condition(&func, "Built").reason, "InvalidSpec", "{name}");
+        let message = st.build_message.unwrap();
+        assert!(message.contains(expected), "{name}: {message}");
+        assert!(h.jobs(name).await.is_empty(), "{name}: nothing is built");
+        assert!(
+            h.event_reasons(name).await.contains(&"InvalidSpec".to_string()),
+            "{name}"
+        );
+    }
+}
+
+async fn renamed_service_replaces_the_old_one(h: &Harness) {
+    ready_function(h, "hello", json!({"source": HELLO})).await;
+    h.update_spec("hello", json!({"service": "greeter"})).await;
+    let func = h.reconciled("hello").await;
+    let services: Api<Service> = h.api();
+    assert!(services.get_opt("greeter").await.unwrap().is_some());
+    assert!(
+        services.get_opt("hello").await.unwrap().is_none(),
+        "the old Service is removed"
+    );
+    assert_eq!(
+        status(&func).url,
+        Some(format!("http://greeter.{}.svc.cluster.local:8080", h.ns))
+    );
+}
+
+async fn server_port_of_the_metrics_port_is_refused_on_status(h: &Harness) {
+    h.create("clash", json!({"source": HELLO, "serverPort": 9090})).await;
+    let func = h.reconciled("clash").await;
+    assert_eq!(status(&func).phase, Some(Phase::Failed));
+    assert_eq!(condition(&func, "Built").reason, "InvalidSpec");
+    let message = status(&func).build_message.unwrap();
+    assert!(
+        message.contains("serverPort 9090 is the Service's metrics port"),
+        "{message}"
+    );
+    assert!(h.jobs("clash").await.is_empty(), "nothing is built");
+    assert!(h.api::<Service>().get_opt("clash").await.unwrap().is_none());
+    // The others are reconciled as ever.
+    h.create("fine", json!({"source": HELLO, "serverPort": 9091})).await;
+    assert_eq!(status(&h.reconciled("fine").await).phase, Some(Phase::Building));
+}
+
+async fn multibyte_compiler_output_reaches_an_event(h: &Harness) {
+    h.create("hello", json!({"source": HELLO})).await;
+    h.reconcile("hello").await.unwrap();
+    // 600 characters, 1200 bytes: over the Event API's 1024-byte limit on a note.
+    let output = format!("./handler.go:1:1: {}\n", "é".repeat(600));
+    h.fail_build("hello", &output).await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(condition(&func, "Built").reason, "BuildFailed");
+    assert!(
+        h.event_reasons("hello").await.contains(&"BuildFailed".to_string()),
+        "the Event was refused: {:?}",
+        h.event_reasons("hello").await
+    );
+}
+
+async fn build_past_its_deadline_says_so(h: &Harness) {
+    h.create("slow", json!({"source": HELLO})).await;
+    h.reconcile("slow").await.unwrap();
+    // FallbackToLogsOnError leaves the log tail as the message of a killed builder.
+    let killed = json!({"exitCode": 137, "reason": "Error", "message": "checking the source...\ncompiling Go to WebAssembly..."});
+    h.fail_build_with("slow", killed, "DeadlineExceeded").await;
+    let func = h.reconciled("slow").await;
+    assert_eq!(status(&func).phase, Some(Phase::Failed));
+    let built = condition(&func, "Built");
+    assert_eq!(built.reason, "DeadlineExceeded");
+    assert!(
+        built.message.contains("ran longer than its deadline of 900 s"),
+        "{}",
+        built.message
+    );
+    assert!(h.event_reasons("slow").await.contains(&"DeadlineExceeded".to_string()));
+}
+
+async fn builder_out_of_memory_says_so(h: &Harness) {
+    h.create("big", json!({"source": HELLO})).await;
+    h.reconcile("big").await.unwrap();
+    let killed = json!({"exitCode": 137, "reason": "OOMKilled", "message": "compiling Go to WebAssembly..."});
+    h.fail_build_with("big", killed, "BackoffLimitExceeded").await;
+    let func = h.reconciled("big").await;
+    let built = condition(&func, "Built");
+    assert_eq!(built.reason, "OOMKilled");
+    assert!(built.message.contains("ran out of memory"), "{}", built.message);
+}
+
+async fn chunks_published_after_the_function_is_gone_are_collected(h: &Harness) {
+    let func = h.create("doomed", json!({"source": HELLO})).await;
+    let func = h.reconciled(&func.name_any()).await;
+    let uid = func.uid().unwrap();
+    let job = &h.jobs("doomed").await[0];
+    let env = job.spec.clone().unwrap().template.spec.unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap();
+    assert!(
+        env.iter()
+            .any(|e| e.name == "WASMLESS_FUNCTION_UID" && e.value.as_deref() == Some(uid.as_str())),
+        "the builder learns whose chunks it publishes: {env:?}"
+    );
+    h.api::<Function>()
+        .delete("doomed", &DeleteParams::background())
+        .await
+        .unwrap();
+    // The builder, still running, publishes a chunk owned as it owns them (by UID, not
+    // the controller), after its Function is gone.
+    let chunk: ConfigMap = serde_json::from_value(json!({
+        "metadata": {
+            "name": configmap_name("doomed", &Harness::status_source_digest(&func), 0),
+            "labels": {labels::FUNCTION: "doomed"},
+            "ownerReferences": [{"apiVersion": "wasmless.io/v1alpha1", "kind": "Function", "name": "doomed",
+                                 "uid": uid, "controller": false, "blockOwnerDeletion": false}],
+        },
+        "binaryData": {CHUNK_KEY: ""},
+    }))
+    .unwrap();
+    h.api::<ConfigMap>()
+        .create(&PostParams::default(), &chunk)
+        .await
+        .unwrap();
+    if h.fake.is_some() {
+        return; // no garbage collector here
+    }
+    let params = ListParams::default().labels(&format!("{}=doomed", labels::FUNCTION));
+    for _ in 0..60 {
+        if h.api::<ConfigMap>().list(&params).await.unwrap().items.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    panic!(
+        "ConfigMaps of the deleted Function were left: {:?}",
+        h.api::<ConfigMap>()
+            .list(&params)
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|c| c.name_any())
+            .collect::<Vec<_>>()
+    );
+}
+
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => {
+        /// Against the in-memory API server.
+        mod fake_api {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(&super::Harness::fake()).await;
+                }
+            )*
+        }
+        /// Against the API server of WASMLESS_TEST_KUBECONFIG.
+        mod real_api {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let h = super::Harness::real(stringify!($name)).await;
+                    super::$name(&h).await;
+                    // Kept when the scenario fails, to look at.
+                    h.delete_namespace().await;
+                }
+            )*
+        }
+    };
+}
+
+scenarios!(
+    new_function_starts_one_content_addressed_build,
+    finished_build_rolls_out_and_becomes_ready,
+    compiled_code_is_mounted_beside_the_module_and_pinned,
+    isolation_reaches_the_runtime_without_a_rebuild,
+    unchanged_function_writes_nothing,
+    source_change_builds_once_and_rolls_out,
+    failed_build_keeps_serving_previous_module,
+    replicas_zero_scales_to_zero,
+    scaling_a_function_scales_its_deployment,
+    everything_is_owned_by_the_function,
+    bad_functions_are_reported_not_fatal,
+    renamed_service_replaces_the_old_one,
+    server_port_of_the_metrics_port_is_refused_on_status,
+    multibyte_compiler_output_reaches_an_event,
+    build_past_its_deadline_says_so,
+    builder_out_of_memory_says_so,
+    chunks_published_after_the_function_is_gone_are_collected,
+);
