@@ -6,7 +6,7 @@ use oci_client::{Client, Reference};
 use wasmless_artifact::{Digest, oci::LAYER_MEDIA_TYPE};
 use wasmless_formats::oci_manifest;
 
-/// Why a pull failed; a [`crate::module_source::LoadError`] carries it.
+/// Why a pull failed; the module source's `LoadError` carries it.
 #[derive(Debug, thiserror::Error)]
 pub enum OciError {
     #[error("cannot pull {reference}: {message}")]
