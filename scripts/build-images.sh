@@ -28,7 +28,9 @@ release=$CARGO_TARGET_DIR/release
 out=$CACHE/images
 mkdir -p "$out"
 
-say() { printf '[images] %s\n' "$*" >&2; }
+SAY_AS=images
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
 for binary in wasmless-runtime wasmless-operator wasmless-builder; do
   [[ -x $release/$binary ]] || { say "no $release/$binary: run cargo test --release --workspace --no-run first"; exit 1; }

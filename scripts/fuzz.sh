@@ -19,7 +19,9 @@ seconds=${1:-30}
 shift || true
 [[ $seconds =~ ^[0-9]+$ && $seconds -gt 0 ]] || { echo "usage: scripts/fuzz.sh [SECONDS] [TARGET...]" >&2; exit 2; }
 
-say() { printf '[fuzz] %s\n' "$*" >&2; }
+SAY_AS=fuzz
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
 CARGO_FUZZ_VERSION=0.13.2
 tools="$HOME/.cache/wasmless/tools/cargo-fuzz"
