@@ -27,7 +27,7 @@ impl Digest {
         DigestHasher(Sha256::new())
     }
 
-    /// The `sourceDigest` of DESIGN.md: what a build depends on (the language, the
+    /// The `sourceDigest` (docs/architecture.md): what a build depends on (the language, the
     /// builder's version and the source), so equal digests mean equal modules and a
     /// build can be skipped. For a directory of sources, `source` is the files joined by
     /// the builder in a canonical order.

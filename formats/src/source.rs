@@ -149,7 +149,7 @@ impl Source {
         self.files.iter().map(|f| f.bytes.len()).sum()
     }
 
-    /// DESIGN.md's `sourceDigest`, for the builder of `builder_version`. A single file
+    /// The `sourceDigest` (docs/architecture.md), for the builder of `builder_version`. A single file
     /// hashes as its bytes alone, so the operator (which has only the inline text)
     /// computes the same digest; several files hash with their names.
     pub fn digest(&self, builder_version: &str) -> Digest {
