@@ -16,7 +16,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -87,6 +88,8 @@ pub struct Metrics {
     pub failures: Family<ErrorLabels, Counter>,
     pub duration: Histogram,
     pub builds: Family<BuildLabels, Counter>,
+    /// The last build end counted for each Function (by UID): see [`Metrics::build_ended`].
+    last_build_counted: Arc<Mutex<HashMap<String, String>>>,
     /// The controller's cache of Functions, read on every scrape; set once it runs.
     functions: Arc<OnceLock<Store<Function>>>,
 }
@@ -98,6 +101,7 @@ impl Default for Metrics {
             failures: Family::default(),
             duration: Histogram::new([0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
             builds: Family::default(),
+            last_build_counted: Arc::default(),
             functions: Arc::default(),
         }
     }
@@ -160,7 +164,19 @@ impl Metrics {
         }
     }
 
-    pub fn build_ended(&self, function: &str, namespace: &str, result: BuildOutcome) {
+    /// Counts the end of the build `build` (what identifies it: its source digest) of the
+    /// Function `uid`, once. Two reconciles can each see the same build end: one triggered
+    /// by the Job's change may read the Function from a cache that does not yet hold the
+    /// status the other wrote, and so take the end for new.
+    pub fn build_ended(&self, uid: &str, build: &str, function: &str, namespace: &str, result: BuildOutcome) {
+        let end = format!("{build} {}", result.label());
+        {
+            let mut last = self.last_build_counted.lock().unwrap_or_else(|e| e.into_inner());
+            if last.get(uid) == Some(&end) {
+                return;
+            }
+            last.insert(uid.to_string(), end);
+        }
         self.builds
             .get_or_create(&build_labels(function, namespace, result))
             .inc();
@@ -216,5 +232,26 @@ pub struct ReconcileTimer {
 impl Drop for ReconcileTimer {
     fn drop(&mut self) {
         self.duration.observe(self.start.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_build_end_seen_by_two_reconciles_is_counted_once() {
+        let metrics = Metrics::default();
+        let failed = |uid: &str, source: &str| metrics.build_ended(uid, source, "f", "ns", BuildOutcome::Failed);
+        failed("uid-1", "sha256:a");
+        failed("uid-1", "sha256:a"); // a reconcile that read the status from before the first
+        failed("uid-1", "sha256:b"); // an edit that fails too
+        failed("uid-1", "sha256:a"); // and back
+        failed("uid-2", "sha256:a"); // the Function deleted and made again
+        let count = metrics
+            .builds
+            .get_or_create(&build_labels("f", "ns", BuildOutcome::Failed))
+            .get();
+        assert_eq!(count, 4);
     }
 }

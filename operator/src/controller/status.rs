@@ -49,7 +49,9 @@ pub(super) async fn update(
     if func.spec.module.is_none()
         && let Some(result) = build_ended(&old, &status)
     {
-        ctx.metrics.build_ended(&name, &ns, result);
+        let uid = func.uid().unwrap_or_default();
+        let build = status.source_digest.clone().unwrap_or_default();
+        ctx.metrics.build_ended(&uid, &build, &name, &ns, result);
     }
     Ok(status)
 }
