@@ -19,8 +19,10 @@ use wasmless_runtime::limits::{Isolation, RequestLimits};
 use wasmless_runtime::loader::Loader;
 use wasmless_runtime::metrics::Metrics;
 use wasmless_runtime::module_source::VerifiedModule;
+use wasmless_runtime::outbound::Outbound;
 
 fn load(runtime: &tokio::runtime::Runtime, bytes: Vec<u8>, isolation: Isolation) -> LoadedHandler {
+    let metrics = Arc::new(Metrics::new("bench"));
     let loader = Loader::new(
         RequestLimits {
             isolation,
@@ -28,7 +30,8 @@ fn load(runtime: &tokio::runtime::Runtime, bytes: Vec<u8>, isolation: Isolation)
         },
         Vec::new(),
         "bench",
-        Arc::new(Metrics::new("bench")),
+        metrics.clone(),
+        Arc::new(Outbound::denied(metrics)),
         None,
     )
     .unwrap();

@@ -86,9 +86,42 @@ pub struct Config {
     #[arg(long, env = "WASMLESS_REQUESTS_PER_INSTANCE", default_value_t = DEFAULT_REQUESTS_PER_INSTANCE, value_parser = clap::value_parser!(u32).range(1..))]
     pub requests_per_instance: u32,
 
-    /// Environment of the handler, `KEY=VALUE`, repeatable.
+    /// Environment of the handler, `KEY=VALUE`, repeatable. The runtime's own environment
+    /// variables named `WASMLESS_HANDLER_ENV_<KEY>` are added as `<KEY>` (and win): the
+    /// operator passes values from Secrets and ConfigMaps that way, never as arguments.
     #[arg(long = "env", value_parser = parse_env_pair)]
     pub env: Vec<(String, String)>,
+
+    /// A destination the handler may call, `scheme://host[:port]`: the host a name, an
+    /// address, `*.domain` or `*`; the port a number (the scheme's own when left out) or
+    /// `*`. Repeatable (or comma-separated). None: the handler may call nothing.
+    #[arg(long = "outbound-allow", env = "WASMLESS_OUTBOUND_ALLOW", value_delimiter = ',')]
+    pub outbound_allow: Vec<String>,
+
+    /// Time one outbound call may take, to the end of its response body; the request's own
+    /// `--timeout` bounds it too.
+    #[arg(long, env = "WASMLESS_OUTBOUND_TIMEOUT", default_value = "5s", value_parser = parse_nonzero_duration)]
+    pub outbound_timeout: Duration,
+
+    /// Largest response body an outbound call may receive (e.g. `10Mi`).
+    #[arg(long, env = "WASMLESS_OUTBOUND_MAX_RESPONSE_BODY", default_value = "10Mi", value_parser = parse_bytes)]
+    pub outbound_max_response_body: u64,
+
+    /// Outbound calls in flight at once, across all requests; more wait (within their
+    /// timeout).
+    #[arg(long, env = "WASMLESS_OUTBOUND_MAX_CONCURRENCY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub outbound_max_concurrency: u32,
+
+    /// A header the runtime adds to calls to one destination, which the handler never
+    /// sees: `"<url> <Header-Name> <ENV_VAR>"`, the value read from the runtime's
+    /// environment variable ENV_VAR (the operator fills it from a Secret). Repeatable.
+    #[arg(long = "outbound-header")]
+    pub outbound_header: Vec<String>,
+
+    /// This pod's address (the downward API's status.podIP): outbound calls to it on the
+    /// admin port are refused, as on loopback.
+    #[arg(long, env = "WASMLESS_POD_IP")]
+    pub pod_ip: Option<std::net::IpAddr>,
 
     /// Directory for compiled code, so a restarted pod compiles nothing.
     #[arg(long, env = "WASMLESS_CACHE_DIR")]
@@ -138,7 +171,42 @@ pub struct Config {
     pub upload_budget: u64,
 }
 
+/// The prefix of the runtime's environment variables that are the handler's.
+pub const HANDLER_ENV_PREFIX: &str = "WASMLESS_HANDLER_ENV_";
+
 impl Config {
+    /// The handler's environment: `--env` pairs, then `WASMLESS_HANDLER_ENV_*` from
+    /// `process_env` with the prefix taken off (a name set both ways gets the latter).
+    pub fn handler_env(&self, process_env: impl Iterator<Item = (String, String)>) -> Vec<(String, String)> {
+        let mut env = self.env.clone();
+        for (name, value) in process_env {
+            if let Some(name) = name.strip_prefix(HANDLER_ENV_PREFIX).filter(|name| !name.is_empty()) {
+                env.retain(|(existing, _)| existing != name);
+                env.push((name.to_string(), value));
+            }
+        }
+        env
+    }
+
+    /// The outbound policy and client settings, with injected header values read from the
+    /// environment.
+    pub fn outbound(&self) -> Result<crate::outbound::OutboundConfig, crate::outbound::OutboundConfigError> {
+        let headers = self
+            .outbound_header
+            .iter()
+            .map(|text| crate::outbound::parse_injected_header(text, |name| std::env::var(name).ok()))
+            .collect::<Result<_, _>>()?;
+        Ok(crate::outbound::OutboundConfig {
+            allow: self.outbound_allow.clone(),
+            timeout: self.outbound_timeout,
+            max_response_body: self.outbound_max_response_body,
+            max_concurrency: self.outbound_max_concurrency,
+            headers,
+            admin_port: self.admin_port,
+            pod_ip: self.pod_ip,
+        })
+    }
+
     pub fn listen_addr(&self) -> SocketAddr {
         SocketAddr::new(self.bind, self.port)
     }
@@ -224,6 +292,22 @@ mod tests {
         let error = parse(&["--isolation", "process"]).unwrap_err().to_string();
         assert!(error.contains("request") && error.contains("shared"), "{error}");
         assert!(parse(&["--requests-per-instance", "0"]).is_err());
+    }
+
+    #[test]
+    fn handler_env_takes_prefixed_variables_last() {
+        let config = Config::parse_from(["wasmless-runtime", "--module", "m.wasm", "--env", "A=1", "--env", "B=2"]);
+        let process = [
+            ("WASMLESS_HANDLER_ENV_B", "secret"),
+            ("WASMLESS_HANDLER_ENV_", "no name"),
+            ("WASMLESS_PORT", "1"),
+            ("PATH", "/bin"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        assert_eq!(
+            config.handler_env(process.into_iter()),
+            [("A".into(), "1".into()), ("B".into(), "secret".into())]
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! feature level, so that the builder's precompiled code loads on every node of it.
 
 use crate::limits::RequestLimits;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline};
 
 /// How often the epoch advances; a request's timeout is rounded up to this.
@@ -207,21 +207,15 @@ fn start_epoch_ticker(engine: &Engine) {
         .expect("spawning the epoch thread");
 }
 
-/// Epoch ticks a request may run for.
-pub fn deadline_ticks(timeout: Duration) -> u64 {
-    (timeout.as_nanos().div_ceil(EPOCH_TICK.as_nanos()) as u64).max(1)
-}
-
-/// Arms a request's store: the guest traps with `Trap::Interrupt` once `timeout` has
-/// passed (rounded up to ticks), and until then yields at every epoch tick. A thread
-/// serves all of its connections (see `edge`), so a long handler holds up the requests
-/// beside it for one tick at a time, not for its whole run.
-pub fn arm_timeout<T: 'static>(store: &mut Store<T>, timeout: Duration) {
-    let mut ticks_left = deadline_ticks(timeout);
+/// Arms a request's store: the guest traps with `Trap::Interrupt` at the first epoch tick
+/// after `deadline` (wall time: time spent in the host, waiting for an outbound call,
+/// counts as much as time spent computing), and until then yields at every tick. A
+/// thread serves all of its connections (see `edge`), so a long handler holds up the
+/// requests beside it for one tick at a time, not for its whole run.
+pub fn arm_timeout<T: 'static>(store: &mut Store<T>, deadline: Instant) {
     store.set_epoch_deadline(1);
     store.epoch_deadline_callback(move |_| {
-        ticks_left = ticks_left.saturating_sub(1);
-        if ticks_left == 0 {
+        if Instant::now() >= deadline {
             return Ok(UpdateDeadline::Interrupt);
         }
         // tokio's own yield: the other tasks and the I/O driver go first. A plain

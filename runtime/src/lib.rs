@@ -19,6 +19,7 @@ pub mod logging;
 pub mod metrics;
 pub mod module_source;
 pub mod oci;
+pub mod outbound;
 pub mod precompiled;
 mod reload;
 pub mod server;
@@ -45,6 +46,8 @@ pub enum ServeError {
     Module(#[from] ModuleError),
     #[error("server failed: {0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Outbound(#[from] outbound::OutboundConfigError),
     #[error("--code needs --code-digest sha256:<hex>: compiled code is native code and never loaded unpinned")]
     UnpinnedCode,
     #[error(
@@ -85,7 +88,13 @@ pub async fn serve(
 
     let source = ModuleSource::parse(&config.module);
     let expected = source.known_digest(config.module_digest).await;
-    let (loader, handler) = load_first(&config, &source, expected, &metrics).await?;
+    // Calls to this runtime's own admin port are refused: the port as bound (it may be 0).
+    let outbound = outbound::OutboundConfig {
+        admin_port: admin_addr.port(),
+        ..config.outbound()?
+    };
+    let outbound = Arc::new(outbound::Outbound::new(&outbound, metrics.clone())?);
+    let (loader, handler) = load_first(&config, &source, expected, &metrics, outbound).await?;
 
     let listener = bind(config.listen_addr()).await?;
     let function_addr = listener.local_addr()?;
@@ -143,6 +152,7 @@ async fn load_first(
     source: &ModuleSource,
     expected: Option<wasmless_artifact::Digest>,
     metrics: &Arc<Metrics>,
+    outbound: Arc<outbound::Outbound>,
 ) -> Result<(Arc<Loader>, handler::LoadedHandler), ServeError> {
     // A new pod's code is read, verified and decompressed on other threads while this one
     // makes the engine: neither needs the other, and each takes milliseconds.
@@ -162,9 +172,10 @@ async fn load_first(
     };
     let loader = Arc::new(Loader::new(
         limits::RequestLimits::from_config(config),
-        config.env.clone(),
+        config.handler_env(std::env::vars()),
         &config.function,
         metrics.clone(),
+        outbound,
         config.cache_dir.clone(),
     )?);
     tracing::debug!(engine_ms = started.elapsed().as_secs_f64() * 1000.0, "engine made");

@@ -9,6 +9,7 @@ use crate::handler::{LoadedHandler, Shared};
 use crate::limits::{Isolation, RequestLimits};
 use crate::metrics::Metrics;
 use crate::module_source::VerifiedModule;
+use crate::outbound::Outbound;
 use crate::precompiled::{self, CodeRefused, CodeSource, Fallback, Opened, VerifiedCode};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -43,6 +44,7 @@ impl Loader {
         env: Vec<(String, String)>,
         function: &str,
         metrics: Arc<Metrics>,
+        outbound: Arc<Outbound>,
         cache_dir: Option<PathBuf>,
     ) -> Result<Self, ModuleError> {
         let target = CompileTarget::for_this_host();
@@ -60,6 +62,7 @@ impl Loader {
             env,
             metrics,
             function: function.to_string(),
+            outbound,
         });
         Ok(Self {
             engine,

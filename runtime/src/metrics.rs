@@ -61,6 +61,24 @@ struct RefusedLabels {
     reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutboundLabels {
+    function: Function,
+    host: String,
+    /// The response's HTTP status, `denied` or `error`.
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutboundHostLabels {
+    function: Function,
+    host: String,
+}
+
+/// Hosts a handler was denied that get a `host` label of their own; later ones are
+/// counted under `other`, so a handler calling random names cannot mint series.
+const MAX_DENIED_HOST_LABELS: usize = 64;
+
 /// Why the edge refused a client: the `reason` label of `wasmless_refused_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
@@ -121,6 +139,9 @@ pub struct Metrics {
     module_info: Family<ModuleLabels, Gauge>,
     compile_fallbacks: Family<FallbackLabels, Counter>,
     refused: Family<RefusedLabels, Counter>,
+    outbound_requests: Family<OutboundLabels, Counter>,
+    outbound_duration: Family<OutboundHostLabels, Histogram>,
+    denied_hosts: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The one series of each per-function family (the registry holds the family),
     /// looked up once, not per request.
     in_flight: Gauge,
@@ -146,6 +167,12 @@ impl Metrics {
         let compile_fallbacks = Family::default();
         let refused = Family::default();
         let connections_open = Family::<FunctionLabels, Gauge>::default();
+        let outbound_requests = Family::default();
+        // From 1 ms to ~65 s: a call inside the cluster takes milliseconds, one across the
+        // internet up to its timeout.
+        let outbound_duration = Family::<OutboundHostLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 17))
+        });
         // prometheus-client appends `_total` to counters.
         registry.register(
             "wasmless_requests",
@@ -193,6 +220,16 @@ impl Metrics {
             "Connections open on the function's port",
             connections_open.clone(),
         );
+        registry.register(
+            "wasmless_outbound_requests",
+            "Outbound calls of the handler, by destination host and status (the HTTP status, denied or error)",
+            outbound_requests.clone(),
+        );
+        registry.register(
+            "wasmless_outbound_request_duration_seconds",
+            "Time an outbound call took until its response headers, by destination host",
+            outbound_duration.clone(),
+        );
         let function = Arc::new(function.to_string());
         // Every reason is exported from the start (at 0), so a rate over it has a baseline.
         for refusal in Refusal::ALL {
@@ -217,7 +254,47 @@ impl Metrics {
             module_info,
             compile_fallbacks,
             refused,
+            outbound_requests,
+            outbound_duration,
+            denied_hosts: Default::default(),
         }
+    }
+
+    /// Counts an outbound call that was sent (or failed on the way) and how long it took.
+    pub fn observe_outbound(&self, host: &str, status: &str, elapsed: Duration) {
+        self.outbound_requests
+            .get_or_create(&OutboundLabels {
+                function: self.function.clone(),
+                host: host.to_string(),
+                status: status.to_string(),
+            })
+            .inc();
+        self.outbound_duration
+            .get_or_create(&OutboundHostLabels {
+                function: self.function.clone(),
+                host: host.to_string(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts an outbound call the allow-list refused.
+    pub fn observe_outbound_denied(&self, host: &str) {
+        let host = {
+            let mut seen = self.denied_hosts.lock().unwrap();
+            if seen.contains(host) || seen.len() < MAX_DENIED_HOST_LABELS {
+                seen.insert(host.to_string());
+                host.to_string()
+            } else {
+                "other".to_string()
+            }
+        };
+        self.outbound_requests
+            .get_or_create(&OutboundLabels {
+                function: self.function.clone(),
+                host,
+                status: "denied".to_string(),
+            })
+            .inc();
     }
 
     /// Counts one client the edge refused or cut off.

@@ -4,6 +4,7 @@
 use crate::handler::{Connection, LoadedHandler};
 use crate::loader::Loader;
 use crate::metrics::{Metrics, Refusal};
+use crate::outbound::CallLog;
 use arc_swap::ArcSwap;
 use axum::Router;
 use axum::extract::{ConnectInfo, Request, State};
@@ -98,11 +99,23 @@ pub fn function_router(state: FunctionState) -> Router {
                 })
                 .on_request(())
                 .on_response(|response: &Response, latency: Duration, _span: &Span| {
-                    tracing::info!(
-                        status = response.status().as_u16(),
-                        latency_ms = latency.as_secs_f64() * 1000.0,
-                        "request"
-                    );
+                    let calls = response.extensions().get::<Arc<CallLog>>();
+                    let outbound_calls = calls.map_or(0, |log| log.calls());
+                    if outbound_calls == 0 {
+                        tracing::info!(
+                            status = response.status().as_u16(),
+                            latency_ms = latency.as_secs_f64() * 1000.0,
+                            "request"
+                        );
+                    } else {
+                        tracing::info!(
+                            status = response.status().as_u16(),
+                            latency_ms = latency.as_secs_f64() * 1000.0,
+                            outbound_calls,
+                            outbound_ms = calls.map_or(0.0, |log| log.millis()),
+                            "request"
+                        );
+                    }
                 })
                 .on_failure(()),
         )
@@ -196,17 +209,20 @@ async fn serve_function(
         remote,
         local_port: state.local_port,
     };
-    match handler
-        .invoke(http::Request::from_parts(parts, body), connection, permit)
-        .await
-    {
+    let calls = Arc::new(CallLog::default());
+    let mut request = http::Request::from_parts(parts, body);
+    request.extensions_mut().insert(calls.clone());
+    let mut response = match handler.invoke(request, connection, permit).await {
         Ok(response) => response,
         Err(failure) => {
             state.metrics.count_trap(failure.kind());
             tracing::error!(kind = failure.kind(), failure = ?failure, "handler failed");
             (failure.status(), failure.public_message()).into_response()
         }
-    }
+    };
+    // For the log line: the calls made until the response's headers.
+    response.extensions_mut().insert(calls);
+    response
 }
 
 fn busy(state: &FunctionState) -> Response {

@@ -80,6 +80,7 @@ fn snapshot_here(wasm: &[u8]) -> Result<Snapshot, SnapshotError> {
     let mut linker = Linker::new(&engine);
     wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |state: &mut InitState| &mut state.wasi)
         .map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
+    refuse_outbound_calls(&mut linker).map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
     let clock = SnapshotClock::default();
     let wasi = WasiCtxBuilder::new()
         .args(&["function"])
@@ -125,6 +126,27 @@ fn snapshot_here(wasm: &[u8]) -> Result<Snapshot, SnapshotError> {
         wasm: compacted.wasm,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The `wasmless` outbound imports (runtime/src/outbound/guest.rs), each answering that
+/// it cannot work here: a call made while the handler initialises would be made once, at
+/// build time, and its answer frozen into every instance. A package `init` that calls
+/// out fails the build with the SDK's error for it.
+fn refuse_outbound_calls(linker: &mut Linker<InitState>) -> wasmtime::Result<()> {
+    use wasmless_formats::outbound::{
+        ERRNO_UNAVAILABLE, HTTP_CLOSE, HTTP_READ_BODY, HTTP_READ_HEAD, HTTP_SEND, IMPORT_MODULE,
+    };
+    linker.func_wrap(IMPORT_MODULE, HTTP_SEND, |_: u32, _: u32, _: u32, _: u32| {
+        ERRNO_UNAVAILABLE
+    })?;
+    linker.func_wrap(IMPORT_MODULE, HTTP_READ_HEAD, |_: u32, _: u32, _: u32| {
+        ERRNO_UNAVAILABLE
+    })?;
+    linker.func_wrap(IMPORT_MODULE, HTTP_READ_BODY, |_: u32, _: u32, _: u32, _: u32| {
+        ERRNO_UNAVAILABLE
+    })?;
+    linker.func_wrap(IMPORT_MODULE, HTTP_CLOSE, |_: u32| ERRNO_UNAVAILABLE)?;
+    Ok(())
 }
 
 /// Interrupts `_initialize` once `timeout` has passed (the store's deadline is one

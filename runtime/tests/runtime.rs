@@ -10,5 +10,6 @@ mod adversarial;
 mod failures;
 mod loading;
 mod observability;
+mod outbound;
 mod precompiled;
 mod reactor;

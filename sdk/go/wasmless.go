@@ -24,6 +24,10 @@ import (
 	"net/http/cgi"
 	"os"
 	"runtime/debug"
+
+	// Outbound calls: with the builder's net/http overlay, every *http.Transport sends
+	// through the host (see package outbound).
+	_ "wasmless.io/wasmless/outbound"
 )
 
 // Serve answers the request this process was started for with handler.

@@ -28,12 +28,13 @@ impl CgiHandler {
         request: http::Request<Bytes>,
         connection: Connection,
     ) -> Result<Response<Body>, Failure> {
+        let log = super::call_log(&request);
         let (parts, body) = request.into_parts();
         let output = Output::new();
         let mut wasi = output.wasi(&self.shared);
         wasi.envs(&cgi_environment(&parts, body.len(), connection))
             .stdin(MemoryInputPipe::new(body));
-        let mut store = store::new_store(self.pre.module().engine(), &self.shared, wasi.build_p1());
+        let mut store = store::new_store(self.pre.module().engine(), &self.shared, wasi.build_p1(), log);
 
         let outcome = self.run(&mut store).await;
         output.log_stderr();

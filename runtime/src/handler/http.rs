@@ -3,6 +3,8 @@
 use super::{Failure, MAX_HANDLER_OUTPUT, Shared, log_handler_output};
 use crate::engine::arm_timeout;
 use crate::limits::RequestLimiter;
+use crate::outbound::CallLog;
+use crate::outbound::wasi_http::OutboundHooks;
 use axum::body::Body;
 use bytes::Bytes;
 use http::{Response, header};
@@ -17,7 +19,7 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
-use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 pub struct HttpHandler {
     pre: ProxyPre<HttpState>,
@@ -28,7 +30,7 @@ struct HttpState {
     wasi: WasiCtx,
     http: WasiHttpCtx,
     table: ResourceTable,
-    hooks: Sandbox,
+    hooks: OutboundHooks,
     limiter: RequestLimiter,
 }
 
@@ -51,30 +53,6 @@ impl WasiHttpView for HttpState {
     }
 }
 
-/// Handlers are sandboxed: an outgoing HTTP request is denied.
-struct Sandbox;
-
-impl WasiHttpHooks for Sandbox {
-    fn send_request(
-        &mut self,
-        _request: http::Request<wasmtime_wasi_http::WasiBody>,
-        _options: Option<wasmtime_wasi_http::RequestOptions>,
-        _fut: Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
-    ) -> Box<
-        dyn Future<
-                Output = Result<
-                    (
-                        http::Response<wasmtime_wasi_http::WasiBody>,
-                        Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
-                    ),
-                    wasmtime_wasi_http::Error,
-                >,
-            > + Send,
-    > {
-        Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) })
-    }
-}
-
 impl HttpHandler {
     pub fn new(engine: &Engine, component: &Component, shared: Arc<Shared>) -> wasmtime::Result<Self> {
         let mut linker = Linker::new(engine);
@@ -85,7 +63,8 @@ impl HttpHandler {
     }
 
     /// A request's own store: its WASI context with captured output, its limits, its deadline.
-    fn new_store(&self, stdout: &MemoryOutputPipe, stderr: &MemoryOutputPipe) -> Store<HttpState> {
+    fn new_store(&self, stdout: &MemoryOutputPipe, stderr: &MemoryOutputPipe, log: Arc<CallLog>) -> Store<HttpState> {
+        let deadline = Instant::now() + self.shared.limits.timeout;
         let wasi = WasiCtxBuilder::new()
             .args(&[self.shared.function.as_str()])
             .envs(&self.shared.env)
@@ -96,12 +75,12 @@ impl HttpHandler {
             wasi,
             http: WasiHttpCtx::new(),
             table: ResourceTable::new(),
-            hooks: Sandbox,
+            hooks: OutboundHooks::new(self.shared.outbound.clone(), log, deadline),
             limiter: RequestLimiter::new(&self.shared.limits),
         };
         let mut store = Store::new(self.pre.engine(), state);
         store.limiter(|state| &mut state.limiter);
-        arm_timeout(&mut store, self.shared.limits.timeout);
+        arm_timeout(&mut store, deadline);
         store
     }
 
@@ -112,7 +91,7 @@ impl HttpHandler {
     ) -> Result<Response<Body>, Failure> {
         let stdout = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
         let stderr = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
-        let mut store = self.new_store(&stdout, &stderr);
+        let mut store = self.new_store(&stdout, &stderr, super::call_log(&request));
 
         let (sender, mut receiver) = tokio::sync::oneshot::channel();
         let responded = Arc::new(AtomicBool::new(false));

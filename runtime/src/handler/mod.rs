@@ -13,6 +13,7 @@ use crate::abi::Abi;
 use crate::compile::Compiled;
 use crate::limits::{Isolation, RequestLimits};
 use crate::metrics::Metrics;
+use crate::outbound::{CallLog, Outbound};
 use axum::body::Body;
 use bytes::Bytes;
 use std::net::SocketAddr;
@@ -31,6 +32,13 @@ pub struct Shared {
     pub env: Vec<(String, String)>,
     pub metrics: Arc<Metrics>,
     pub function: String,
+    pub outbound: Arc<Outbound>,
+}
+
+/// The log of a request's outbound calls, which the server puts in its extensions (a
+/// request from elsewhere, a test's, gets one of its own).
+fn call_log<B>(request: &::http::Request<B>) -> Arc<CallLog> {
+    request.extensions().get::<Arc<CallLog>>().cloned().unwrap_or_default()
 }
 
 /// Facts about the connection a request came on.

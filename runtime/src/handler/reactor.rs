@@ -11,6 +11,7 @@ use super::{Connection, Failure, MAX_HANDLER_OUTPUT, Shared};
 use crate::abi::{REACTOR_HANDLE, REACTOR_REQUEST_BUFFER};
 use crate::clocks::WallMonotonic;
 use crate::limits::Isolation;
+use crate::outbound::CallLog;
 use axum::body::Body;
 use bytes::Bytes;
 use http::{Response, header};
@@ -65,6 +66,7 @@ impl ReactorHandler {
         connection: Connection,
     ) -> Result<Response<Body>, Failure> {
         let encoded = encode_request(&request, connection);
+        let log = super::call_log(&request);
         let output = Output::new();
         let mut wasi = output.wasi(&self.shared);
         wasi.monotonic_clock(WallMonotonic);
@@ -72,10 +74,10 @@ impl ReactorHandler {
         let kept = self.idle.as_ref().and_then(|idle| idle.lock().unwrap().pop());
         let mut reactor = match kept {
             Some(mut reactor) => {
-                store::renew(&mut reactor.store, &self.shared, wasi);
+                store::renew(&mut reactor.store, &self.shared, wasi, log);
                 reactor
             }
-            None => match self.instantiate(wasi).await {
+            None => match self.instantiate(wasi, log).await {
                 Ok(reactor) => reactor,
                 Err(failure) => {
                     output.log_stdout();
@@ -106,8 +108,8 @@ impl ReactorHandler {
     }
 
     /// A new instance of the snapshot, initialised if it was not snapshotted.
-    async fn instantiate(&self, wasi: WasiP1Ctx) -> Result<Reactor, Failure> {
-        let mut store = store::new_store(self.pre.module().engine(), &self.shared, wasi);
+    async fn instantiate(&self, wasi: WasiP1Ctx, log: Arc<CallLog>) -> Result<Reactor, Failure> {
+        let mut store = store::new_store(self.pre.module().engine(), &self.shared, wasi, log);
         match self.exports(&mut store).await {
             Ok((memory, request_buffer, handle)) => Ok(Reactor {
                 store,

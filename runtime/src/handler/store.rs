@@ -1,9 +1,14 @@
 //! The store a WASI preview1 guest (a CGI command or a Go reactor) runs a request in: its
-//! WASI context, with stdout and stderr captured, the memory limiter and the deadline.
+//! WASI context, with stdout and stderr captured, the memory limiter, the deadline, and
+//! its outbound calls.
 
 use super::{MAX_HANDLER_OUTPUT, Shared, log_handler_output};
 use crate::engine::arm_timeout;
 use crate::limits::RequestLimiter;
+use crate::outbound::CallLog;
+use crate::outbound::guest::GuestCalls;
+use std::sync::Arc;
+use std::time::Instant;
 use wasmtime::{Engine, Linker, Store};
 use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi::p1::WasiP1Ctx;
@@ -12,12 +17,14 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 pub struct GuestState {
     pub wasi: WasiP1Ctx,
     pub limiter: RequestLimiter,
+    pub calls: GuestCalls,
 }
 
-/// A linker with WASI preview1 and nothing else: a guest gets no other imports.
+/// A linker with WASI preview1 and the `wasmless` outbound imports, nothing else.
 pub fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p1::add_to_linker_async(&mut linker, |state: &mut GuestState| &mut state.wasi)?;
+    crate::outbound::guest::add_to_linker(&mut linker, |state: &mut GuestState| &mut state.calls)?;
     Ok(linker)
 }
 
@@ -56,24 +63,29 @@ impl Output {
     }
 }
 
-/// A store for one request, with the memory limit and the timeout armed.
-pub fn new_store(engine: &Engine, shared: &Shared, wasi: WasiP1Ctx) -> Store<GuestState> {
+/// A store for one request, with the memory limit and the timeout armed; its outbound
+/// calls are told to `log`.
+pub fn new_store(engine: &Engine, shared: &Shared, wasi: WasiP1Ctx, log: Arc<CallLog>) -> Store<GuestState> {
+    let deadline = Instant::now() + shared.limits.timeout;
     let state = GuestState {
         wasi,
         limiter: RequestLimiter::new(&shared.limits),
+        calls: GuestCalls::new(shared.outbound.clone(), log, deadline),
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);
-    arm_timeout(&mut store, shared.limits.timeout);
+    arm_timeout(&mut store, deadline);
     store
 }
 
 /// Makes a kept store ready for its next request: a WASI context of its own (fresh
 /// output, the env as deployed), the memory flag cleared, and a new deadline. The
 /// memory limit itself stays: it bounds what the instance holds, across requests.
-pub fn renew(store: &mut Store<GuestState>, shared: &Shared, wasi: WasiP1Ctx) {
+pub fn renew(store: &mut Store<GuestState>, shared: &Shared, wasi: WasiP1Ctx, log: Arc<CallLog>) {
+    let deadline = Instant::now() + shared.limits.timeout;
     let state = store.data_mut();
     state.wasi = wasi;
     state.limiter.memory_exceeded = false;
-    arm_timeout(store, shared.limits.timeout);
+    state.calls = GuestCalls::new(shared.outbound.clone(), log, deadline);
+    arm_timeout(store, deadline);
 }

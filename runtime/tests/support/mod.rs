@@ -131,7 +131,7 @@ pub fn go_handler(name: &str) -> PathBuf {
 
 /// A Goless handler built as wasmless-builder builds Go: a reactor (`-buildmode=c-shared`)
 /// registered with the SDK's `reactor` package, with the SDK's file added to Go's
-/// package runtime, then snapshotted. `snapshot: false` leaves `_initialize` in (the
+/// package runtime and its net/http transport hook, then snapshotted. `snapshot: false` leaves `_initialize` in (the
 /// runtime then runs Go's start-up per request).
 pub fn go_reactor(name: &str, snapshot: bool) -> PathBuf {
     static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
@@ -152,7 +152,9 @@ pub fn go_reactor(name: &str, snapshot: bool) -> PathBuf {
         &overlay,
         serde_json::json!({ "Replace": {
             Path::new(goroot.trim()).join("src/runtime/wasmless_reseed.go").to_string_lossy():
-                workspace_root().join("sdk/go/reactor/reseed_runtime.go.in").to_string_lossy()
+                workspace_root().join("sdk/go/reactor/reseed_runtime.go.in").to_string_lossy(),
+            Path::new(goroot.trim()).join("src/net/http/roundtrip.go").to_string_lossy():
+                workspace_root().join("sdk/go/outbound/roundtrip.go.in").to_string_lossy(),
         }})
         .to_string(),
     )
@@ -229,7 +231,13 @@ impl Runtime {
     /// Starts the runtime on loopback with ports chosen by the OS, and waits until it
     /// says it is serving.
     pub fn start(module: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Self {
+        Self::start_with_env(module, args, &[])
+    }
+
+    /// [`Runtime::start`] with these environment variables set for the runtime.
+    pub fn start_with_env(module: impl AsRef<std::ffi::OsStr>, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = runtime_command(module, args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
