@@ -146,7 +146,11 @@ async fn finished_build_rolls_out_and_becomes_ready(h: &Harness) {
     assert_eq!(flag("--module"), "/module");
     assert_eq!(flag("--module-digest"), module.to_string());
     assert_eq!(flag("--function"), "hello");
-    assert_eq!(flag("--env"), "GREETING=hi");
+    // The handler's environment is in the container's, under the runtime's prefix.
+    assert!(!args.contains(&"--env".to_string()), "{args:?}");
+    let env = runtime.env.clone().unwrap();
+    let greeting = env.iter().find(|e| e.name == "WASMLESS_HANDLER_ENV_GREETING").unwrap();
+    assert_eq!(greeting.value.as_deref(), Some("hi"));
     assert_eq!(flag("--cache-dir"), "/cache");
     assert_eq!(flag("--watch-interval"), "0", "a pinned module is not polled");
     // Graceful termination: the runtime serves on for the drain delay (endpoints are
