@@ -5,6 +5,7 @@ use super::pod::{empty_dir, mount, oci_plain_http_env, restricted_container_secu
 use super::{labels_for, meta, prometheus_annotations};
 use crate::crd::{Function, Isolation};
 use crate::module::{Module, ModuleLocation};
+use crate::references::CONFIG_HASH_ANNOTATION;
 use crate::settings::Settings;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
@@ -15,7 +16,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
-use wasmless_artifact::{Part, ports};
+use wasmless_artifact::{Digest, Part, ports};
 
 /// How long a terminating runtime pod keeps accepting and serving after SIGTERM (the
 /// runtime's `--drain-delay`, with readiness already false): the time kube-proxy (and any
@@ -33,12 +34,17 @@ const MODULE_DIR: &str = "/module";
 const CACHE_DIR: &str = "/cache";
 
 /// The runtime Deployment serving `module`. Everything in the pod template is a function
-/// of the spec and the module digest, so an unchanged module applies an identical
-/// template and restarts nothing.
-pub fn deployment(func: &Function, settings: &Settings, module: &Module) -> Deployment {
+/// of the spec, the module digest and `config_hash` (over the versions of the Secrets and
+/// ConfigMaps the pods read, `references::config_hash`), so an unchanged module and
+/// configuration apply an identical template and restart nothing, and a changed Secret
+/// rolls the pods, which read it only when they start.
+pub fn deployment(func: &Function, settings: &Settings, module: &Module, config_hash: Option<&Digest>) -> Deployment {
     let labels = labels_for(func, "runtime");
     let mut annotations = prometheus_annotations();
     module.write_pod_annotations(&mut annotations);
+    if let Some(hash) = config_hash {
+        annotations.insert(CONFIG_HASH_ANNOTATION.into(), hash.to_string());
+    }
     let mut volumes = vec![empty_dir("cache", "512Mi")];
     let mut mounts = vec![mount("cache", CACHE_DIR, false)];
     if let Some(chunks) = chunk_volume(func, module) {

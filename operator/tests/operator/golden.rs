@@ -9,7 +9,7 @@ use wasmless_artifact::Digest;
 use wasmless_operator::Settings;
 use wasmless_operator::crd::{Function, Storage};
 use wasmless_operator::module::{Code, Module, ModuleLocation};
-use wasmless_operator::objects;
+use wasmless_operator::{objects, references};
 
 fn function(spec: serde_json::Value) -> Function {
     serde_json::from_value(json!({
@@ -48,7 +48,14 @@ fn render(func: &Function, settings: &Settings, module: &Module, storage: Storag
             &objects::build_job(func, settings, &source_digest, &publish),
         );
     }
-    doc(&mut out, "Deployment", &objects::deployment(func, settings, module));
+    // Every Secret and ConfigMap the pods read, at resourceVersion 1.
+    let read = references::references(&func.spec);
+    let config_hash = references::config_hash(read.iter().map(|reference| (reference, Some("1"))));
+    doc(
+        &mut out,
+        "Deployment",
+        &objects::deployment(func, settings, module, config_hash.as_ref()),
+    );
     doc(&mut out, "Service", &objects::service(func));
     let (account, role, binding) = objects::builder_rbac("shop");
     doc(&mut out, "builder ServiceAccount", &account);
