@@ -109,9 +109,19 @@ pub struct FunctionSpec {
     #[schemars(range(min = 0, max = 1000))]
     pub replicas: i32,
 
-    /// The handler's WASI environment.
+    /// The handler's WASI environment: literal values, and keys of Secrets and ConfigMaps.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
     pub env: Vec<EnvVar>,
+
+    /// Whole Secrets and ConfigMaps in the handler's environment; `env` wins over these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub env_from: Vec<EnvFromSource>,
+
+    /// The HTTP calls the handler may make; absent, it may make none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outbound: Option<Outbound>,
 
     /// Per-request limits enforced by the runtime.
     #[serde(default)]
@@ -197,13 +207,159 @@ pub struct ModuleImage {
     pub digest: String,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+/// A DNS subdomain: the name of a Secret or a ConfigMap.
+const OBJECT_NAME_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+/// A key of a Secret's or a ConfigMap's data.
+const DATA_KEY_PATTERN: &str = r"^[-._a-zA-Z0-9]+$";
+/// A name the handler's environment can hold, and a prefix of one.
+const ENV_NAME_PATTERN: &str = r"^[A-Za-z_][A-Za-z0-9_]*$";
+
+/// One variable of the handler's environment: a literal `value`, or `valueFrom` a key of a
+/// Secret or a ConfigMap, as in a container's `env`. Neither is an empty value, as in
+/// Kubernetes (and as this field accepted before `valueFrom`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!(has(self.value) && has(self.valueFrom))")
+    .message("an env entry takes value or valueFrom, not both"))]
 pub struct EnvVar {
-    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]*$"))]
+    #[schemars(length(min = 1, max = 256), regex(pattern = ENV_NAME_PATTERN))]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32768))]
-    pub value: String,
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<EnvVarSource>,
+}
+
+/// Where a variable's value comes from: one key of a Secret or of a ConfigMap in the
+/// Function's namespace. The kubelet reads it when a runtime pod starts.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(has(self.secretKeyRef) ? 1 : 0) + (has(self.configMapKeyRef) ? 1 : 0) == 1")
+    .message("valueFrom takes exactly one of secretKeyRef or configMapKeyRef"))]
+pub struct EnvVarSource {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<KeyRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<KeyRef>,
+}
+
+/// One key of a Secret or a ConfigMap.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct KeyRef {
+    /// The object's name, in the Function's namespace.
+    #[schemars(length(min = 1, max = 253), regex(pattern = OBJECT_NAME_PATTERN))]
+    pub name: String,
+    #[schemars(length(min = 1, max = 253), regex(pattern = DATA_KEY_PATTERN))]
+    pub key: String,
+    /// The variable is left out when the object or the key does not exist, instead of the
+    /// Function waiting for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optional: Option<bool>,
+}
+
+/// Every key of a Secret or a ConfigMap as a variable, as a container's `envFrom`: `env`
+/// wins over it, and a later entry over an earlier one.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(has(self.secretRef) ? 1 : 0) + (has(self.configMapRef) ? 1 : 0) == 1")
+    .message("an envFrom entry takes exactly one of secretRef or configMapRef"))]
+pub struct EnvFromSource {
+    /// Put before every key's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128), regex(pattern = ENV_NAME_PATTERN))]
+    pub prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<EnvSourceRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_ref: Option<EnvSourceRef>,
+}
+
+/// A whole Secret or ConfigMap.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct EnvSourceRef {
+    /// The object's name, in the Function's namespace.
+    #[schemars(length(min = 1, max = 253), regex(pattern = OBJECT_NAME_PATTERN))]
+    pub name: String,
+    /// Nothing is added when the object does not exist, instead of the Function waiting for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optional: Option<bool>,
+}
+
+/// A destination handlers may call: `scheme://host[:port]`, the host a name, `*.` and a
+/// name (any name under it), `*` (any host), an IPv4 address or a bracketed IPv6 one.
+const OUTBOUND_ALLOW_PATTERN: &str = r"^https?://(\*|(\*\.)?[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?$";
+/// One destination, no wildcard: a credential goes to the hosts its owner named, no others.
+const OUTBOUND_URL_PATTERN: &str = r"^https?://([A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?$";
+/// An HTTP header name: a token (RFC 9110, section 5.6.2).
+const HEADER_NAME_PATTERN: &str = r"^[-!#$%&'*+.^_`|~0-9A-Za-z]+$";
+
+/// The HTTP calls a handler may make; without it, none. Everything not allowed is refused.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.headers) || self.headers.all(h, h.url in self.allow)")
+    .message("every outbound.headers[].url must be one of outbound.allow, written the same way"))]
+pub struct Outbound {
+    /// Destinations: `scheme://host[:port]`, where host may be `*.example.com` (any name
+    /// under it), `*` (any host), or an IP address. Without a port, the scheme's.
+    #[schemars(length(min = 1, max = 64), inner(length(max = 512), regex(pattern = OUTBOUND_ALLOW_PATTERN)))]
+    pub allow: Vec<String>,
+    /// Longest time of one call, always within the request's own `limits.timeout`.
+    #[serde(default = "default_outbound_timeout")]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
+    pub timeout: String,
+    /// Largest response body a call reads.
+    #[serde(default = "default_max_response_body")]
+    #[schemars(regex(pattern = QUANTITY_PATTERN), length(max = 32))]
+    pub max_response_body: String,
+    /// Outbound calls in flight at once in one pod, over all its requests.
+    #[serde(default = "default_max_outbound_concurrency")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub max_concurrency: i32,
+    /// Headers the runtime adds to calls to one destination, their values from Secrets:
+    /// the handler never sees them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub headers: Vec<OutboundHeader>,
+}
+
+/// A header the runtime adds to every call to `url`, its value read from a Secret.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboundHeader {
+    /// The destination, one of `allow` as written there, without a wildcard.
+    #[schemars(length(max = 512), regex(pattern = OUTBOUND_URL_PATTERN))]
+    pub url: String,
+    /// The header's name, such as `Authorization`.
+    #[schemars(length(min = 1, max = 256), regex(pattern = HEADER_NAME_PATTERN))]
+    pub name: String,
+    pub value_from: SecretValueSource,
+}
+
+/// A value from a Secret: a header has no value when the Secret is missing, so it is not optional.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretValueSource {
+    pub secret_key_ref: SecretKeyRef,
+}
+
+/// One key of a Secret.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct SecretKeyRef {
+    #[schemars(length(min = 1, max = 253), regex(pattern = OBJECT_NAME_PATTERN))]
+    pub name: String,
+    #[schemars(length(min = 1, max = 253), regex(pattern = DATA_KEY_PATTERN))]
+    pub key: String,
+}
+
+fn default_outbound_timeout() -> String {
+    "5s".into()
+}
+fn default_max_response_body() -> String {
+    "10Mi".into()
+}
+fn default_max_outbound_concurrency() -> i32 {
+    64
 }
 
 /// A Kubernetes binary quantity such as `64Mi`, as the runtime's flags read it.
@@ -404,6 +560,47 @@ impl FunctionSpec {
         if self.replicas < 0 {
             problems.push(format!("replicas {} is negative", self.replicas));
         }
+        if let Some(outbound) = &self.outbound {
+            problems.extend(outbound.problems());
+        }
         problems
     }
+}
+
+impl Outbound {
+    /// What the schema's patterns let through: a port past 65535, and one header given twice
+    /// for one destination (which of the two values would be sent?).
+    fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let urls = self.allow.iter().chain(self.headers.iter().map(|h| &h.url));
+        for url in urls {
+            if let Some(port) = port_of(url)
+                && port.parse::<u16>().is_err()
+            {
+                problems.push(format!("outbound URL {url} has port {port}, past 65535"));
+            }
+        }
+        for (index, header) in self.headers.iter().enumerate() {
+            let repeated = self.headers[..index]
+                .iter()
+                .any(|h| h.url == header.url && h.name.eq_ignore_ascii_case(&header.name));
+            if repeated {
+                problems.push(format!(
+                    "outbound.headers names {} for {} twice: give each header one value",
+                    header.name, header.url
+                ));
+            }
+        }
+        problems
+    }
+}
+
+/// The port written in `scheme://host[:port]`, if any (an IPv6 host is bracketed).
+fn port_of(url: &str) -> Option<&str> {
+    let authority = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let after_host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split_once(']')?.1,
+        None => authority.find(':').map_or("", |at| &authority[at..]),
+    };
+    after_host.strip_prefix(':')
 }

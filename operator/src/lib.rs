@@ -8,6 +8,7 @@ pub mod leader;
 pub mod metrics;
 pub mod module;
 pub mod objects;
+pub mod references;
 pub mod settings;
 
 pub use controller::{Context, error_policy, reconcile, run};

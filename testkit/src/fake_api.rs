@@ -5,9 +5,9 @@
 //! PUT, DELETE, server-side apply and merge patches (of objects and their status), records
 //! every request, and can fail or hang chosen requests, so tests assert on the objects
 //! written rather than on a scripted sequence of calls. Watches are answered with nothing,
-//! ever (a quiet cluster), and lists asked for metadata only (`PartialObjectMetadataList`)
-//! get metadata only. Like the real API server it refuses an Event whose note is over 1024
-//! bytes.
+//! ever (a quiet cluster), and lists and GETs asked for metadata only
+//! (`PartialObjectMetadataList`, `PartialObjectMetadata`) get metadata only. Like the real
+//! API server it refuses an Event whose note is over 1024 bytes.
 
 use http::{Method, Request, Response, StatusCode};
 use kube::client::Body;
@@ -26,7 +26,8 @@ pub struct Recorded {
     pub path: String,
     pub query: String,
     pub content_type: String,
-    /// The Accept header: `…as=PartialObjectMetadataList…` for a metadata-only list.
+    /// The Accept header: `…as=PartialObjectMetadataList…` for a metadata-only list,
+    /// `…as=PartialObjectMetadata…` for a metadata-only GET.
     pub accept: String,
     pub body: Option<Value>,
     /// A server-side apply that created the object (which the API server authorizes as
@@ -433,6 +434,10 @@ impl FakeApiServer {
                 )
             }
             (Method::GET, Some(name)) => match state.objects.get(&format!("{}/{name}", parsed.collection)) {
+                Some(object) if accept.contains("as=PartialObjectMetadata") => respond(
+                    StatusCode::OK,
+                    &json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": object["metadata"]}),
+                ),
                 Some(object) => respond(StatusCode::OK, object),
                 None => not_found(name),
             },

@@ -9,21 +9,29 @@
 mod apply;
 mod build;
 mod cleanup;
+mod config;
 mod find;
 mod status;
 
 pub use apply::is_subset;
-pub use status::{CONDITION_BUILT, CONDITION_READY, MAX_EVENT_NOTE_BYTES, REASON_RECONCILE_ERROR, event_note};
+pub use status::{
+    CONDITION_BUILT, CONDITION_READY, MAX_EVENT_NOTE_BYTES, REASON_RECONCILE_ERROR, REASON_REFERENCE_NOT_FOUND,
+    event_note,
+};
 
 use crate::crd::{Function, Phase, Storage};
 use crate::module::Module;
 use crate::objects::{self, MANAGER};
+use crate::references::{self, ConfigKind};
 use crate::{Error, Metrics, Settings};
 use build::Build;
+use config::Config;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
@@ -145,10 +153,31 @@ async fn reconcile_steps(func: &Function, ctx: &Context) -> Result<Action, StepE
         let digest = write_source(func, ctx, &ns).await?;
         (Some(digest), build::build(func, ctx, &ns, &digest).await?)
     };
-    // 4. Serve.
-    let (serving, deployment) = serve(func, ctx, &ns, &build).await?;
+    // 4. Serve, with the Secrets and ConfigMaps the pods read.
+    let config = match &build {
+        Build::Invalid(_) => None,
+        _ => Some(
+            config::resolve(ctx, func, &ns)
+                .await
+                .doing(READY, || format!("reading the Secrets and ConfigMaps {name} uses"))?,
+        ),
+    };
+    let (serving, deployment) = serve(func, ctx, &ns, &build, config.as_ref()).await?;
+    let missing = match &config {
+        Some(Config::Missing(message)) => Some(message.as_str()),
+        _ => None,
+    };
     // 5. Status and events.
-    let status = status::update(ctx, func, &build, source_digest, serving.as_ref(), deployment.as_ref()).await?;
+    let status = status::update(
+        ctx,
+        func,
+        &build,
+        source_digest,
+        serving.as_ref(),
+        deployment.as_ref(),
+        missing,
+    )
+    .await?;
     // 6. Garbage: once the current module serves everywhere, older builds are.
     if let (Build::Done(module), Some(Phase::Ready)) = (&build, status.phase)
         && func.spec.module.is_none()
@@ -193,13 +222,17 @@ async fn write_source(func: &Function, ctx: &Context, ns: &str) -> Result<Digest
 
 /// Step 4: the Deployment serves the new module once built, and the previous one (read
 /// back from its pod template) while a build runs or after one failed; the Service in
-/// front of it. The module served, and the Deployment as read when this reconcile did not
-/// change it (its status then says how the rollout stands).
+/// front of it. While a Secret or ConfigMap the pods need is missing, the pod template
+/// stays as it is (pods made from the new one could not start), and only the rest of
+/// the Deployment (its replicas) follows the Function. The module served, and the
+/// Deployment as read when this reconcile did not change it (its status then says how
+/// the rollout stands).
 async fn serve(
     func: &Function,
     ctx: &Context,
     ns: &str,
     build: &Build,
+    config: Option<&Config>,
 ) -> Result<(Option<Module>, Option<Deployment>), StepError> {
     let name = func.name_any();
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
@@ -214,7 +247,18 @@ async fn serve(
     let Some(module) = serving.as_ref().filter(|_| !matches!(build, Build::Invalid(_))) else {
         return Ok((serving, existing));
     };
-    let desired = objects::deployment(func, &ctx.settings, module);
+    let desired = match (config, &existing) {
+        (Some(Config::Complete(hash)), _) => objects::deployment(func, &ctx.settings, module, hash.as_ref()),
+        (Some(Config::Missing(_)), Some(existing)) => {
+            let mut desired = objects::deployment(func, &ctx.settings, module, None);
+            if let (Some(spec), Some(live)) = (desired.spec.as_mut(), existing.spec.as_ref()) {
+                spec.template = live.template.clone();
+            }
+            desired
+        }
+        // Nothing serves yet, and nothing could start.
+        (Some(Config::Missing(_)), None) | (None, _) => return Ok((serving, existing)),
+    };
     let rolled = apply::apply_if_changed_with(&deployments, existing.as_ref(), &desired)
         .await
         .doing(READY, || format!("applying the Deployment {name}"))?;
@@ -258,7 +302,32 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<O
         watcher::Config::default().any_semantic(),
     );
     ctx.metrics.watch(controller.store());
+    // A Secret or ConfigMap that a Function's pods read changes their configuration: its
+    // Functions are reconciled, and roll their pods. Metadata only: the resourceVersion is
+    // all that is compared, and a value never reaches the operator.
+    // (`Api<PartialObjectMeta<_>>` lists and watches with the API server's metadata-only
+    // representation.)
+    let functions = controller.store();
+    let readers = move |kind: ConfigKind| {
+        let functions = functions.clone();
+        move |meta: &ObjectMeta| {
+            let name = meta.name.as_deref().unwrap_or_default();
+            references::functions_reading(&functions.state(), kind, meta.namespace.as_deref(), name)
+        }
+    };
+    let (secret_readers, configmap_readers) = (readers(ConfigKind::Secret), readers(ConfigKind::ConfigMap));
+    let all = watcher::Config::default().any_semantic();
     controller
+        .watches(
+            api::<PartialObjectMeta<Secret>>(&client, namespace),
+            all.clone(),
+            move |secret| secret_readers(&secret.metadata),
+        )
+        .watches(
+            api::<PartialObjectMeta<ConfigMap>>(&client, namespace),
+            all,
+            move |cm| configmap_readers(&cm.metadata),
+        )
         .owns(api::<ConfigMap>(&client, namespace), owned.clone())
         .owns(api::<Job>(&client, namespace), owned.clone())
         .owns(api::<Deployment>(&client, namespace), owned.clone())

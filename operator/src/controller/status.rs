@@ -20,6 +20,8 @@ pub const CONDITION_BUILT: &str = "Built";
 pub const CONDITION_READY: &str = "Ready";
 /// The reason of a condition whose step failed on an API error (retried with backoff).
 pub const REASON_RECONCILE_ERROR: &str = "ReconcileError";
+/// The Ready condition's reason while a Secret or ConfigMap the pods need does not exist.
+pub const REASON_REFERENCE_NOT_FOUND: &str = "ReferenceNotFound";
 /// Longest Event note the API server accepts, in bytes.
 pub const MAX_EVENT_NOTE_BYTES: usize = 1024;
 
@@ -32,9 +34,10 @@ pub(super) async fn update(
     source_digest: Option<Digest>,
     serving: Option<&Module>,
     deployment: Option<&Deployment>,
+    missing: Option<&str>,
 ) -> Result<FunctionStatus, StepError> {
     let (name, ns) = (func.name_any(), func.namespace().unwrap_or_default());
-    let status = status_for(func, build, source_digest, serving, deployment);
+    let status = status_for(func, build, source_digest, serving, deployment, missing);
     let old = func.status.clone().unwrap_or_default();
     let status = keep_transition_times(status, &old);
     publish_transitions(ctx, func, &old, &status).await;
@@ -124,13 +127,23 @@ fn status_for(
     source_digest: Option<Digest>,
     serving: Option<&Module>,
     deployment: Option<&Deployment>,
+    missing: Option<&str>,
 ) -> FunctionStatus {
     let generation = func.metadata.generation;
     let (built, phase_of_build, build_message) = built_condition(build, generation);
     let replicas = func.spec.replicas;
     let deploy_status = deployment.and_then(|d| d.status.clone()).unwrap_or_default();
-    let ready = ready_condition(func, serving, deployment);
-    let phase = phase_of_build.unwrap_or(if ready.status == "True" || replicas == 0 {
+    let ready = match missing {
+        Some(message) => condition(
+            CONDITION_READY,
+            false,
+            REASON_REFERENCE_NOT_FOUND,
+            message.into(),
+            generation,
+        ),
+        None => ready_condition(func, serving, deployment),
+    };
+    let phase = phase_of_build.unwrap_or(if ready.status == "True" || (replicas == 0 && missing.is_none()) {
         Phase::Ready
     } else {
         Phase::Pending
@@ -244,7 +257,12 @@ async fn publish_transitions(ctx: &Context, func: &Function, old: &FunctionStatu
         }
         let warning = matches!(
             condition.reason.as_str(),
-            "BuildFailed" | "DeadlineExceeded" | "OOMKilled" | "InvalidSpec" | REASON_RECONCILE_ERROR
+            "BuildFailed"
+                | "DeadlineExceeded"
+                | "OOMKilled"
+                | "InvalidSpec"
+                | REASON_RECONCILE_ERROR
+                | REASON_REFERENCE_NOT_FOUND
         ) || (condition.type_ == CONDITION_READY
             && condition.reason == "RollingOut"
             && previous.is_some_and(|p| p.status == "True"));

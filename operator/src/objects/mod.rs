@@ -13,7 +13,8 @@ pub use builder::{
 };
 pub use pod::{NON_ROOT_UID, OCI_PLAIN_HTTP_ENV};
 pub use runtime::{
-    DRAIN_DELAY_SECONDS, SHUTDOWN_GRACE_SECONDS, TERMINATION_GRACE_PERIOD_SECONDS, deployment, runtime_args,
+    DRAIN_DELAY_SECONDS, HANDLER_ENV_PREFIX, POD_IP_ENV, SHUTDOWN_GRACE_SECONDS, TERMINATION_GRACE_PERIOD_SECONDS,
+    deployment, outbound_header_env, runtime_args,
 };
 
 use crate::crd::{Function, Language};

@@ -5,16 +5,18 @@ use super::pod::{empty_dir, mount, oci_plain_http_env, restricted_container_secu
 use super::{labels_for, meta, prometheus_annotations};
 use crate::crd::{Function, Isolation};
 use crate::module::{Module, ModuleLocation};
+use crate::references::CONFIG_HASH_ANNOTATION;
 use crate::settings::Settings;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    ConfigMapProjection, Container, ContainerPort, EnvVar, HTTPGetAction, KeyToPath, PodSpec, PodTemplateSpec, Probe,
-    ProjectedVolumeSource, Volume, VolumeProjection,
+    ConfigMapEnvSource, ConfigMapKeySelector, ConfigMapProjection, Container, ContainerPort, EnvFromSource, EnvVar,
+    EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe,
+    ProjectedVolumeSource, SecretEnvSource, SecretKeySelector, Volume, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
-use wasmless_artifact::{Part, ports};
+use wasmless_artifact::{Digest, Part, ports};
 
 /// How long a terminating runtime pod keeps accepting and serving after SIGTERM (the
 /// runtime's `--drain-delay`, with readiness already false): the time kube-proxy (and any
@@ -32,12 +34,17 @@ const MODULE_DIR: &str = "/module";
 const CACHE_DIR: &str = "/cache";
 
 /// The runtime Deployment serving `module`. Everything in the pod template is a function
-/// of the spec and the module digest, so an unchanged module applies an identical
-/// template and restarts nothing.
-pub fn deployment(func: &Function, settings: &Settings, module: &Module) -> Deployment {
+/// of the spec, the module digest and `config_hash` (over the versions of the Secrets and
+/// ConfigMaps the pods read, `references::config_hash`), so an unchanged module and
+/// configuration apply an identical template and restart nothing, and a changed Secret
+/// rolls the pods, which read it only when they start.
+pub fn deployment(func: &Function, settings: &Settings, module: &Module, config_hash: Option<&Digest>) -> Deployment {
     let labels = labels_for(func, "runtime");
     let mut annotations = prometheus_annotations();
     module.write_pod_annotations(&mut annotations);
+    if let Some(hash) = config_hash {
+        annotations.insert(CONFIG_HASH_ANNOTATION.into(), hash.to_string());
+    }
     let mut volumes = vec![empty_dir("cache", "512Mi")];
     let mut mounts = vec![mount("cache", CACHE_DIR, false)];
     if let Some(chunks) = chunk_volume(func, module) {
@@ -111,7 +118,8 @@ fn runtime_container(func: &Function, settings: &Settings, module: &Module) -> C
         ]),
         readiness_probe: Some(probe("/readyz", 2)),
         liveness_probe: Some(probe("/healthz", 10)),
-        env: Some(oci_plain_http_env(settings).collect()).filter(|env: &Vec<EnvVar>| !env.is_empty()),
+        env: Some(runtime_env(func, settings)),
+        env_from: Some(handler_env_from(func)).filter(|env_from| !env_from.is_empty()),
         resources: func.spec.resources.clone(),
         security_context: Some(restricted_container_security()),
         ..Default::default()
@@ -154,8 +162,26 @@ pub fn runtime_args(func: &Function, module: &Module) -> Vec<String> {
     if limits.isolation == Isolation::Shared {
         args.extend(["--isolation".into(), "shared".into()]);
     }
-    for var in &func.spec.env {
-        args.extend(["--env".into(), format!("{}={}", var.name, var.value)]);
+    if let Some(outbound) = &func.spec.outbound {
+        for pattern in &outbound.allow {
+            args.extend(["--outbound-allow".into(), pattern.clone()]);
+        }
+        args.extend([
+            "--outbound-timeout".into(),
+            outbound.timeout.clone(),
+            "--outbound-max-response-body".into(),
+            outbound.max_response_body.clone(),
+            "--outbound-max-concurrency".into(),
+            outbound.max_concurrency.to_string(),
+        ]);
+        for (index, header) in outbound.headers.iter().enumerate() {
+            // The value is in the environment variable the runtime reads; the argument
+            // names it, so no Secret value is ever written into the Deployment.
+            args.extend([
+                "--outbound-header".into(),
+                format!("{} {} {}", header.url, header.name, outbound_header_env(index)),
+            ]);
+        }
     }
     if let Some(code) = &module.code {
         args.extend([
@@ -166,6 +192,105 @@ pub fn runtime_args(func: &Function, module: &Module) -> Vec<String> {
         ]);
     }
     args
+}
+
+/// Prefix of the container variables that are the handler's environment: the runtime hands
+/// the handler every variable that has it, without it, and no other.
+pub const HANDLER_ENV_PREFIX: &str = "WASMLESS_HANDLER_ENV_";
+/// The pod's IP, from the downward API: the runtime refuses outbound calls to its own admin
+/// port on it.
+pub const POD_IP_ENV: &str = "WASMLESS_POD_IP";
+
+/// The container variable holding the value of `outbound.headers[index]`, which the
+/// runtime reads and the handler never sees.
+pub fn outbound_header_env(index: usize) -> String {
+    format!("WASMLESS_OUTBOUND_HEADER_{index}")
+}
+
+/// The runtime container's environment: the operator's settings, the pod's IP, the
+/// outbound headers' Secrets, and the handler's `env`, each under [`HANDLER_ENV_PREFIX`].
+/// Values from Secrets and ConfigMaps are references the kubelet resolves when the pod
+/// starts: they are never in the Deployment, and the operator never reads them.
+fn runtime_env(func: &Function, settings: &Settings) -> Vec<EnvVar> {
+    let mut env: Vec<EnvVar> = oci_plain_http_env(settings).collect();
+    env.push(EnvVar {
+        name: POD_IP_ENV.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "status.podIP".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let headers = func.spec.outbound.iter().flat_map(|outbound| &outbound.headers);
+    env.extend(headers.enumerate().map(|(index, header)| {
+        let secret = &header.value_from.secret_key_ref;
+        EnvVar {
+            name: outbound_header_env(index),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret.name.clone(),
+                    key: secret.key.clone(),
+                    optional: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }));
+    env.extend(func.spec.env.iter().map(handler_env_var));
+    env
+}
+
+/// One variable of the handler's environment as a container variable. A literal value has
+/// every `$` doubled: the kubelet expands `$(NAME)` in container variables and turns `$$`
+/// into `$`, and the handler must get exactly what the Function says.
+fn handler_env_var(var: &crate::crd::EnvVar) -> EnvVar {
+    let source = var.value_from.as_ref();
+    EnvVar {
+        name: format!("{HANDLER_ENV_PREFIX}{}", var.name),
+        value: match source {
+            Some(_) => None,
+            None => Some(var.value.as_deref().unwrap_or_default().replace('$', "$$")),
+        },
+        value_from: source.map(|source| EnvVarSource {
+            secret_key_ref: source.secret_key_ref.as_ref().map(|key| SecretKeySelector {
+                name: key.name.clone(),
+                key: key.key.clone(),
+                optional: key.optional,
+            }),
+            config_map_key_ref: source.config_map_key_ref.as_ref().map(|key| ConfigMapKeySelector {
+                name: key.name.clone(),
+                key: key.key.clone(),
+                optional: key.optional,
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The Function's `envFrom`, each under [`HANDLER_ENV_PREFIX`] (and the entry's own prefix).
+fn handler_env_from(func: &Function) -> Vec<EnvFromSource> {
+    func.spec
+        .env_from
+        .iter()
+        .map(|source| EnvFromSource {
+            prefix: Some(format!(
+                "{HANDLER_ENV_PREFIX}{}",
+                source.prefix.as_deref().unwrap_or_default()
+            )),
+            secret_ref: source.secret_ref.as_ref().map(|secret| SecretEnvSource {
+                name: secret.name.clone(),
+                optional: secret.optional,
+            }),
+            config_map_ref: source.config_map_ref.as_ref().map(|cm| ConfigMapEnvSource {
+                name: cm.name.clone(),
+                optional: cm.optional,
+            }),
+        })
+        .collect()
 }
 
 /// One projected volume of the module's chunk ConfigMaps and its code's: the runtime reads
@@ -210,5 +335,70 @@ fn container_port(name: &str, port: u16) -> ContainerPort {
         container_port: port.into(),
         protocol: Some("TCP".into()),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// The kubelet's expansion of a container variable's value, after Kubernetes'
+    /// `third_party/forked/golang/expansion/expand.go`: `$$` is `$`, `$(NAME)` is the value
+    /// of an earlier variable (left as written when there is none), any other `$` stays.
+    fn kubelet_expand(input: &str, defined: &BTreeMap<&str, &str>) -> String {
+        let mut out = String::new();
+        let mut rest = input;
+        while let Some(at) = rest.find('$') {
+            out.push_str(&rest[..at]);
+            let after = &rest[at + 1..];
+            if let Some(tail) = after.strip_prefix('$') {
+                out.push('$');
+                rest = tail;
+            } else if let Some(reference) = after.strip_prefix('(')
+                && let Some(close) = reference.find(')')
+            {
+                let name = &reference[..close];
+                match defined.get(name) {
+                    Some(value) => out.push_str(value),
+                    None => out.push_str(&format!("$({name})")),
+                }
+                rest = &reference[close + 1..];
+            } else {
+                out.push('$');
+                rest = after;
+            }
+        }
+        out.push_str(rest);
+        out
+    }
+
+    #[test]
+    fn a_literal_value_reaches_the_handler_as_written() {
+        let defined = BTreeMap::from([("WASMLESS_POD_IP", "10.0.0.7"), ("HOME", "/root")]);
+        for value in [
+            "plain",
+            "$(WASMLESS_POD_IP)",
+            "$$(HOME)",
+            "a$$b",
+            "$",
+            "cost: 5$",
+            "$(",
+            "$(UNDEFINED)",
+            "x$$$(HOME)y",
+        ] {
+            let var = crate::crd::EnvVar {
+                name: "V".into(),
+                value: Some(value.into()),
+                value_from: None,
+            };
+            let container_var = handler_env_var(&var);
+            assert_eq!(container_var.name, "WASMLESS_HANDLER_ENV_V");
+            let written = container_var.value.unwrap();
+            assert_eq!(kubelet_expand(&written, &defined), value, "written as {written:?}");
+        }
+        // The expansion above is the kubelet's: unescaped, these would not arrive intact.
+        assert_eq!(kubelet_expand("$(HOME)", &defined), "/root");
+        assert_eq!(kubelet_expand("a$$b", &defined), "a$b");
     }
 }

@@ -69,6 +69,39 @@ fn schema_errors(schema: &Value, value: &Value, path: &str) -> Vec<String> {
             errors.push(format!("{path}: shorter than minLength"));
         }
     }
+    if let (Some(pattern), Some(s)) = (schema.get("pattern").and_then(Value::as_str), value.as_str())
+        && !regex::Regex::new(pattern).unwrap().is_match(s)
+    {
+        errors.push(format!("{path}: {s:?} does not match {pattern}"));
+    }
+    if let Some(items) = value.as_array() {
+        if schema
+            .get("maxItems")
+            .and_then(Value::as_u64)
+            .is_some_and(|m| items.len() as u64 > m)
+        {
+            errors.push(format!("{path}: more items than maxItems"));
+        }
+        if schema
+            .get("minItems")
+            .and_then(Value::as_u64)
+            .is_some_and(|m| (items.len() as u64) < m)
+        {
+            errors.push(format!("{path}: fewer items than minItems"));
+        }
+        if let Some(item_schema) = schema.get("items") {
+            for (index, item) in items.iter().enumerate() {
+                errors.extend(schema_errors(item_schema, item, &format!("{path}[{index}]")));
+            }
+        }
+    }
+    if let Some(object) = value.as_object() {
+        for required in schema.get("required").and_then(Value::as_array).into_iter().flatten() {
+            if !object.contains_key(required.as_str().unwrap()) {
+                errors.push(format!("{path}: {} is required", required.as_str().unwrap()));
+            }
+        }
+    }
     if let (Some(properties), Some(object)) = (schema.get("properties"), value.as_object()) {
         for (key, field) in object {
             if let Some(field_schema) = properties.get(key) {
@@ -80,7 +113,8 @@ fn schema_errors(schema: &Value, value: &Value, path: &str) -> Vec<String> {
 }
 
 fn refused(spec: Value) -> Vec<String> {
-    let mut errors = schema_errors(&spec_schema(), &json!({"spec": spec.clone()}), "");
+    let object = json!({"metadata": {"name": "hello"}, "spec": spec.clone()});
+    let mut errors = schema_errors(&spec_schema(), &object, "");
     errors.extend(cel_errors(spec));
     errors
 }
@@ -195,4 +229,166 @@ fn crd_has_printer_columns_short_name_and_status() {
     assert_eq!(scale.spec_replicas_path, ".spec.replicas");
     assert_eq!(scale.status_replicas_path, ".status.replicas");
     assert_eq!(scale.label_selector_path.as_deref(), Some(".status.selector"));
+}
+
+#[test]
+fn crd_accepts_secrets_config_and_outbound_as_kubernetes_users_write_them() {
+    let spec = json!({
+        "source": HELLO,
+        "env": [
+            {"name": "GREETING", "value": "hi"},
+            {"name": "EMPTY"},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "api", "key": "token"}}},
+            {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "mode", "optional": true}}},
+        ],
+        "envFrom": [{"secretRef": {"name": "more"}}, {"configMapRef": {"name": "cfg.v2", "optional": true}, "prefix": "CFG_"}],
+        "outbound": {
+            "allow": [
+                "http://b.default.svc.cluster.local:8080",
+                "https://*.example.com",
+                "https://api.example.com",
+                "http://*",
+                "http://169.254.169.254",
+                "http://[fd00:ec2::254]:80",
+                "http://b:8080",
+            ],
+            "timeout": "2s",
+            "maxResponseBody": "1Mi",
+            "maxConcurrency": 8,
+            "headers": [{"url": "https://api.example.com", "name": "Authorization",
+                         "valueFrom": {"secretKeyRef": {"name": "api", "key": "bearer"}}}],
+        },
+    });
+    assert_eq!(refused(spec.clone()), Vec::<String>::new());
+    let func: Function = serde_json::from_value(json!({
+        "apiVersion": "wasmless.io/v1alpha1", "kind": "Function", "metadata": {"name": "hello"}, "spec": spec,
+    }))
+    .unwrap();
+    assert_eq!(func.spec.problems(), Vec::<String>::new());
+    // The defaults of an outbound that names only what it allows.
+    let func: Function = serde_json::from_value(json!({
+        "apiVersion": "wasmless.io/v1alpha1", "kind": "Function", "metadata": {"name": "hello"},
+        "spec": {"source": HELLO, "outbound": {"allow": ["https://api.example.com"]}},
+    }))
+    .unwrap();
+    let outbound = func.spec.outbound.unwrap();
+    assert_eq!(
+        (
+            outbound.timeout.as_str(),
+            outbound.max_response_body.as_str(),
+            outbound.max_concurrency
+        ),
+        ("5s", "10Mi", 64)
+    );
+}
+
+#[test]
+fn crd_refuses_bad_references_and_outbound() {
+    let secret = json!({"secretKeyRef": {"name": "api", "key": "token"}});
+    let header = |url: &str, name: &str| json!({"url": url, "name": name, "valueFrom": secret.clone()});
+    let outbound =
+        |allow: Value, headers: Value| json!({"source": HELLO, "outbound": {"allow": allow, "headers": headers}});
+    let cases = [
+        (
+            json!({"source": HELLO, "env": [{"name": "A", "value": "x", "valueFrom": secret.clone()}]}),
+            "value or valueFrom, not both",
+        ),
+        (
+            json!({"source": HELLO, "env": [{"name": "A", "valueFrom": {}}]}),
+            "exactly one of secretKeyRef or configMapKeyRef",
+        ),
+        (
+            json!({"source": HELLO, "env": [{"name": "A", "valueFrom": {
+                "secretKeyRef": {"name": "a", "key": "k"}, "configMapKeyRef": {"name": "a", "key": "k"}}}]}),
+            "exactly one of secretKeyRef or configMapKeyRef",
+        ),
+        (
+            json!({"source": HELLO, "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "Api", "key": "k"}}}]}),
+            "does not match",
+        ),
+        (
+            json!({"source": HELLO, "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "api"}}}]}),
+            "key is required",
+        ),
+        (
+            json!({"source": HELLO, "envFrom": [{"prefix": "P_"}]}),
+            "exactly one of secretRef or configMapRef",
+        ),
+        (
+            json!({"source": HELLO, "envFrom": [{"secretRef": {"name": "a"}, "prefix": "NOT-A-NAME"}]}),
+            "does not match",
+        ),
+        (json!({"source": HELLO, "outbound": {}}), "allow is required"),
+        (outbound(json!([]), json!([])), "fewer items than minItems"),
+        (
+            outbound(json!(["ftp://files.example.com"]), json!([])),
+            "does not match",
+        ),
+        (
+            outbound(json!(["https://api.example.com/v1"]), json!([])),
+            "does not match",
+        ),
+        (outbound(json!(["api.example.com"]), json!([])), "does not match"),
+        (outbound(json!(["https://*example.com"]), json!([])), "does not match"),
+        (outbound(json!(["https://api.*.com"]), json!([])), "does not match"),
+        (
+            outbound(
+                json!(["https://api.example.com"]),
+                json!([header("https://other.example.com", "Authorization")]),
+            ),
+            "must be one of outbound.allow",
+        ),
+        (
+            outbound(
+                json!(["https://*.example.com"]),
+                json!([header("https://*.example.com", "Authorization")]),
+            ),
+            "does not match",
+        ),
+        (
+            outbound(
+                json!(["https://api.example.com"]),
+                json!([header("https://api.example.com", "Bad Header")]),
+            ),
+            "does not match",
+        ),
+        (
+            json!({"source": HELLO, "outbound": {"allow": ["https://a.example.com"], "timeout": "5"}}),
+            "does not match",
+        ),
+        (
+            json!({"source": HELLO, "outbound": {"allow": ["https://a.example.com"], "maxConcurrency": 0}}),
+            "below the minimum",
+        ),
+    ];
+    for (spec, expected) in cases {
+        let errors = refused(spec.clone());
+        assert!(
+            errors.iter().any(|e| e.contains(expected)),
+            "{spec}: expected {expected:?}, got {errors:?}"
+        );
+    }
+}
+
+#[test]
+fn outbound_the_schema_lets_through_is_refused_on_status() {
+    let secret = json!({"secretKeyRef": {"name": "api", "key": "token"}});
+    let problems = |outbound: Value| {
+        let func: Function = serde_json::from_value(json!({
+            "apiVersion": "wasmless.io/v1alpha1", "kind": "Function", "metadata": {"name": "hello"},
+            "spec": {"source": HELLO, "outbound": outbound},
+        }))
+        .unwrap();
+        func.spec.problems()
+    };
+    let past = problems(json!({"allow": ["http://b:99999", "http://[::1]:70000", "http://[::1]:8080"]}));
+    assert_eq!(past.len(), 2, "{past:?}");
+    assert!(past[0].contains("http://b:99999 has port 99999"), "{past:?}");
+    assert!(past[1].contains("port 70000"), "{past:?}");
+    let twice = problems(json!({"allow": ["https://a.example.com"], "headers": [
+        {"url": "https://a.example.com", "name": "Authorization", "valueFrom": secret.clone()},
+        {"url": "https://a.example.com", "name": "authorization", "valueFrom": secret.clone()},
+    ]}));
+    assert_eq!(twice.len(), 1, "{twice:?}");
+    assert!(twice[0].contains("twice"), "{twice:?}");
 }

@@ -9,7 +9,7 @@ use wasmless_artifact::Digest;
 use wasmless_operator::Settings;
 use wasmless_operator::crd::{Function, Storage};
 use wasmless_operator::module::{Code, Module, ModuleLocation};
-use wasmless_operator::objects;
+use wasmless_operator::{objects, references};
 
 fn function(spec: serde_json::Value) -> Function {
     serde_json::from_value(json!({
@@ -48,7 +48,14 @@ fn render(func: &Function, settings: &Settings, module: &Module, storage: Storag
             &objects::build_job(func, settings, &source_digest, &publish),
         );
     }
-    doc(&mut out, "Deployment", &objects::deployment(func, settings, module));
+    // Every Secret and ConfigMap the pods read, at resourceVersion 1.
+    let read = references::references(&func.spec);
+    let config_hash = references::config_hash(read.iter().map(|reference| (reference, Some("1"))));
+    doc(
+        &mut out,
+        "Deployment",
+        &objects::deployment(func, settings, module, config_hash.as_ref()),
+    );
     doc(&mut out, "Service", &objects::service(func));
     let (account, role, binding) = objects::builder_rbac("shop");
     doc(&mut out, "builder ServiceAccount", &account);
@@ -191,6 +198,44 @@ fn golden_prebuilt_and_codeless_modules() {
     };
     check(
         "wat-configmaps-no-code",
+        &render(&func, &settings, &module, Storage::ConfigMap),
+    );
+}
+
+/// A Go function whose environment comes from Secrets and ConfigMaps (a literal value with
+/// `$` in it too), and that may call out, with a header from a Secret.
+#[test]
+fn golden_go_function_with_secrets_and_outbound() {
+    let func = function(json!({
+        "source": "package handlers\n\nimport \"net/http\"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) { w.Write([]byte(\"This works!\")) }\n",
+        "env": [
+            {"name": "PRICE", "value": "$(NOT_EXPANDED) costs 5$"},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "api", "key": "token"}}},
+            {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "mode", "optional": true}}},
+        ],
+        "envFrom": [{"secretRef": {"name": "more"}}, {"configMapRef": {"name": "cfg", "optional": true}, "prefix": "CFG_"}],
+        "outbound": {
+            "allow": ["http://b.shop.svc.cluster.local:8080", "https://*.example.com", "https://api.example.com"],
+            "timeout": "2s",
+            "headers": [{"url": "https://api.example.com", "name": "Authorization",
+                         "valueFrom": {"secretKeyRef": {"name": "api", "key": "bearer"}}}],
+        },
+    }));
+    let settings = Settings::new("wasmless/runtime:1.2.3", "wasmless/builder:1.2.3");
+    let source_digest = objects::source_digest(
+        func.spec.language,
+        &settings.builder_version,
+        func.spec.inline_source().unwrap(),
+    );
+    let module = Module {
+        digest: digest("module"),
+        size: Some(5_812_345),
+        source_digest,
+        location: ModuleLocation::ConfigMaps { count: 1 },
+        code: None,
+    };
+    check(
+        "go-secrets-outbound",
         &render(&func, &settings, &module, Storage::ConfigMap),
     );
 }

@@ -91,8 +91,12 @@ async fn what_the_operator_uses() -> std::collections::BTreeSet<(String, String)
     h.make_available("hello").await;
     h.reconcile("hello").await.unwrap();
     // A rollout and back: the same `Available` Event again, which the recorder patches.
-    h.update_spec("hello", json!({"env": [{"name": "A", "value": "1"}]}))
-        .await;
+    // The new environment reads a Secret (its metadata, for the pod template's config hash).
+    let secret: k8s_openapi::api::core::v1::Secret =
+        serde_json::from_value(json!({"metadata": {"name": "api"}, "stringData": {"token": "t"}})).unwrap();
+    h.api().create(&Default::default(), &secret).await.unwrap();
+    let env = json!([{"name": "A", "value": "1"}, {"name": "T", "valueFrom": {"secretKeyRef": {"name": "api", "key": "token"}}}]);
+    h.update_spec("hello", json!({"env": env})).await;
     h.reconcile("hello").await.unwrap();
     h.make_available("hello").await;
     assert_eq!(status(&h.reconciled("hello").await).phase, Some(Phase::Ready));

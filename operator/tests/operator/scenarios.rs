@@ -4,15 +4,17 @@
 use crate::harness::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use kube::api::{DeleteParams, ListParams, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use wasmless_artifact::{CHUNK_KEY, Digest, Part, annotations, configmap_name, labels};
+use wasmless_operator::controller::REASON_REFERENCE_NOT_FOUND;
 use wasmless_operator::crd::{Function, Phase};
 use wasmless_operator::objects::{self, MANAGER};
+use wasmless_operator::references;
 
 async fn new_function_starts_one_content_addressed_build(h: &Harness) {
     h.create("hello", json!({"source": HELLO, "serverPort": 9000})).await;
@@ -146,7 +148,11 @@ async fn finished_build_rolls_out_and_becomes_ready(h: &Harness) {
     assert_eq!(flag("--module"), "/module");
     assert_eq!(flag("--module-digest"), module.to_string());
     assert_eq!(flag("--function"), "hello");
-    assert_eq!(flag("--env"), "GREETING=hi");
+    // The handler's environment is in the container's, under the runtime's prefix.
+    assert!(!args.contains(&"--env".to_string()), "{args:?}");
+    let env = runtime.env.clone().unwrap();
+    let greeting = env.iter().find(|e| e.name == "WASMLESS_HANDLER_ENV_GREETING").unwrap();
+    assert_eq!(greeting.value.as_deref(), Some("hi"));
     assert_eq!(flag("--cache-dir"), "/cache");
     assert_eq!(flag("--watch-interval"), "0", "a pinned module is not polled");
     // Graceful termination: the runtime serves on for the drain delay (endpoints are
@@ -680,6 +686,145 @@ async fn chunks_published_after_the_function_is_gone_are_collected(h: &Harness) 
     );
 }
 
+fn secret(name: &str, key: &str, value: &str) -> Secret {
+    serde_json::from_value(json!({"metadata": {"name": name}, "stringData": {key: value}})).unwrap()
+}
+
+fn template_json(deployment: &Deployment) -> serde_json::Value {
+    serde_json::to_value(&deployment.spec.as_ref().unwrap().template).unwrap()
+}
+
+async fn secrets_roll_the_pods_and_a_missing_one_is_a_condition(h: &Harness) {
+    const VALUE: &str = "s3cret-value-one";
+    const ROTATED: &str = "s3cret-value-two";
+    let secrets = h.api::<Secret>();
+    secrets
+        .create(&PostParams::default(), &secret("api", "token", VALUE))
+        .await
+        .unwrap();
+    let env = json!([{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "api", "key": "token"}}}]);
+    let spec = json!({"source": HELLO, "env": env, "envFrom": [{"configMapRef": {"name": "cfg", "optional": true}}]});
+    ready_function(h, "hello", spec).await;
+    let first = h.deployment("hello").await.unwrap();
+    let first_hash = template_annotation(&first, references::CONFIG_HASH_ANNOTATION);
+    let runtime = first.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0].clone();
+    let token = runtime
+        .env
+        .unwrap()
+        .into_iter()
+        .find(|e| e.name == "WASMLESS_HANDLER_ENV_TOKEN")
+        .unwrap();
+    assert_eq!(token.value_from.unwrap().secret_key_ref.unwrap().name, "api");
+
+    // Unchanged Secrets restart nothing.
+    h.reconcile("hello").await.unwrap();
+    assert!(h.same_spec(&first, &h.deployment("hello").await.unwrap()));
+
+    // A rotated Secret rolls the pods (which read it when they start).
+    secrets
+        .patch(
+            "api",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"token": ROTATED}})),
+        )
+        .await
+        .unwrap();
+    h.reconcile("hello").await.unwrap();
+    let rotated = h.deployment("hello").await.unwrap();
+    let rotated_hash = template_annotation(&rotated, references::CONFIG_HASH_ANNOTATION);
+    assert_ne!(rotated_hash, first_hash);
+    h.make_available("hello").await;
+    assert_eq!(status(&h.reconciled("hello").await).phase, Some(Phase::Ready));
+
+    // An optional ConfigMap that appears rolls them too: its keys join the environment.
+    let cfg: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "cfg"}, "data": {"MODE": "fast"}})).unwrap();
+    h.api::<ConfigMap>().create(&PostParams::default(), &cfg).await.unwrap();
+    h.reconcile("hello").await.unwrap();
+    let with_cfg = h.deployment("hello").await.unwrap();
+    assert_ne!(
+        template_annotation(&with_cfg, references::CONFIG_HASH_ANNOTATION),
+        rotated_hash
+    );
+    h.make_available("hello").await;
+    h.reconcile("hello").await.unwrap();
+
+    // A Secret that does not exist: said on status, and the pods keep the template they have.
+    let before = h.deployment("hello").await.unwrap();
+    let mut env = env.as_array().unwrap().clone();
+    env.push(json!({"name": "LATER", "valueFrom": {"secretKeyRef": {"name": "later", "key": "k"}}}));
+    h.update_spec("hello", json!({"env": env})).await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(status(&func).phase, Some(Phase::Pending));
+    let ready = condition(&func, "Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", REASON_REFERENCE_NOT_FOUND)
+    );
+    assert!(
+        ready
+            .message
+            .contains(&format!("Secret later (for env LATER) not found in namespace {}", h.ns))
+            && ready.message.contains("optional: true"),
+        "{}",
+        ready.message
+    );
+    assert!(
+        h.same_spec(&before, &h.deployment("hello").await.unwrap()),
+        "no template that cannot start"
+    );
+    assert!(
+        h.event_reasons("hello")
+            .await
+            .contains(&REASON_REFERENCE_NOT_FOUND.to_string())
+    );
+    // The rest of the Deployment still follows the Function.
+    h.scale("hello", 2).await;
+    h.reconcile("hello").await.unwrap();
+    let scaled = h.deployment("hello").await.unwrap();
+    assert_eq!(scaled.spec.as_ref().unwrap().replicas, Some(2));
+    assert_eq!(
+        template_json(&scaled),
+        template_json(&before),
+        "replicas, not the template"
+    );
+
+    // Once it exists, the new configuration rolls out.
+    secrets
+        .create(&PostParams::default(), &secret("later", "k", "v"))
+        .await
+        .unwrap();
+    h.reconcile("hello").await.unwrap();
+    let after = h.deployment("hello").await.unwrap();
+    assert_ne!(template_json(&after), template_json(&before));
+    h.make_available("hello").await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(status(&func).phase, Some(Phase::Ready), "{:?}", func.status);
+
+    // No value ever reaches status or Events, and the operator never asked for one.
+    let events: Api<k8s_openapi::api::events::v1::Event> = h.api();
+    let written = format!(
+        "{} {}",
+        serde_json::to_string(&func.status).unwrap(),
+        serde_json::to_string(&events.list(&ListParams::default()).await.unwrap().items).unwrap()
+    );
+    assert!(!written.contains(VALUE) && !written.contains(ROTATED));
+    if let Some(fake) = &h.fake {
+        let secret_reads: Vec<_> = fake
+            .requests()
+            .into_iter()
+            .filter(|r| r.resource() == "secrets" && !r.is_write())
+            .collect();
+        assert!(!secret_reads.is_empty());
+        assert!(
+            secret_reads
+                .iter()
+                .all(|r| r.accept.contains("as=PartialObjectMetadata")),
+            "every read of a Secret is of its metadata: {secret_reads:?}"
+        );
+    }
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         /// Against the in-memory API server.
@@ -724,4 +869,5 @@ scenarios!(
     build_past_its_deadline_says_so,
     builder_out_of_memory_says_so,
     chunks_published_after_the_function_is_gone_are_collected,
+    secrets_roll_the_pods_and_a_missing_one_is_a_condition,
 );
