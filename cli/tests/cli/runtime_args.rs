@@ -98,3 +98,66 @@ fn the_runtime_parses_what_the_operator_writes_for_a_module_in_a_registry() {
     assert_eq!(config.timeout, Duration::from_secs(10));
     assert_eq!(config.max_concurrency, 64);
 }
+
+#[test]
+fn the_runtime_builds_the_outbound_policy_the_operator_writes() {
+    use wasmless_runtime::metrics::Metrics;
+    use wasmless_runtime::outbound::{Outbound, parse_injected_header};
+    let func = function(json!({
+        "language": "go",
+        "source": "package handlers",
+        "outbound": {
+            "allow": ["http://b.default.svc.cluster.local:8080", "https://*.example.com", "https://api.example.com", "http://10.0.0.7:*"],
+            "timeout": "2s",
+            "maxResponseBody": "1Mi",
+            "maxConcurrency": 8,
+            "headers": [{"url": "https://api.example.com", "name": "Authorization",
+                         "valueFrom": {"secretKeyRef": {"name": "api", "key": "bearer"}}}],
+        },
+    }));
+    let module = Module {
+        digest: Digest::of(b"module"),
+        size: Some(10),
+        source_digest: Digest::of(b"source"),
+        location: ModuleLocation::ConfigMaps { count: 1 },
+        code: None,
+    };
+    let config = parse(runtime_args(&func, &module));
+    assert_eq!(config.outbound_allow.len(), 4);
+    assert_eq!(config.outbound_timeout, Duration::from_secs(2));
+    assert_eq!(config.outbound_max_response_body, 1 << 20);
+    assert_eq!(config.outbound_max_concurrency, 8);
+    // The header's value is in a variable of the container, filled from the Secret.
+    let headers: Vec<_> = config
+        .outbound_header
+        .iter()
+        .map(|text| {
+            parse_injected_header(text, |name| {
+                name.starts_with("WASMLESS_OUTBOUND_HEADER_")
+                    .then(|| "Bearer x".to_string())
+            })
+            .unwrap_or_else(|e| panic!("{text:?}: {e}"))
+        })
+        .collect();
+    assert_eq!(
+        headers,
+        [(
+            "https://api.example.com".into(),
+            "Authorization".into(),
+            "Bearer x".into()
+        )]
+    );
+    let outbound = wasmless_runtime::outbound::OutboundConfig {
+        allow: config.outbound_allow.clone(),
+        timeout: config.outbound_timeout,
+        max_response_body: config.outbound_max_response_body,
+        max_concurrency: config.outbound_max_concurrency,
+        headers,
+        admin_port: config.admin_port,
+        pod_ip: None,
+    };
+    let metrics = std::sync::Arc::new(Metrics::new("hello"));
+    if let Err(error) = Outbound::new(&outbound, metrics) {
+        panic!("the runtime refuses the operator's outbound policy: {error}");
+    }
+}
