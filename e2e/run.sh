@@ -40,6 +40,7 @@ steps=(
   scale_and_autoscale autoscale_on_cpu                         # steps/scale.sh
   cli_deploy                                                   # steps/cli.sh
   least_privilege                                              # steps/security.sh
+  call_another_function secret_rotation                       # steps/outbound.sh
   prometheus_scrapes dashboard_queries                         # steps/prometheus.sh
   port_clash                                                   # steps/lifecycle.sh
   rolling_update compile_error oci_storage failover            # steps/updates.sh
