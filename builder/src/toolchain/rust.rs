@@ -6,10 +6,11 @@ use super::{run_compiler, tool};
 use crate::{BuildError, BuildOptions, Source};
 use std::path::Path;
 
-const SDK_FILES: [(&str, &str); 4] = [
+const SDK_FILES: [(&str, &str); 5] = [
     ("Cargo.toml", include_str!("../../../sdk/rust/Cargo.toml")),
     ("src/lib.rs", include_str!("../../../sdk/rust/src/lib.rs")),
     ("src/guest.rs", include_str!("../../../sdk/rust/src/guest.rs")),
+    ("src/outbound.rs", include_str!("../../../sdk/rust/src/outbound.rs")),
     ("src/query.rs", include_str!("../../../sdk/rust/src/query.rs")),
 ];
 

@@ -259,3 +259,48 @@ async fn names_cannot_lead_to_the_admin_port_or_the_metadata_service() {
         "{metrics}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rust_component_calls_through_the_same_policy_with_the_sdk() {
+    let upstream = Upstream::start().await;
+    let allow = format!("http://{}", upstream.address);
+    let header = format!("{allow} X-Api-Key WASMLESS_TEST_COMPONENT_KEY");
+    let runtime = Runtime::start_with_env(
+        rust_echo_with_digest(),
+        &["--outbound-allow", &allow, "--outbound-header", &header],
+        &[("WASMLESS_TEST_COMPONENT_KEY", "component-key")],
+    );
+    let (_, body) = get(upstream.via(&runtime, "/fetch", "/hello")).await;
+    assert_eq!(body, "200 hello from upstream");
+    assert_eq!(
+        upstream.seen.lock().unwrap().last().unwrap()["x-api-key"],
+        "component-key"
+    );
+    let (_, body) = get(upstream.via(&runtime, "/fetch", "/big")).await;
+    assert_eq!(body.len(), 4 + (64 << 10), "the whole body");
+
+    let other = format!("http://127.0.0.1:{}/hello", free_port());
+    let (_, body) = get(runtime.url(&format!("/fetch?url={}", percent(&other)))).await;
+    assert!(
+        body.contains("spec.outbound.allow") && body.ends_with("denied=true"),
+        "{body}"
+    );
+    let (_, body) = get(runtime.url(&format!(
+        "/fetch?url={}",
+        percent("http://169.254.169.254/latest/meta-data/")
+    )))
+    .await;
+    assert!(body.starts_with("error: ") && body.ends_with("denied=true"), "{body}");
+
+    let metrics = get(runtime.admin_url("/metrics")).await.1;
+    let count = |host: &str, status: &str| {
+        sample(
+            &metrics,
+            "wasmless_outbound_requests_total",
+            &[("host", host), ("status", status)],
+        )
+    };
+    assert_eq!(count("127.0.0.1", "200"), Some(2.0), "{metrics}");
+    assert_eq!(count("127.0.0.1", "denied"), Some(1.0), "{metrics}");
+    assert_eq!(count("169.254.169.254", "denied"), Some(1.0), "{metrics}");
+}

@@ -17,11 +17,16 @@
 //! `request.uri()`; the Function's `env` is the process environment (`std::env::var`).
 //! A panic in the handler answers 500 with the panic message on stderr, and the
 //! runtime goes on serving.
+//!
+//! [`send`] calls another service (`wasi:http/outgoing-handler`), where the Function's
+//! `spec.outbound.allow` lets it.
 
 mod guest;
+mod outbound;
 mod query;
 
 pub use http;
+pub use outbound::{OutboundError, send};
 pub use query::{query, query_pairs};
 
 /// A request with its whole body.

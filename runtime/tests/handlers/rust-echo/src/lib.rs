@@ -21,11 +21,28 @@ pub fn handler(request: Request) -> Response {
             Response::new(b"slept\n".to_vec())
         }
         "/hello" => Response::new(b"Hello, world!\n".to_vec()),
+        "/fetch" => fetch(&query(&request, "url").unwrap_or_default()),
         "/stderr" => {
             eprintln!("a line the handler wrote to stderr");
             Response::new(b"wrote to stderr\n".to_vec())
         }
         _ => echo(&request),
+    }
+}
+
+/// Calls `url` with the SDK and answers "<status> <body>" or "error: <why>".
+fn fetch(url: &str) -> Response {
+    let request = http::Request::get(url).body(Vec::new()).unwrap();
+    match wasmless_sdk::send(request) {
+        Ok(response) => Response::new(
+            [
+                response.status().as_str().as_bytes(),
+                b" ",
+                response.body(),
+            ]
+            .concat(),
+        ),
+        Err(error) => Response::new(format!("error: {error} denied={}", error.is_denied()).into_bytes()),
     }
 }
 
