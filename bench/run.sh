@@ -4,6 +4,7 @@
 # release mode, runs every comparison, and writes docs/benchmarks.md and its plot.
 #   bench/run.sh           full run (criterion bench included), under 15 minutes once tools are built
 #   bench/run.sh --quick   shorter runs, under 3 minutes
+#   bench/run.sh [--quick] --only outbound   one comparison; rewrites only its section
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +26,7 @@ fi
 # --all-targets: the features of `cargo test`, so the test command's release build is reused (`-p` would
 # compile wasmtime again with other features).
 cargo build --release --quiet --workspace --all-targets
-if [[ ${1:-} != --quick ]]; then
+if [[ " $* " != *" --quick "* && " $* " != *" --only "* ]]; then
   cargo bench --quiet --workspace --bench instantiate >&2
 fi
 exec "$CARGO_TARGET_DIR/release/wasmless-bench" --root . --bin-dir "$CARGO_TARGET_DIR/release" \

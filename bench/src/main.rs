@@ -30,11 +30,20 @@ struct Args {
     /// Where to write the report.
     #[arg(long, default_value = "docs/benchmarks.md")]
     output: PathBuf,
+    /// Run one comparison and rewrite only its section of the report (`outbound`).
+    #[arg(long, value_parser = ["outbound"])]
+    only: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let settings = scenarios::Settings::new(args.root, args.bin_dir, args.wasmtime, args.quick)?;
+    if args.only.is_some() {
+        let outbound = scenarios::run_outbound(&settings)?;
+        report::write_outbound_section(&args.output, &settings, &outbound)?;
+        eprintln!("rewrote the outbound section of {}", args.output.display());
+        return Ok(());
+    }
     let results = scenarios::run_all(&settings)?;
     report::write(&args.output, &settings, &results)?;
     eprintln!("wrote {}", args.output.display());

@@ -1,6 +1,6 @@
 //! docs/benchmarks.md and its plot, written from one run's results.
 
-use crate::scenarios::{Results, Settings};
+use crate::scenarios::{Results, Settings, Throughput};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
@@ -24,6 +24,77 @@ pub fn write(output: &Path, settings: &Settings, results: &Results) -> anyhow::R
     }
     std::fs::write(output, page)?;
     Ok(())
+}
+
+const OUTBOUND_HEADING: &str = "## Outbound calls";
+
+/// Replaces the outbound section of an existing report with a new run's (`--only outbound`).
+pub fn write_outbound_section(output: &Path, settings: &Settings, rows: &[Throughput]) -> anyhow::Result<()> {
+    let page = std::fs::read_to_string(output)?;
+    let section = outbound_section(settings, rows);
+    let page = match page.find(OUTBOUND_HEADING) {
+        Some(start) => {
+            let end = page[start + OUTBOUND_HEADING.len()..]
+                .find("\n## ")
+                .map_or(page.len(), |end| start + OUTBOUND_HEADING.len() + end + 1);
+            format!("{}{section}{}", &page[..start], &page[end..])
+        }
+        None => match page.find("## Memory") {
+            Some(at) => format!("{}{section}{}", &page[..at], &page[at..]),
+            None => format!("{page}\n{section}"),
+        },
+    };
+    std::fs::write(output, page)?;
+    Ok(())
+}
+
+fn outbound_section(settings: &Settings, rows: &[Throughput]) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "{OUTBOUND_HEADING}\n");
+    let _ = writeln!(
+        md,
+        "A Go handler that calls an upstream with `http.Get` on every request and copies its body through \
+         (the upstream: the native axum hello, on loopback). `wrk --latency -t2 -c{} -d{}s`, after a 1 s warm-up; \
+         client, server and upstream share the 2 cores. Ratios are against native Go, in the same run ({}).\n",
+        settings.connections,
+        settings.load_seconds,
+        chrono_free_now()
+    );
+    let _ = writeln!(md, "| server | requests/s | ratio | p50 | p99 |\n|---|---|---|---|---|");
+    let first = rows.first().map_or(1.0, |row| row.load.requests_per_second);
+    for row in rows {
+        let _ = writeln!(
+            md,
+            "| {} | {:.0} | {:.2} | {:.2} ms | {:.2} ms |",
+            row.name,
+            row.load.requests_per_second,
+            row.load.requests_per_second / first,
+            row.load.p50_ms,
+            row.load.p99_ms,
+        );
+    }
+    if let (Some(native), Some(ours)) = (rows.first(), rows.get(1)) {
+        let _ = writeln!(
+            md,
+            "\n- a fresh instance per request, calling out, vs native Go: **{:.2}×** (target ≥ 0.5×)",
+            ours.load.requests_per_second / native.load.requests_per_second
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n`outbound`: run alone with `bench/run.sh --only outbound` (rewrites this section).\n"
+    );
+    md
+}
+
+/// The run's date and time in UTC, from the system clock (no date crate for one line).
+fn chrono_free_now() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_string())
+        .unwrap_or_default()
 }
 
 /// Where bench/cluster.sh's section starts and ends in docs/benchmarks.md.
@@ -233,6 +304,7 @@ fn markdown(settings: &Settings, results: &Results, plot_name: &str) -> String {
         "\n`throughput`: each server is started, answers once, is warmed for 1 s, then measured.\n"
     );
 
+    md.push_str(&outbound_section(settings, &results.outbound));
     let _ = writeln!(md, "## Memory\n");
     let _ = writeln!(md, "| runtime | RSS idle | RSS peak under load |\n|---|---|---|");
     for row in results.throughput.iter().filter(|r| r.rss_idle_mib.is_some()) {

@@ -76,12 +76,17 @@ pub struct GoBreakdown {
 }
 
 pub struct Results {
+    pub outbound: Vec<Throughput>,
     pub cold_starts: Vec<Timed>,
     pub throughput: Vec<Throughput>,
     pub builds: Vec<BuildTimes>,
     pub instantiate: Vec<(String, f64)>,
     pub go_breakdown: Option<GoBreakdown>,
 }
+
+/// A handler that calls an upstream on every request, as an API in front of another
+/// service does: plain `http.Get`, the body copied through.
+const OUTBOUND_HANDLER: &str = "package handlers\n\nimport (\n\t\"io\"\n\t\"net/http\"\n\t\"os\"\n)\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {\n\tresp, err := http.Get(\"http://127.0.0.1:\" + os.Getenv(\"UPSTREAM_PORT\") + \"/\")\n\tif err != nil {\n\t\thttp.Error(w, err.Error(), http.StatusBadGateway)\n\t\treturn\n\t}\n\tdefer resp.Body.Close()\n\tio.Copy(w, resp.Body)\n}\n";
 
 const GOLESS_HANDLER: &str = "package handlers\n\nimport (\n\t\"net/http\"\n)\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {\n\tw.Write([]byte(\"This works!\"))\n}\n";
 
@@ -100,7 +105,10 @@ pub fn run_all(settings: &Settings) -> anyhow::Result<Results> {
     let go_breakdown = go_breakdown(settings, &go_cgi)
         .inspect_err(|error| eprintln!("  the Go breakdown failed: {error:#}"))
         .ok();
+    eprintln!("outbound calls");
+    let outbound = outbound(settings)?;
     Ok(Results {
+        outbound,
         cold_starts,
         throughput,
         builds,
@@ -217,8 +225,13 @@ fn median(mut times: Vec<Duration>) -> Duration {
 
 /// A Goless project: the handler, and the `main` Goless generates around it.
 fn goless_project(dir: &Path) -> anyhow::Result<()> {
+    goless_project_with(dir, GOLESS_HANDLER)
+}
+
+/// A native Go server of `handler` as Goless runs it: `http.HandleFunc("/", ...)`.
+fn goless_project_with(dir: &Path, handler: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir.join("handlers"))?;
-    std::fs::write(dir.join("handlers/handler.go"), GOLESS_HANDLER)?;
+    std::fs::write(dir.join("handlers/handler.go"), handler)?;
     std::fs::write(dir.join("go.mod"), "module function\n\ngo 1.21\n")?;
     std::fs::write(
         dir.join("main.go"),
@@ -563,4 +576,86 @@ fn metrics_text(admin_port: u16) -> anyhow::Result<String> {
     let mut text = String::new();
     stream.read_to_string(&mut text)?;
     Ok(text)
+}
+
+/// Only the outbound comparison: what `--only outbound` runs.
+pub fn run_outbound(settings: &Settings) -> anyhow::Result<Vec<Throughput>> {
+    outbound(settings)
+}
+
+/// A handler calling an upstream (the native axum hello, on loopback) on every request:
+/// under native Go net/http (its default transport and pool), and in our runtime as a
+/// new pod runs it (the builder's reactor and code, a fresh instance per request, the
+/// call through the host's pooled client and allow-list), and with shared instances.
+fn outbound(settings: &Settings) -> anyhow::Result<Vec<Throughput>> {
+    let upstream_port = free_port();
+    let mut upstream = Server::spawn(Command::new(settings.bin("axum-hello")).arg(upstream_port.to_string()))?;
+    until_first_200(upstream_port, Instant::now(), &mut upstream)?;
+    let upstream_env = upstream_port.to_string();
+
+    let mut rows = Vec::new();
+    let mut measure = |name: &str, command: &mut Command, port: u16| -> anyhow::Result<()> {
+        let started = Instant::now();
+        let mut server = Server::spawn(command)?;
+        until_first_200(port, started, &mut server)?;
+        wrk(port, 1, settings.connections)?; // warm-up
+        let load = wrk(port, settings.load_seconds, settings.connections)?;
+        if load.errors > 0 {
+            bail!("{name}: {} errors under load", load.errors);
+        }
+        eprintln!("  {name}: {:.0} req/s", load.requests_per_second);
+        rows.push(Throughput {
+            name: name.to_string(),
+            load,
+            rss_idle_mib: None,
+            rss_peak_mib: None,
+        });
+        Ok(())
+    };
+
+    let dir = settings.work("outbound-native");
+    goless_project_with(&dir, OUTBOUND_HANDLER)?;
+    time_command(&mut go_command(&["build", "-o", "server", "."], &dir))?;
+    let port = free_port();
+    measure(
+        "native Go net/http, handler calling the upstream with http.Get",
+        Command::new(dir.join("server"))
+            .env("PORT", port.to_string())
+            .env("UPSTREAM_PORT", &upstream_env),
+        port,
+    )?;
+
+    let dir = settings.work("outbound-ours");
+    let source = dir.join("handler.go");
+    std::fs::write(&source, OUTBOUND_HANDLER)?;
+    let path = dir.join("module.wasm");
+    time_command(&mut builder(settings, "go", &source, &path, &settings.work("builder-cache")))?;
+    let code = path.with_extension("cwasm.lz4");
+    let module = Module {
+        digest: Digest::of(&std::fs::read(&path)?),
+        code: Some((code.clone(), Digest::of(&std::fs::read(&code)?))),
+        path,
+    };
+    let allow = format!("http://127.0.0.1:{upstream_port}");
+    let env = format!("UPSTREAM_PORT={upstream_port}");
+    let cache = settings.work("outbound-cache");
+    for (name, isolation) in [
+        ("wasmless-runtime, the same handler (Go reactor, a fresh instance per request)", "request"),
+        ("wasmless-runtime, the same handler (Go reactor, shared instances)", "shared"),
+    ] {
+        let port = free_port();
+        measure(
+            name,
+            runtime_with_code(settings, &module, port, &cache)?.args([
+                "--outbound-allow",
+                &allow,
+                "--env",
+                &env,
+                "--isolation",
+                isolation,
+            ]),
+            port,
+        )?;
+    }
+    Ok(rows)
 }
