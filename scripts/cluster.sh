@@ -6,23 +6,25 @@
 #   scripts/cluster.sh env      print `export KUBECONFIG=… PATH=…` for a shell to eval
 #   scripts/cluster.sh down     stop what `up` started and remove its containers, mounts, state
 #   scripts/cluster.sh load ARCHIVE...   import image archives (scripts/build-images.sh) for the kubelet
-#   scripts/cluster.sh build    only build (and cache) Kubernetes, etcd, the pause and metrics-server images
+#   scripts/cluster.sh build    only build (and cache) Kubernetes, etcd, CoreDNS, the pause and metrics-server images
 #   scripts/cluster.sh status   say what runs
 #
 # Kubernetes is built with `go build` from the k8s.io/kubernetes module at KUBE_VERSION, and
 # etcd from go.etcd.io/etcd/server/v3 at ETCD_VERSION, cached under ~/.cache/wasmless/kube/;
 # containerd, runc and the CNI plugins are Debian's. metrics-server (built by scripts/lib.sh's
 # go_tool, its image cached beside Kubernetes) runs as a pod behind the API server's
-# aggregation layer, so `kubectl top` and an HPA's CPU target work. Every process listens on
-# 127.0.0.1 or on the pod bridge's gateway address (GATEWAY): traffic stays on this machine's
-# loopback, the bridge and the pods' namespaces.
+# aggregation layer, so `kubectl top` and an HPA's CPU target work. CoreDNS (the same shared
+# Go tools module) is the cluster's DNS, a process on the node, so Service names resolve in
+# pods as on any cluster. Every process listens on 127.0.0.1 or on the pod bridge's gateway
+# address (GATEWAY): traffic stays on this machine's loopback, the bridge and the pods'
+# namespaces.
 # Needs root. Each process's log is in $CLUSTER_DIR/logs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/sbin:/sbin   # runc, iptables, conntrack
 SAY_AS=cluster
 # shellcheck source=scripts/lib.sh
-. scripts/lib.sh   # say, wait_until, the Go tools (metrics-server) and their versions
+. scripts/lib.sh   # say, wait_until, the Go tools (metrics-server, CoreDNS) and their versions
 
 KUBE_VERSION=1.34.4
 # Debian's etcd (3.4.23) is below what 1.34's API server needs: its watch cache fell behind
@@ -36,12 +38,16 @@ CLUSTER_DIR=${WASMLESS_CLUSTER_DIR:-/var/lib/wasmless-cluster}
 NODE=wasmless-node
 BRIDGE=wasmless0
 POD_CIDR=10.244.0.0/24
-GATEWAY=10.244.0.1              # the bridge's address: API server, kubelet, registry, node IP
-SERVICE_CIDR=10.96.0.0/24       # 10.96.0.1 is the `kubernetes` Service
+GATEWAY=10.244.0.1              # the bridge's address: API server, kubelet, DNS, registry, node IP
+SERVICE_CIDR=10.96.0.0/24
+KUBERNETES_SERVICE_IP=10.96.0.1 # the `kubernetes` Service, the range's first address
+CLUSTER_DOMAIN=cluster.local
+DNS_IP=$GATEWAY                 # CoreDNS, the kubelet's clusterDNS (start_dns says why there)
+DNS_READY=127.0.0.1:8181        # CoreDNS's readiness: 200 once it has listed the Services
 PAUSE_IMAGE=docker.io/wasmless/pause:$KUBE_VERSION
 METRICS_SERVER_IMAGE=docker.io/wasmless/metrics-server:$METRICS_SERVER_VERSION
 METRICS_SERVER_ARCHIVE=$CACHE/kube/metrics-server-$METRICS_SERVER_VERSION.tar
-COMPONENTS=(etcd containerd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
+COMPONENTS=(etcd containerd kube-apiserver kube-controller-manager kube-scheduler coredns kubelet kube-proxy)
 
 PKI=$CLUSTER_DIR/pki
 PIDS=$CLUSTER_DIR/pids
@@ -121,6 +127,12 @@ build_metrics_server() {
   rm -rf "$rootfs"
 }
 
+# CoreDNS with the plugins the cluster's DNS uses (scripts/cluster/coredns/main.go), a binary
+# on the node like the Kubernetes components.
+build_coredns() {
+  COREDNS=$(coredns_tool)
+}
+
 # The sandbox ("pause") image: one static binary that holds a pod's namespaces open.
 build_pause() {
   local archive=$CACHE/kube/pause-$KUBE_VERSION.tar
@@ -186,7 +198,7 @@ make_pki() {
   new_ca front-proxy-ca wasmless-test-cluster-front-proxy-ca
   sign front-proxy-client "/CN=$FRONT_PROXY_CLIENT" "" front-proxy-ca
   sign apiserver "/CN=kube-apiserver" \
-    "IP:$GATEWAY,IP:127.0.0.1,IP:${SERVICE_CIDR%.0/*}.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost"
+    "IP:$GATEWAY,IP:127.0.0.1,IP:$KUBERNETES_SERVICE_IP,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost"
   sign apiserver-kubelet-client "/O=wasmless:apiserver/CN=kube-apiserver-kubelet-client"
   sign kubelet-serving "/CN=$NODE" "IP:$GATEWAY,DNS:$NODE"
   sign admin "/O=system:masters/CN=wasmless-admin"
@@ -195,10 +207,11 @@ make_pki() {
   sign scheduler "/CN=system:kube-scheduler"
   sign kube-proxy "/CN=system:kube-proxy"
   sign prometheus "/CN=wasmless-prometheus"
+  sign coredns "/CN=wasmless-coredns"
   openssl genrsa -out "$PKI/service-account.key" 2048 2>/dev/null
   openssl rsa -in "$PKI/service-account.key" -pubout -out "$PKI/service-account.pub" 2>/dev/null
   local name
-  for name in admin kubelet controller-manager scheduler kube-proxy prometheus; do kubeconfig "$name"; done
+  for name in admin kubelet controller-manager scheduler kube-proxy prometheus coredns; do kubeconfig "$name"; done
 }
 
 # ---- processes -------------------------------------------------------------------------
@@ -402,6 +415,82 @@ EOF
     --authorization-kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig"
 }
 
+# CoreDNS, the cluster's DNS: a process on the node, on the bridge's gateway address, which is
+# the kubelet's clusterDNS. Pods ask it over the bridge as they reach the API server, and the
+# kubelet writes them a resolv.conf of `search <ns>.svc.cluster.local svc.cluster.local
+# cluster.local`, `nameserver 10.244.0.1` and `options ndots:5`. Not a pod behind a
+# `kube-dns` Service (what kubeadm makes): DNS would then wait for a pod to be scheduled and
+# for kube-proxy's rules, and each query would pass a UDP DNAT; pods see no difference but
+# the nameserver's address, and nothing reads that Service.
+# It answers for cluster.local and the Service range's reverse zone (PTR of a ClusterIP) from
+# the API server, as a user that may only list and watch what the kubernetes plugin reads, and
+# REFUSED for every other name: it has no upstream (nothing leaves this machine), and REFUSED
+# says "not this server's" where NXDOMAIN would say the name exists nowhere, and be cached.
+# Answers live 5 s (the plugin's default TTL, which the cache keeps to), so a Service made
+# after a first miss resolves within 5 s. It parses what pods send, so it runs as nobody
+# with only the capability to bind port 53.
+start_dns() {
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: wasmless:coredns}
+rules:
+- apiGroups: [""]
+  resources: [services, namespaces]
+  verbs: [list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: wasmless:coredns}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: wasmless:coredns}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: wasmless-coredns}]
+EOF
+  local dir=$CLUSTER_DIR/coredns
+  mkdir -p "$dir"
+  install -m 0400 -o 65534 -g 65534 "$CLUSTER_DIR/coredns.kubeconfig" "$dir/kubeconfig"
+  cat >"$dir/Corefile" <<EOF
+$CLUSTER_DOMAIN $SERVICE_CIDR {
+  bind $DNS_IP
+  ready $DNS_READY
+  errors
+  log . {
+    class denial error
+  }
+  loadbalance
+  cache 30
+  kubernetes $CLUSTER_DOMAIN $SERVICE_CIDR {
+    kubeconfig $dir/kubeconfig wasmless
+  }
+}
+EOF
+  allow_dns_from_pods
+  start coredns setpriv --reuid 65534 --regid 65534 --clear-groups \
+    --inh-caps +net_bind_service --ambient-caps +net_bind_service \
+    "$COREDNS" -conf "$dir/Corefile"
+  wait_until 60 "CoreDNS (ready once it has listed the Services)" curl -fsS "http://$DNS_READY/ready"
+  local answer
+  answer=$(dig +short +time=2 +tries=1 @"$DNS_IP" "kubernetes.default.svc.$CLUSTER_DOMAIN" A)
+  [[ $answer == "$KUBERNETES_SERVICE_IP" ]] ||
+    die "CoreDNS answers '$answer' for kubernetes.default.svc.$CLUSTER_DOMAIN, not $KUBERNETES_SERVICE_IP"
+}
+
+# Pods reach CoreDNS over the bridge, and the node's own processes over loopback; nothing else
+# does. First in INPUT, so that a host refusing by default would still let the pods ask.
+allow_dns_from_pods() {
+  iptables -N WASMLESS-DNS 2>/dev/null || iptables -F WASMLESS-DNS
+  iptables -A WASMLESS-DNS -i "$BRIDGE" -j ACCEPT
+  iptables -A WASMLESS-DNS -i lo -j ACCEPT
+  iptables -A WASMLESS-DNS -j DROP
+  local proto
+  for proto in udp tcp; do
+    iptables -C INPUT -d "$DNS_IP" -p "$proto" --dport 53 -j WASMLESS-DNS 2>/dev/null ||
+      iptables -I INPUT -d "$DNS_IP" -p "$proto" --dport 53 -j WASMLESS-DNS
+  done
+}
+
 # This machine: cgroup v1 (hybrid) with no systemd, no swap, and a nested memory cgroup.
 start_kubelet() {
   mkdir -p "$CLUSTER_DIR/kubelet"
@@ -427,7 +516,8 @@ evictionHard: {memory.available: 100Mi, nodefs.available: 1%, nodefs.inodesFree:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
-clusterDomain: cluster.local
+clusterDomain: $CLUSTER_DOMAIN
+clusterDNS: [$DNS_IP]
 resolvConf: ""
 EOF
   start kubelet "$KUBE_BIN/kubelet" --config "$CLUSTER_DIR/kubelet.yaml" \
@@ -476,6 +566,7 @@ up() {
   fi
   build_kube
   build_etcd
+  build_coredns
   build_pause
   build_metrics_server
   mkdir -p "$CLUSTER_DIR"
@@ -485,6 +576,7 @@ up() {
   start_containerd
   start_apiserver
   start_controllers
+  start_dns
   start_kubelet
   start_proxy
   start_metrics_server
@@ -527,7 +619,7 @@ new_netns() {
 
 down() {
   [[ -d $CLUSTER_DIR ]] || { say "not up"; return; }
-  stop kube-proxy kube-scheduler kube-controller-manager kubelet kube-apiserver
+  stop kube-proxy kube-scheduler kube-controller-manager kubelet coredns kube-apiserver
   # The pods' containers outlive the kubelet: kill them through containerd, then its shims.
   if running containerd; then
     local task
@@ -547,6 +639,7 @@ down() {
   # kube-proxy's rules, the kubelet's, then the host settings as they were before `up`.
   [[ -x $KUBE_BIN/kube-proxy ]] && "$KUBE_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
   remove_kubelet_chains
+  remove_dns_rules
   [[ -f $CLUSTER_DIR/host/service-route.created ]] && ip route delete "$SERVICE_CIDR" dev "$BRIDGE" 2>/dev/null || true
   [[ -f $CLUSTER_DIR/host/bridge.created ]] && ip link delete "$BRIDGE" 2>/dev/null || true
   local host=$CLUSTER_DIR/host
@@ -573,6 +666,14 @@ remove_kubelet_chains() {
   done
 }
 
+remove_dns_rules() {
+  local proto
+  for proto in udp tcp; do
+    while iptables -D INPUT -d "$DNS_IP" -p "$proto" --dport 53 -j WASMLESS-DNS 2>/dev/null; do :; done
+  done
+  iptables -F WASMLESS-DNS 2>/dev/null && iptables -X WASMLESS-DNS 2>/dev/null || true
+}
+
 # Fails, naming them, if any of the cluster's processes, mounts or links is still there.
 check_clean() {
   local left=()
@@ -585,6 +686,7 @@ check_clean() {
   ip link show "$BRIDGE" >/dev/null 2>&1 && left+=("bridge $BRIDGE")
   ip route show "$SERVICE_CIDR" | grep -q . && left+=("route to $SERVICE_CIDR")
   iptables-save 2>/dev/null | grep -q 'KUBE-' && left+=("iptables chains KUBE-*")
+  iptables-save 2>/dev/null | grep -q 'WASMLESS-' && left+=("iptables chain WASMLESS-DNS")
   [[ -e $CLUSTER_DIR ]] && left+=("$CLUSTER_DIR")
   [[ ${#left[@]} -eq 0 ]] || die "left behind: ${left[*]}"
 }
@@ -603,14 +705,14 @@ case ${1:-} in
   down) down ;;
   env)
     printf 'export KUBECONFIG=%q PATH=%q:"$PATH"\n' "$ADMIN_KUBECONFIG" "$KUBE_BIN"
-    printf 'export WASMLESS_CLUSTER_DIR=%q WASMLESS_CLUSTER_GATEWAY=%q\n' "$CLUSTER_DIR" "$GATEWAY"
+    printf 'export WASMLESS_CLUSTER_DIR=%q WASMLESS_CLUSTER_GATEWAY=%q WASMLESS_CLUSTER_DNS=%q\n' "$CLUSTER_DIR" "$GATEWAY" "$DNS_IP"
     ;;
   load)
     shift
     running containerd || die "the cluster is not up"
     for archive in "$@"; do import_image "$archive"; say "loaded $archive"; done
     ;;
-  build) build_kube; build_etcd; build_pause; build_metrics_server ;;
+  build) build_kube; build_etcd; build_coredns; build_pause; build_metrics_server ;;
   status) status ;;
   *) echo "usage: $0 up | down | env | load ARCHIVE... | build | status" >&2; exit 2 ;;
 esac

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the project's shell scripts (the test cluster, e2e, the benchmarks, the Helm
 # check, the set-up): how they speak, fail and wait, and the Go tools they build. Source it
 # after setting SAY_AS, the word every line of the script's own starts with.
@@ -27,36 +28,46 @@ WASMLESS_CACHE=${WASMLESS_CACHE:-$HOME/.cache/wasmless}
 # The tools the tests run that come as Go modules and not as Debian packages, each at the
 # version given here. Helm (scripts/check-helm.sh and e2e; no Debian package, and its
 # binaries come from a host this machine does not reach), Prometheus with Kubernetes discovery (e2e; Debian's is
-# built without it) and metrics-server (scripts/cluster.sh) share one Go module: their common
-# dependencies (client-go and the Kubernetes API types, grpc, OpenTelemetry) resolve to one
-# version each and compile once into Go's build cache, where three modules compiled them
-# three times. Each is built when first asked for (helm_tool, prometheus_tool,
-# metrics_server_tool below); scripts/test.sh asks for all of them in the background while
-# Rust compiles. Kubernetes and etcd keep modules of their own (scripts/cluster.sh): their
-# versions are pinned to each other's, not to these tools'.
+# built without it), metrics-server and CoreDNS (scripts/cluster.sh) share one Go module: their
+# common dependencies (client-go and the Kubernetes API types, grpc, OpenTelemetry) resolve to
+# one version each and compile once into Go's build cache, where a module each compiled them
+# once per tool. Each is built when first asked for (helm_tool, prometheus_tool,
+# metrics_server_tool, coredns_tool below); scripts/test.sh asks for all of them in the
+# background while Rust compiles. Kubernetes and etcd keep modules of their own
+# (scripts/cluster.sh): their versions are pinned to each other's, not to these tools'.
 HELM_VERSION=v3.22.0
 PROMETHEUS_VERSION=v0.316.0 # Prometheus 3.x's module versioning
 # The only metrics-server version the proxy serves whole, and the line its compatibility
 # matrix gives for Kubernetes 1.34+.
 METRICS_SERVER_VERSION=v0.9.0
+# Its client-go and API types are the others' (v0.37.1), so it adds no second copy of them.
+COREDNS_VERSION=v1.15.0
 GO_TOOLS=$WASMLESS_CACHE/tools/go
+# The module's own packages: CoreDNS's main package, which picks its plugins.
+GO_TOOLS_SOURCES=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/cluster
 
 # go_tools_module: the shared module's directory, made (and its dependencies resolved) when
-# the versions above change. Locked, so tools built at once in the background agree.
+# the versions above change; its own packages are copied in when they change. Locked, so
+# tools built at once in the background agree.
 go_tools_module() {
   local wanted
-  wanted=$(printf 'module wasmless.local/tools\n\ngo 1.26.7\n\nrequire (\n\thelm.sh/helm/v3 %s\n\tgithub.com/prometheus/prometheus %s\n\tsigs.k8s.io/metrics-server %s\n)\n' \
-    "$HELM_VERSION" "$PROMETHEUS_VERSION" "$METRICS_SERVER_VERSION")
+  wanted=$(printf 'module wasmless.local/tools\n\ngo 1.26.7\n\nrequire (\n\thelm.sh/helm/v3 %s\n\tgithub.com/prometheus/prometheus %s\n\tsigs.k8s.io/metrics-server %s\n\tgithub.com/coredns/coredns %s\n)\n' \
+    "$HELM_VERSION" "$PROMETHEUS_VERSION" "$METRICS_SERVER_VERSION" "$COREDNS_VERSION")
   mkdir -p "$GO_TOOLS"
   (
     flock 9
-    [[ $(cat "$GO_TOOLS/module/go.mod.wanted" 2>/dev/null) == "$wanted" ]] && exit 0
-    rm -rf "$GO_TOOLS/module" "$GO_TOOLS/bin"
-    mkdir -p "$GO_TOOLS/module"
-    printf '%s' "$wanted" >"$GO_TOOLS/module/go.mod"
-    cd "$GO_TOOLS/module"
+    if [[ $(cat "$GO_TOOLS/module/go.mod.wanted" 2>/dev/null) != "$wanted" ]]; then
+      rm -rf "${GO_TOOLS:?}/module" "${GO_TOOLS:?}/bin"
+      mkdir -p "$GO_TOOLS/module"
+      printf '%s' "$wanted" >"$GO_TOOLS/module/go.mod"
+    fi
+    cmp -s "$GO_TOOLS_SOURCES/coredns/main.go" "$GO_TOOLS/module/coredns/main.go" ||
+      install -D -m 0644 "$GO_TOOLS_SOURCES/coredns/main.go" "$GO_TOOLS/module/coredns/main.go"
+    [[ -f $GO_TOOLS/module/go.mod.wanted ]] && exit 0
+    cd "$GO_TOOLS/module" || exit 1
+    # ./coredns: the plugins its main package imports, from the CoreDNS module required above.
     local get=(helm.sh/helm/v3/cmd/helm@"$HELM_VERSION" github.com/prometheus/prometheus/cmd/prometheus@"$PROMETHEUS_VERSION"
-      sigs.k8s.io/metrics-server/cmd/metrics-server@"$METRICS_SERVER_VERSION")
+      sigs.k8s.io/metrics-server/cmd/metrics-server@"$METRICS_SERVER_VERSION" ./coredns)
     GOFLAGS=-mod=mod GOTOOLCHAIN=local go get "${get[@]}" >/dev/null 2>&1 || GOFLAGS=-mod=mod GOTOOLCHAIN=local go get "${get[@]}" >&2
     printf '%s' "$wanted" >go.mod.wanted
   ) 9>"$GO_TOOLS/lock"
@@ -73,6 +84,8 @@ go_tool() {
   module=$(go_tools_module)
   bin=$GO_TOOLS/bin/$name
   stamp="$package $*"
+  # A package of the module's own is rebuilt when its source changes too.
+  [[ $package == ./* ]] && stamp+=" $(cat "$module/$package"/*.go | sha256sum | cut -c1-16)"
   if [[ ! -x $bin || $(cat "$bin.stamp" 2>/dev/null) != "$stamp" ]]; then
     say "building $name from the Go module proxy into $GO_TOOLS/bin (once)"
     mkdir -p "$GO_TOOLS/bin"
@@ -82,7 +95,7 @@ go_tool() {
   echo "$bin"
 }
 
-# The three tools, each with its own flags (its Makefile's).
+# The tools, each with its own flags (its Makefile's).
 # Helm's version, and the Kubernetes version `helm template` and `helm lint` assume without
 # a cluster (that of its client-go, v0.37 -> 1.37; Go's default would be 1.20, which the
 # chart's kubeVersion refuses).
@@ -105,4 +118,10 @@ prometheus_tool() {
 metrics_server_tool() {
   go_tool metrics-server sigs.k8s.io/metrics-server/cmd/metrics-server \
     -ldflags "-s -w -X k8s.io/client-go/pkg/version.gitVersion=$METRICS_SERVER_VERSION"
+}
+
+# CoreDNS with the plugins a cluster's DNS needs (scripts/cluster/coredns/main.go), and not
+# the cloud providers' and the rest that its own binary compiles in.
+coredns_tool() {
+  go_tool coredns ./coredns -ldflags "-s -w"
 }

@@ -9,7 +9,8 @@
 #     the tests use the cluster's own, built by scripts/cluster.sh)
 #   - buildah (builds Dockerfile.runtime in the tests), from Debian
 #   - the test cluster's parts from Debian (scripts/cluster.sh): containerd, runc,
-#     containernetworking-plugins, iptables, conntrack; debootstrap for the builder image
+#     containernetworking-plugins, iptables, conntrack; dig (bind9-dnsutils) to ask its DNS;
+#     debootstrap for the builder image
 set -euo pipefail
 
 say() { printf '[setup] %s\n' "$*" >&2; }
@@ -56,6 +57,7 @@ ensure_debian_packages() {
   [[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
   [[ -x /usr/sbin/iptables ]] || missing+=(iptables)
   [[ -x /usr/sbin/conntrack ]] || missing+=(conntrack)
+  command -v dig >/dev/null 2>&1 || missing+=(bind9-dnsutils)
   [[ -x /usr/sbin/debootstrap ]] || missing+=(debootstrap)
   command -v curl >/dev/null 2>&1 || missing+=(curl)
   command -v wrk >/dev/null 2>&1 || missing+=(wrk)   # e2e's load for the HPA on CPU

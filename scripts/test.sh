@@ -36,9 +36,9 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 # Go compiles in the background while Rust compiles in the foreground: a Rust build leaves a
 # core idle for minutes at a time (one large crate, or a link, holding up the rest), and Go
-# fills it. Helm and Prometheus (scripts/lib.sh), then Kubernetes, etcd, the pause image and
-# metrics-server (scripts/cluster.sh build); the Helm check and the cluster wait for them.
-step "Go: Helm, Prometheus, Kubernetes, etcd, metrics-server, started in the background"
+# fills it. Helm and Prometheus (scripts/lib.sh), then Kubernetes, etcd, CoreDNS, the pause
+# image and metrics-server (scripts/cluster.sh build); the Helm check and the cluster wait for them.
+step "Go: Helm, Prometheus, Kubernetes, etcd, CoreDNS, metrics-server, started in the background"
 go_log=$(mktemp /tmp/wasmless-go-build.XXXXXX)
 # shellcheck source=scripts/lib.sh
 (. scripts/lib.sh && helm_tool && prometheus_tool && scripts/cluster.sh build) >"$go_log" 2>&1 &
@@ -48,7 +48,7 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "gofmt and go vet (sdk/go)"
-unformatted=$("$(go env GOROOT)/bin/gofmt" -l sdk/go runtime/tests/handlers)
+unformatted=$("$(go env GOROOT)/bin/gofmt" -l sdk/go runtime/tests/handlers scripts/cluster)
 [[ -z $unformatted ]] || { echo "gofmt would change: $unformatted"; exit 1; }
 (cd sdk/go && GOOS=wasip1 GOARCH=wasm GOFLAGS=-mod=mod GOPROXY=off go vet ./...)
 
