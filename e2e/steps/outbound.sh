@@ -61,6 +61,7 @@ call_another_function() {
   metrics=$(runtime_metrics caller)
   expect_contains "$metrics" 'wasmless_outbound_requests_total{function="caller",host="callee",status="200"} 1' "the call counted"
   expect_contains "$metrics" 'wasmless_outbound_requests_total{function="caller",host="example.com",status="denied"} 1' "the refused call counted"
+  kubectl delete fn caller callee -n "$NS" --wait=false >/dev/null
   ok
 }
 
@@ -102,5 +103,7 @@ secret_rotation() {
   echo "$total requests during the rotation, $failed failed"
   grep '^FAIL' "$WORK/secret-requests.log" | head -5 || true
   expect_eq "$failed" 0 "failed requests during the rotation"
+  kubectl delete fn secretive -n "$NS" --wait=false >/dev/null
+  kubectl delete secret greeting -n "$NS" >/dev/null
   ok
 }
