@@ -629,7 +629,13 @@ fn outbound(settings: &Settings) -> anyhow::Result<Vec<Throughput>> {
     let source = dir.join("handler.go");
     std::fs::write(&source, OUTBOUND_HANDLER)?;
     let path = dir.join("module.wasm");
-    time_command(&mut builder(settings, "go", &source, &path, &settings.work("builder-cache")))?;
+    time_command(&mut builder(
+        settings,
+        "go",
+        &source,
+        &path,
+        &settings.work("builder-cache"),
+    ))?;
     let code = path.with_extension("cwasm.lz4");
     let module = Module {
         digest: Digest::of(&std::fs::read(&path)?),
@@ -640,8 +646,14 @@ fn outbound(settings: &Settings) -> anyhow::Result<Vec<Throughput>> {
     let env = format!("UPSTREAM_PORT={upstream_port}");
     let cache = settings.work("outbound-cache");
     for (name, isolation) in [
-        ("wasmless-runtime, the same handler (Go reactor, a fresh instance per request)", "request"),
-        ("wasmless-runtime, the same handler (Go reactor, shared instances)", "shared"),
+        (
+            "wasmless-runtime, the same handler (Go reactor, a fresh instance per request)",
+            "request",
+        ),
+        (
+            "wasmless-runtime, the same handler (Go reactor, shared instances)",
+            "shared",
+        ),
     ] {
         let port = free_port();
         measure(
