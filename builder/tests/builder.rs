@@ -4,6 +4,9 @@
 
 mod support;
 
+/// Handlers written for native Go answer as under native Go.
+mod native_go;
+
 use serde_json::Value;
 use std::path::Path;
 use support::*;

@@ -33,6 +33,8 @@ package main
 
 import (
 	"function/handlers"
+	// Time zones as on a machine with a zoneinfo database: the sandbox has no files.
+	_ "time/tzdata"
 
 	"wasmless.io/wasmless/reactor"
 )

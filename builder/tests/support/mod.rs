@@ -124,6 +124,11 @@ pub struct Served {
 
 impl Served {
     pub async fn start(module: &str, digest: &str, env: &[(String, String)]) -> Self {
+        Self::start_with(module, digest, env, &[]).await
+    }
+
+    /// [`Served::start`] with more runtime flags.
+    pub async fn start_with(module: &str, digest: &str, env: &[(String, String)], flags: &[&str]) -> Self {
         let mut args: Vec<String> = [
             "wasmless-runtime",
             "--module",
@@ -146,6 +151,7 @@ impl Served {
             args.push("--env".into());
             args.push(format!("{key}={value}"));
         }
+        args.extend(flags.iter().map(|flag| flag.to_string()));
         let config = <wasmless_runtime::Config as clap::Parser>::parse_from(args);
         let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

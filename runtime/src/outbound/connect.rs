@@ -66,9 +66,9 @@ impl tower::Service<Uri> for GuardedConnector {
 
 async fn connect(policy: &Policy, uri: &Uri) -> Result<TcpStream, ConnectError> {
     let destination = Destination::of(uri).ok_or_else(|| ConnectError::NotAllowed(uri.to_string()))?;
-    let allowed = policy
-        .allows(&destination)
-        .ok_or_else(|| ConnectError::NotAllowed(destination.authority()))?;
+    if policy.allows(&destination).is_none() {
+        return Err(ConnectError::NotAllowed(destination.authority()));
+    }
     let resolved: Vec<SocketAddr> = tokio::net::lookup_host((destination.host.as_str(), destination.port))
         .await
         .map_err(|source| ConnectError::Dns {
@@ -79,7 +79,7 @@ async fn connect(policy: &Policy, uri: &Uri) -> Result<TcpStream, ConnectError> 
     let permitted: Vec<SocketAddr> = resolved
         .iter()
         .copied()
-        .filter(|address| policy.may_connect(allowed, *address))
+        .filter(|address| policy.may_connect(&destination, *address))
         .collect();
     if permitted.is_empty() {
         return Err(ConnectError::Prohibited {

@@ -82,18 +82,18 @@ impl Pattern {
             Some("*") => Port::Any,
             Some(port) => Port::Exactly(port.parse().map_err(|_| bad("the port must be a number or *"))?),
         };
-        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        let host = host.to_ascii_lowercase();
         let host = if host == "*" {
             Host::Any
-        } else if let Some(domain) = host.strip_prefix("*.") {
+        } else if let Some(domain) = host.strip_prefix("*.").map(|domain| domain.trim_end_matches('.')) {
             if !is_dns_name(domain) {
                 return Err(bad("the host must be a DNS name or an IP address"));
             }
             Host::Subdomains(domain.to_string())
         } else if let Some(address) = parse_address(&host) {
             Host::Address(address)
-        } else if is_dns_name(&host) {
-            Host::Name(host)
+        } else if is_dns_name(host.trim_end_matches('.')) {
+            Host::Name(host.trim_end_matches('.').to_string())
         } else {
             return Err(bad("the host must be a DNS name or an IP address"));
         };
@@ -257,22 +257,27 @@ impl Policy {
             .map(|pattern| Allowed { pattern })
     }
 
-    /// Whether a connection to `address` may be opened for a request `allowed` let out:
-    /// addresses in a blocked range only when the entry names that address (or
-    /// `localhost`, for loopback) literally, and this runtime's admin port only when the
-    /// entry names address and port.
-    pub fn may_connect(&self, allowed: Allowed<'_>, address: SocketAddr) -> bool {
+    /// Whether a connection to `address` may be opened for a request to `destination`:
+    /// addresses in a blocked range only when an entry that allows the destination names
+    /// that address (or `localhost`, for loopback) literally, and this runtime's admin
+    /// port only when such an entry names address and port.
+    pub fn may_connect(&self, destination: &Destination, address: SocketAddr) -> bool {
         let ip = canonical(address.ip());
-        let literal = match &allowed.pattern.host {
+        let names_literally = |pattern: &&Pattern| match &pattern.host {
             Host::Address(listed) => canonical(*listed) == ip,
             Host::Name(name) => name == "localhost" && ip.is_loopback(),
             Host::Subdomains(_) | Host::Any => false,
         };
+        let mut literal = self
+            .allow
+            .iter()
+            .filter(|pattern| pattern.matches(destination))
+            .filter(names_literally);
         let own = ip.is_loopback() || ip.is_unspecified() || self.pod_ip.map(canonical) == Some(ip);
         if own && address.port() == self.admin_port {
-            return literal && allowed.pattern.port == Port::Exactly(self.admin_port);
+            return literal.any(|pattern| pattern.port == Port::Exactly(self.admin_port));
         }
-        literal || !is_blocked(ip)
+        literal.next().is_some() || !is_blocked(ip)
     }
 }
 
@@ -380,8 +385,8 @@ mod tests {
 
     fn may_connect(policy: &Policy, url: &str, address: &str) -> bool {
         let destination = Destination::of(&url.parse().unwrap()).unwrap();
-        let allowed = policy.allows(&destination).expect("allowed by the list");
-        policy.may_connect(allowed, address.parse().unwrap())
+        assert!(policy.allows(&destination).is_some(), "allowed by the list");
+        policy.may_connect(&destination, address.parse().unwrap())
     }
 
     #[test]

@@ -1,0 +1,105 @@
+package handlers
+
+// Handlers as people write them for native Go, without reading Wasmless's docs: a JSON
+// API, a webhook signature check, a template, gzip, time zones, a large upload, an
+// outbound call with a timeout, a status of one's own.
+
+import (
+	"compress/gzip"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+)
+
+var page = template.Must(template.New("page").Parse(
+	`<h1>Hello, {{.Name}}</h1><ul>{{range .Items}}<li>{{.}}</li>{{end}}</ul>`))
+
+func Handler(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/json":
+		var in struct {
+			Name  string `json:"name"`
+			Count int    `json:"count"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]any{"greeting": "hi " + in.Name, "double": in.Count * 2})
+	case "/webhook":
+		body, _ := io.ReadAll(r.Body)
+		mac := hmac.New(sha256.New, []byte(os.Getenv("WEBHOOK_KEY")))
+		mac.Write(body)
+		if !hmac.Equal([]byte(hex.EncodeToString(mac.Sum(nil))), []byte(r.Header.Get("X-Signature"))) {
+			http.Error(w, "bad signature", http.StatusUnauthorized)
+			return
+		}
+		fmt.Fprintf(w, "verified %d bytes", len(body))
+	case "/template":
+		page.Execute(w, map[string]any{"Name": r.URL.Query().Get("name"), "Items": []string{"a", "<b>"}})
+	case "/gzip":
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Header().Set("Content-Type", "text/plain")
+		gz := gzip.NewWriter(w)
+		gz.Write([]byte(strings.Repeat("compressible ", 200)))
+		gz.Close()
+	case "/timezone":
+		loc, err := time.LoadLocation("America/New_York")
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		fmt.Fprint(w, time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC).In(loc).Format(time.RFC1123Z))
+	case "/upload":
+		hash := sha256.New()
+		n, err := io.Copy(hash, r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintf(w, "%d bytes, sha256 %x", n, hash.Sum(nil))
+	case "/call":
+		client := &http.Client{Timeout: 2 * time.Second}
+		resp, err := client.Post(os.Getenv("UPSTREAM")+"/echo", "text/plain", strings.NewReader("ping"))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		fmt.Fprintf(w, "%d %s", resp.StatusCode, body)
+	case "/call-timeout":
+		client := &http.Client{Timeout: 200 * time.Millisecond}
+		_, err := client.Get(os.Getenv("UPSTREAM") + "/slow")
+		var timeout interface{ Timeout() bool }
+		ok := err != nil && errorsAs(err, &timeout) && timeout.Timeout()
+		fmt.Fprintf(w, "timed out: %v", ok)
+	default:
+		w.WriteHeader(http.StatusTeapot)
+		w.Write([]byte("short and stout"))
+	}
+}
+
+func errorsAs(err error, target *interface{ Timeout() bool }) bool {
+	for err != nil {
+		if t, ok := err.(interface{ Timeout() bool }); ok {
+			*target = t
+			return true
+		}
+		u, ok := err.(interface{ Unwrap() error })
+		if !ok {
+			return false
+		}
+		err = u.Unwrap()
+	}
+	return false
+}
