@@ -72,6 +72,9 @@ impl Drop for Native {
     }
 }
 
+/// One request of the comparison, made against a base URL.
+type MakeRequest<'a> = Box<dyn Fn(&str) -> reqwest::RequestBuilder + 'a>;
+
 /// What a client sees of an answer, less what differs by nature (Date).
 async fn answer(request: reqwest::RequestBuilder) -> (u16, Option<String>, Option<String>, Vec<u8>) {
     let response = request.send().await.unwrap();
@@ -120,7 +123,7 @@ async fn handlers_written_for_native_go_answer_as_under_native_go() {
     let upload: Vec<u8> = (0..900 * 1024).map(|i| (i * 7 % 251) as u8).collect();
     let signed = b"{\"event\":\"push\"}".to_vec();
     let signature = hmac_sha256_hex(WEBHOOK_KEY.as_bytes(), &signed);
-    let requests: Vec<(&str, Box<dyn Fn(&str) -> reqwest::RequestBuilder>)> = vec![
+    let requests: Vec<(&str, MakeRequest)> = vec![
         (
             "json",
             Box::new(|base| client.post(format!("{base}/json")).body(r#"{"name":"Ada","count":21}"#)),
