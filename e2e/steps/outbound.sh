@@ -47,6 +47,8 @@ call_another_function() {
   local caller
   caller=$(service_url caller)
   expect_service_answer callee "from callee"
+  # Ready is the pods'; kube-proxy programs caller's new Service a moment later.
+  wait_until 30 "caller's Service to answer" get "${caller}?url=http://callee:8080/"
   local answer
   answer=$(get "${caller}?url=http://callee:8080/")
   expect_eq "$answer" "200 from callee" "caller's call to http://callee:8080 (the short name, resolved by the cluster's DNS)"
