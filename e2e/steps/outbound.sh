@@ -61,7 +61,8 @@ call_another_function() {
   expect_contains "$refused" "spec.outbound.allow" "the error of a call to a host not listed"
   local metrics
   metrics=$(runtime_metrics caller)
-  expect_contains "$metrics" 'wasmless_outbound_requests_total{function="caller",host="callee",status="200"} 1' "the call counted"
+  expect_contains "$metrics" "wasmless_outbound_requests_total{function=\"caller\",host=\"callee.$NS.svc.cluster.local\",status=\"200\"} 1" "the call to the full name, counted"
+  expect_contains "$metrics" 'wasmless_outbound_requests_total{function="caller",host="callee",status="200"}' "the calls to the short name, counted"
   expect_contains "$metrics" 'wasmless_outbound_requests_total{function="caller",host="example.com",status="denied"} 1' "the refused call counted"
   kubectl delete fn caller callee -n "$NS" --wait=false >/dev/null
   ok
