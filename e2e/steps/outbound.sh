@@ -78,7 +78,7 @@ secret_rotation() {
   kubectl wait fn/secretive -n "$NS" --for=condition=Ready --timeout=600s >/dev/null
   expect_service_answer secretive "first"
   local spec
-  spec=$(kubectl get fn secretive deploy/secretive cm/secretive-source -n "$NS" -o yaml)
+  spec=$(kubectl get fn/secretive deploy/secretive -n "$NS" -o yaml; kubectl get cm,jobs -n "$NS" -l wasmless.io/function=secretive -o yaml)
   [[ $spec != *first* ]] || fail "the Secret's value appears in the Function, its Deployment or its source ConfigMap"
   local url
   url=$(service_url secretive)
