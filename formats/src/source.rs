@@ -102,6 +102,29 @@ pub enum SourceError {
     CargoDependencies,
 }
 
+/// [`Source::digest`] of files by name (in any order), for a language by its name: what the
+/// operator computes from a Function's `source` and `files` without reading them as a
+/// [`Source`]. One file hashes as its bytes alone; several, sorted by name, as
+/// length-prefixed name and bytes each.
+pub fn files_digest(language: &str, builder_version: &str, files: &[(&str, &[u8])]) -> Digest {
+    let mut sorted = files.to_vec();
+    sorted.sort_by(|a, b| a.0.cmp(b.0));
+    let canonical = match sorted.as_slice() {
+        [(_, single)] => single.to_vec(),
+        files => {
+            let mut joined = Vec::new();
+            for (name, bytes) in files {
+                for part in [name.as_bytes(), bytes] {
+                    joined.extend_from_slice(&(part.len() as u64).to_le_bytes());
+                    joined.extend_from_slice(part);
+                }
+            }
+            joined
+        }
+    };
+    Digest::of_source(language, builder_version, &canonical)
+}
+
 /// Why `name` cannot name one of a source's files in `language`, in words for a person;
 /// `None` when it can. A name is a plain file name (no `/`, no `..`, no leading `.`, letters,
 /// digits, `.`, `_` and `-`, at most [`MAX_FILE_NAME_BYTES`]) that is one of the language's
@@ -256,22 +279,11 @@ impl Source {
     /// operator (from the Function) and the builder (from the mounted directory) both see
     /// them.
     pub fn digest(&self, builder_version: &str) -> Digest {
-        let mut all: Vec<&SourceFile> = self.all_files().collect();
-        all.sort_by(|a, b| a.name.cmp(&b.name));
-        let canonical = match all.as_slice() {
-            [single] => single.bytes.clone(),
-            files => {
-                let mut joined = Vec::new();
-                for file in files {
-                    for part in [file.name.as_bytes(), &file.bytes] {
-                        joined.extend_from_slice(&(part.len() as u64).to_le_bytes());
-                        joined.extend_from_slice(part);
-                    }
-                }
-                joined
-            }
-        };
-        Digest::of_source(self.language.name(), builder_version, &canonical)
+        let files: Vec<(&str, &[u8])> = self
+            .all_files()
+            .map(|f| (f.name.as_str(), f.bytes.as_slice()))
+            .collect();
+        files_digest(self.language.name(), builder_version, &files)
     }
 
     /// The checks that need no compiler.
