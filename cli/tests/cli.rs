@@ -166,6 +166,45 @@ fn dev_explains_what_it_needs() {
     assert!(stderr.contains("spec.source"), "{stderr}");
 }
 
+/// A directory with a go.mod is built as that module by `dev` and `build`; with no module
+/// proxy set, both say which setting to set before compiling anything.
+#[test]
+fn dev_and_build_of_a_module_directory_name_the_proxy_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../builder/tests/modules/uuid");
+    let project = dir.path().join("uuidfn");
+    std::fs::create_dir(&project).unwrap();
+    for name in ["handler.go", "go.mod", "go.sum"] {
+        std::fs::copy(fixture.join(name), project.join(name)).unwrap();
+    }
+    let output = dir.path().join("out.wasm");
+    let wasmless = || {
+        let mut command = wasmless();
+        command
+            .env_remove("WASMLESS_GOPROXY")
+            .env("WASMLESS_BUILD_CACHE", dir.path().join("cache"));
+        command
+    };
+    let runs = [
+        wasmless().arg("dev").arg(&project).output().unwrap(),
+        wasmless()
+            .args(["build", "--language", "go", "--source"])
+            .arg(&project)
+            .arg("--output")
+            .arg(&output)
+            .output()
+            .unwrap(),
+    ];
+    for run in runs {
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("go.mod requires github.com/google/uuid v1.6.0") && stderr.contains("set WASMLESS_GOPROXY"),
+            "{stderr}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn build_and_serve_are_the_builder_and_the_runtime() {
     let dir = tempfile::tempdir().unwrap();

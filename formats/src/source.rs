@@ -41,6 +41,17 @@ impl Language {
         }
     }
 
+    /// The name a Function's inline `source` is built as, beside its `files` (the name the
+    /// operator mounts it under in the build Job).
+    pub fn inline_file_name(self) -> &'static str {
+        match self {
+            Self::Go => "handler.go",
+            Self::Rust => "lib.rs",
+            Self::Wat => "module.wat",
+            Self::Wasm => "module.wasm",
+        }
+    }
+
     /// File extension of a source file in this language.
     pub fn extension(self) -> &'static str {
         match self {
@@ -229,6 +240,23 @@ impl Source {
             files,
             module_files: Vec::new(),
         })
+    }
+
+    /// The language's [`Language::module_file_names`] found in `dir`, sorted by name.
+    pub fn module_files_in(language: Language, dir: &Path) -> Result<Vec<SourceFile>, SourceError> {
+        let mut found = Vec::new();
+        for name in language.module_file_names() {
+            let path = dir.join(name);
+            if path.is_file() {
+                let bytes = std::fs::read(&path).map_err(|source| SourceError::Read { path, source })?;
+                found.push(SourceFile {
+                    name: (*name).to_string(),
+                    bytes,
+                });
+            }
+        }
+        found.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(found)
     }
 
     /// A single-file source held in memory (inline Function source).
