@@ -554,6 +554,29 @@ fn go_modules_without_a_proxy_fail_with_the_setting_to_set() {
         assert!(message.contains(named), "{named}: {message}");
     }
 
+    // A replacement by a directory would build what the builder's machine holds there.
+    let local = module_handler("uuid", &dir.path().join("local"));
+    let go_mod = std::fs::read_to_string(local.join("go.mod")).unwrap();
+    std::fs::write(
+        local.join("go.mod"),
+        format!("{go_mod}\nreplace github.com/google/uuid => /etc\n"),
+    )
+    .unwrap();
+    let failed = build_command("go", &local, &dir.path().join("out.wasm"), &dir.path().join("cache"))
+        .env("WASMLESS_GOPROXY", "off")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert_eq!(
+        failed.status.code(),
+        Some(wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("replaces github.com/google/uuid with the directory /etc"),
+        "{stderr}"
+    );
+
     let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let closed = format!("http://{}", refused.local_addr().unwrap());
     drop(refused);

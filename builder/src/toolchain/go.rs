@@ -135,6 +135,15 @@ struct GoModJson {
     module: Option<GoModule>,
     #[serde(default)]
     require: Option<Vec<GoModule>>,
+    #[serde(default)]
+    replace: Option<Vec<GoReplace>>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct GoReplace {
+    old: GoModule,
+    new: GoModule,
 }
 
 #[derive(serde::Deserialize)]
@@ -167,6 +176,22 @@ fn user_module_command(project: &Path, source: &Source, options: &BuildOptions) 
             tool: "go",
             message: format!(
                 "go.mod: module path {module_path:?} is not one the handler's package can be imported by: write `module example.com/myfunction`"
+            ),
+        });
+    }
+    // A directory replacement would build whatever the builder's filesystem holds there;
+    // a Function's files are the module's root and nothing else.
+    if let Some(local) = go_mod
+        .replace
+        .iter()
+        .flatten()
+        .find(|r| r.new.version.as_deref().unwrap_or_default().is_empty() && r.old.path != SDK_MODULE)
+    {
+        return Err(BuildError::Compile {
+            tool: "go",
+            message: format!(
+                "go.mod replaces {} with the directory {}: only the handler's own files are built; replace it with a module version, or vendor the code into the handler's files",
+                local.old.path, local.new.path
             ),
         });
     }
