@@ -42,6 +42,7 @@ steps=(
   cli_deploy                                                   # steps/cli.sh
   least_privilege                                              # steps/security.sh
   call_another_function secret_rotation                       # steps/outbound.sh
+  go_modules                                                   # steps/modules.sh
   prometheus_scrapes dashboard_queries                         # steps/prometheus.sh
   port_clash                                                   # steps/lifecycle.sh
   rolling_update compile_error oci_storage failover            # steps/updates.sh

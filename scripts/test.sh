@@ -48,7 +48,7 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "gofmt and go vet (sdk/go)"
-unformatted=$("$(go env GOROOT)/bin/gofmt" -l sdk/go runtime/tests/handlers scripts/cluster)
+unformatted=$("$(go env GOROOT)/bin/gofmt" -l sdk/go runtime/tests/handlers scripts/cluster builder/tests/modules builder/tests/native_go)
 [[ -z $unformatted ]] || { echo "gofmt would change: $unformatted"; exit 1; }
 (cd sdk/go && GOOS=wasip1 GOARCH=wasm GOFLAGS=-mod=mod GOPROXY=off go vet ./...)
 

@@ -32,6 +32,10 @@ pub struct BuildArgs {
     /// Build Rust handlers offline from this `wasmless-builder vendor` directory.
     #[arg(long, env = "WASMLESS_VENDOR_DIR")]
     pub vendor_dir: Option<PathBuf>,
+    /// The Go module proxy (a `GOPROXY` value: `https://proxy.golang.org`, an internal
+    /// mirror) for Go handlers whose go.mod requires modules; checked against their go.sum.
+    #[arg(long, env = "WASMLESS_GOPROXY")]
+    pub go_proxy: Option<String>,
     /// The operator's source digest, used in the published labels.
     #[arg(long, env = "WASMLESS_SOURCE_DIGEST")]
     pub source_digest: Option<Digest>,
@@ -91,6 +95,7 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<Stri
     let options = BuildOptions {
         cache_dir: args.cache_dir.unwrap_or_else(default_cache_dir),
         vendor_dir: args.vendor_dir,
+        go_proxy: args.go_proxy.filter(|p| !p.trim().is_empty()),
     };
     let language = args.language;
     let built =

@@ -40,7 +40,20 @@ pub enum BuildError {
     Precompile(String),
     #[error(transparent)]
     Snapshot(#[from] wasmless_runtime::snapshot::SnapshotError),
+    /// The handler's go.mod needs modules and no module proxy is configured.
+    #[error(
+        "go.mod requires {modules}, and no Go module proxy is configured for builds: set {GO_PROXY_ENV} (`wasmless build`, `wasmless dev`, or the builder's --go-proxy); on a cluster, the operator's --go-proxy flag (WASMLESS_GOPROXY in its environment, Helm value builder.goProxy)"
+    )]
+    NoModuleProxy { modules: String },
+    /// The module proxy could not be reached or failed: not the source's fault.
+    #[error("the Go module proxy failed (a retry may succeed):\n{0}")]
+    ModuleProxy(String),
 }
+
+/// The builder's setting naming the Go module proxy (a `GOPROXY` value), read by
+/// `wasmless-builder build`, `wasmless build` and `wasmless dev`, and set on build Jobs by
+/// the operator.
+pub const GO_PROXY_ENV: &str = "WASMLESS_GOPROXY";
 
 impl BuildError {
     /// The message an operator puts on the Function's status: the compiler's own words
@@ -58,11 +71,11 @@ impl BuildError {
     pub fn is_the_sources_fault(&self) -> bool {
         match self {
             Self::Source(source::SourceError::Read { .. }) => false,
-            Self::Source(_) | Self::Compile { .. } | Self::Invalid(_) => true,
+            Self::Source(_) | Self::Compile { .. } | Self::Invalid(_) | Self::NoModuleProxy { .. } => true,
             // Initialisers that fail or never finish do so on every build.
             Self::Snapshot(wasmless_runtime::snapshot::SnapshotError::Initialize(_)) => true,
             Self::Snapshot(_) => false,
-            Self::Toolchain(_) | Self::Cache { .. } | Self::Precompile(_) => false,
+            Self::Toolchain(_) | Self::Cache { .. } | Self::Precompile(_) | Self::ModuleProxy(_) => false,
         }
     }
 }
@@ -74,6 +87,9 @@ pub struct BuildOptions {
     pub cache_dir: PathBuf,
     /// Build Rust handlers from this `cargo vendor` directory, without the network.
     pub vendor_dir: Option<PathBuf>,
+    /// The `GOPROXY` of Go handlers with a `go.mod` that requires modules; without it
+    /// they do not build (and a Go handler without a `go.mod` never needs one).
+    pub go_proxy: Option<String>,
 }
 
 impl BuildOptions {
@@ -81,7 +97,14 @@ impl BuildOptions {
         Self {
             cache_dir: cache_dir.into(),
             vendor_dir: None,
+            go_proxy: None,
         }
+    }
+
+    /// With the module proxy [`GO_PROXY_ENV`] names, when set and not empty.
+    pub fn with_go_proxy_from_env(mut self) -> Self {
+        self.go_proxy = std::env::var(GO_PROXY_ENV).ok().filter(|p| !p.trim().is_empty());
+        self
     }
 }
 

@@ -421,3 +421,176 @@ fn sigterm_stops_a_build_at_once_and_nothing_is_written() {
     );
     assert!(!output.exists(), "a stopped build writes no module");
 }
+
+/// Go handlers with their own go.mod build through a module proxy: one the test serves on
+/// 127.0.0.1, holding only what `go mod download` fetched at set-up. The modules are
+/// verified against the handler's go.sum, cached across builds, and the modules run.
+#[tokio::test(flavor = "multi_thread")]
+async fn go_modules_build_through_a_proxy_verified_against_go_sum() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let proxy = GoProxy::start();
+
+    // github.com/google/uuid: random and name-based UUIDs.
+    let uuid = module_handler("uuid", dir.path());
+    let output = dir.path().join("uuid.wasm");
+    let built = result(&build(
+        "go",
+        &uuid,
+        &output,
+        &cache,
+        &["--go-proxy", &proxy.url, "--no-code"],
+    ));
+    assert!(proxy.requests() > 0, "the modules came from the proxy");
+    let served = Served::start(output.to_str().unwrap(), built["digest"].as_str().unwrap(), &[]).await;
+    let (status, first) = served.get("/orders").await;
+    assert_eq!(status, 200, "{first}");
+    let (_, second) = served.get("/orders").await;
+    let line = |text: &str, prefix: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} in {text}"))
+            .to_string()
+    };
+    assert!(line(&first, "random ").ends_with("version 4"), "{first}");
+    assert_ne!(
+        line(&first, "random "),
+        line(&second, "random "),
+        "a new random UUID per request"
+    );
+    // uuid.NewSHA1(uuid.NameSpaceURL, "/orders"), as native Go computes it.
+    assert_eq!(line(&first, "named "), "90f6f92d-9225-5d4a-95e7-4b9f27291d32");
+    drop(served);
+
+    // github.com/go-chi/chi/v5: a third-party router.
+    let chi = module_handler("chi", dir.path());
+    let output = dir.path().join("chi.wasm");
+    let built = result(&build(
+        "go",
+        &chi,
+        &output,
+        &cache,
+        &["--go-proxy", &proxy.url, "--no-code"],
+    ));
+    let served = Served::start(output.to_str().unwrap(), built["digest"].as_str().unwrap(), &[]).await;
+    assert_eq!(served.get("/users/42").await, (200, "user 42\n".to_string()));
+    let (status, text) = served.get("/nowhere").await;
+    assert_eq!((status, text.trim()), (404, "no route for /nowhere"));
+    drop(served);
+
+    // A go.sum that does not match what was downloaded: go's own SECURITY ERROR, the
+    // source's fault. The module is in the build cache now, so the proxy is not asked: the
+    // cache is checked against go.sum too.
+    let asked = proxy.requests();
+    let tampered = module_handler("uuid", &dir.path().join("tampered"));
+    let sum = std::fs::read_to_string(tampered.join("go.sum")).unwrap();
+    std::fs::write(tampered.join("go.sum"), sum.replace("h1:NIva", "h1:AAAA")).unwrap();
+    let failed = build(
+        "go",
+        &tampered,
+        &dir.path().join("t.wasm"),
+        &cache,
+        &["--go-proxy", &proxy.url],
+    );
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert_eq!(
+        failed.status.code(),
+        Some(wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("checksum mismatch") && stderr.contains("SECURITY ERROR"),
+        "{stderr}"
+    );
+    assert_eq!(proxy.requests(), asked, "modules are cached across builds");
+
+    // A go.sum without the module's line: -mod=readonly refuses, nothing is added.
+    std::fs::write(tampered.join("go.sum"), "").unwrap();
+    let failed = build(
+        "go",
+        &tampered,
+        &dir.path().join("t.wasm"),
+        &cache,
+        &["--go-proxy", &proxy.url],
+    );
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert_eq!(
+        failed.status.code(),
+        Some(wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD),
+        "{stderr}"
+    );
+    assert!(stderr.contains("missing go.sum entry"), "{stderr}");
+    assert!(stderr.contains("handler.go:"), "the user's file is named: {stderr}");
+    assert_eq!(
+        std::fs::read_to_string(tampered.join("go.sum")).unwrap(),
+        "",
+        "the source is never written"
+    );
+}
+
+/// No proxy configured: a handler whose go.mod requires modules fails as the source's
+/// fault with a message naming the setting, whatever the machine's own GOPROXY; a proxy
+/// that does not answer is the machine's fault, retried.
+#[test]
+fn go_modules_without_a_proxy_fail_with_the_setting_to_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let uuid = module_handler("uuid", dir.path());
+    let termination_log = dir.path().join("termination-log");
+    std::fs::write(&termination_log, "").unwrap();
+    let failed = build_command("go", &uuid, &dir.path().join("out.wasm"), &dir.path().join("cache"))
+        .arg("--termination-log")
+        .arg(&termination_log)
+        .env("GOPROXY", "https://proxy.golang.org")
+        .output()
+        .unwrap();
+    assert_eq!(
+        failed.status.code(),
+        Some(wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD)
+    );
+    let message = std::fs::read_to_string(&termination_log).unwrap();
+    for named in [
+        "github.com/google/uuid v1.6.0",
+        "WASMLESS_GOPROXY",
+        "--go-proxy",
+        "builder.goProxy",
+    ] {
+        assert!(message.contains(named), "{named}: {message}");
+    }
+
+    // A replacement by a directory would build what the builder's machine holds there.
+    let local = module_handler("uuid", &dir.path().join("local"));
+    let go_mod = std::fs::read_to_string(local.join("go.mod")).unwrap();
+    std::fs::write(
+        local.join("go.mod"),
+        format!("{go_mod}\nreplace github.com/google/uuid => /etc\n"),
+    )
+    .unwrap();
+    let failed = build_command("go", &local, &dir.path().join("out.wasm"), &dir.path().join("cache"))
+        .env("WASMLESS_GOPROXY", "off")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert_eq!(
+        failed.status.code(),
+        Some(wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("replaces github.com/google/uuid with the directory /etc"),
+        "{stderr}"
+    );
+
+    let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = format!("http://{}", refused.local_addr().unwrap());
+    drop(refused);
+    let unreachable = build_command("go", &uuid, &dir.path().join("out.wasm"), &dir.path().join("cache"))
+        .env("WASMLESS_GOPROXY", &closed)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&unreachable.stderr);
+    assert_eq!(unreachable.status.code(), Some(1), "worth a retry: {stderr}");
+    assert!(
+        stderr.contains("module proxy failed") && stderr.contains("connection refused"),
+        "{stderr}"
+    );
+}

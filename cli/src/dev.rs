@@ -27,7 +27,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let work = std::env::temp_dir().join(format!("wasmless-dev-{}-{}", function.name, std::process::id()));
     std::fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
     let module = work.join("module.wasm");
-    let options = BuildOptions::with_cache_dir(wasmless_builder::command::default_cache_dir());
+    // WASMLESS_GOPROXY names the module proxy of a handler with a go.mod, as for `wasmless build`.
+    let options = BuildOptions::with_cache_dir(wasmless_builder::command::default_cache_dir()).with_go_proxy_from_env();
 
     let built = build_with_progress(&function, &options)
         .await
@@ -167,9 +168,14 @@ fn install(module: &Path, built: &Built) -> anyhow::Result<()> {
 
 async fn rebuild_on_change(watched: PathBuf, module: PathBuf, options: BuildOptions) {
     let modified = |path: &Path| {
-        std::fs::metadata(path)
-            .and_then(|m| m.modified())
-            .unwrap_or(SystemTime::UNIX_EPOCH)
+        let of = |path: &Path| {
+            std::fs::metadata(path)
+                .and_then(|m| m.modified())
+                .unwrap_or(SystemTime::UNIX_EPOCH)
+        };
+        // A module's directory: the latest change of any file in it (go.mod, go.sum, the handler's).
+        let files = std::fs::read_dir(path).into_iter().flatten().flatten();
+        files.map(|entry| of(&entry.path())).fold(of(path), SystemTime::max)
     };
     let mut last = modified(&watched);
     loop {

@@ -166,6 +166,124 @@ fn dev_explains_what_it_needs() {
     assert!(stderr.contains("spec.source"), "{stderr}");
 }
 
+/// A directory with a go.mod is built as that module by `dev` and `build`; with no module
+/// proxy set, both say which setting to set before compiling anything.
+#[test]
+fn dev_and_build_of_a_module_directory_name_the_proxy_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../builder/tests/modules/uuid");
+    let project = dir.path().join("uuidfn");
+    std::fs::create_dir(&project).unwrap();
+    for name in ["handler.go", "go.mod", "go.sum"] {
+        std::fs::copy(fixture.join(name), project.join(name)).unwrap();
+    }
+    let output = dir.path().join("out.wasm");
+    let wasmless = || {
+        let mut command = wasmless();
+        command
+            .env_remove("WASMLESS_GOPROXY")
+            .env("WASMLESS_BUILD_CACHE", dir.path().join("cache"));
+        command
+    };
+    let runs = [
+        wasmless().arg("dev").arg(&project).output().unwrap(),
+        wasmless()
+            .args(["build", "--language", "go", "--source"])
+            .arg(&project)
+            .arg("--output")
+            .arg(&output)
+            .output()
+            .unwrap(),
+    ];
+    for run in runs {
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("go.mod requires github.com/google/uuid v1.6.0") && stderr.contains("set WASMLESS_GOPROXY"),
+            "{stderr}"
+        );
+    }
+}
+
+/// `wasmless dev` on a directory with go.mod and go.sum: built through WASMLESS_GOPROXY (a
+/// proxy served here on loopback from what scripts/goproxy.sh downloaded at set-up), served,
+/// and rebuilt when go.sum changes — which, tampered, fails with go's checksum error while
+/// the last good version serves on.
+#[tokio::test(flavor = "multi_thread")]
+async fn dev_builds_a_module_directory_through_the_proxy_and_watches_go_sum() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let served = Command::new(root.join("scripts/goproxy.sh"))
+        .arg("dir")
+        .output()
+        .unwrap();
+    let served = String::from_utf8_lossy(&served.stdout).trim().to_string();
+    assert!(
+        !served.is_empty(),
+        "no Go modules for the tests: run scripts/goproxy.sh (scripts/setup.sh does)"
+    );
+    let proxy_port = free_port();
+    let _proxy = Running::spawn(
+        Command::new("python3")
+            .args([
+                "-m",
+                "http.server",
+                "--bind",
+                "127.0.0.1",
+                &proxy_port.to_string(),
+                "--directory",
+            ])
+            .arg(&served),
+    );
+    let listening = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", proxy_port)).is_err() {
+        assert!(Instant::now() < listening, "python3 -m http.server never listened");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("uuidfn");
+    std::fs::create_dir(&project).unwrap();
+    for name in ["handler.go", "go.mod", "go.sum"] {
+        std::fs::copy(root.join("builder/tests/modules/uuid").join(name), project.join(name)).unwrap();
+    }
+    let (port, admin_port) = (free_port(), free_port());
+    let mut dev = Running::spawn(
+        wasmless()
+            .args([
+                "dev",
+                "--port",
+                &port.to_string(),
+                "--admin-port",
+                &admin_port.to_string(),
+            ])
+            .arg(&project)
+            .env("WASMLESS_GOPROXY", format!("http://127.0.0.1:{proxy_port}"))
+            .env("WASMLESS_BUILD_CACHE", dir.path().join("cache")),
+    );
+    let url = format!("http://127.0.0.1:{port}/orders");
+    // A debug build snapshots a Go reactor in about a minute; give it several.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let body = loop {
+        if let Ok((200, body)) = get(&url).await {
+            break body;
+        }
+        let exited = dev.child.try_wait().unwrap();
+        assert!(
+            Instant::now() < deadline && exited.is_none(),
+            "uuidfn never answered (dev: {exited:?}):\n{}",
+            dev.stderr.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(body.contains("named 90f6f92d-9225-5d4a-95e7-4b9f27291d32"), "{body}");
+    dev.wait_for_stderr("serving uuidfn on");
+
+    let sum = std::fs::read_to_string(project.join("go.sum")).unwrap();
+    std::fs::write(project.join("go.sum"), sum.replace("h1:NIva", "h1:AAAA")).unwrap();
+    dev.wait_for_stderr("checksum mismatch");
+    dev.wait_for_stderr("still serving the previous version");
+    assert_eq!(get(&url).await.unwrap().0, 200);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn build_and_serve_are_the_builder_and_the_runtime() {
     let dir = tempfile::tempdir().unwrap();

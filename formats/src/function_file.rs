@@ -1,8 +1,9 @@
 //! What `wasmless dev` needs of a function: a `function.yaml` (the same file
 //! `kubectl apply` takes) or a bare source file.
 
-use crate::source::{Language, Source, SourceError};
+use crate::source::{Language, Source, SourceError, SourceFile};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Why a path is not a function `wasmless dev` can build; each says what to write instead.
@@ -34,7 +35,7 @@ pub struct LocalFunction {
     pub source: Source,
     pub env: Vec<(String, String)>,
     pub limits: Limits,
-    /// The file whose change means a rebuild.
+    /// The file whose change means a rebuild, or the directory any of whose files does.
     pub watched: PathBuf,
 }
 
@@ -67,6 +68,9 @@ struct Spec {
     /// Goless's name for `source`.
     function: Option<String>,
     module: Option<serde_yaml::Value>,
+    /// More files of the source by name (`go.mod`, `go.sum`, more handler files).
+    #[serde(default)]
+    files: BTreeMap<String, String>,
     #[serde(default)]
     env: Vec<EnvVar>,
     #[serde(default)]
@@ -82,12 +86,30 @@ struct EnvVar {
 
 impl LocalFunction {
     /// Reads a directory (its `function.yaml`, or its one handler source file), a
-    /// `function.yaml`, or a source file (language from the extension).
+    /// `function.yaml`, or a source file (language from the extension). A directory with
+    /// a `go.mod` (or `Cargo.toml`) is a module: its handler's every file and the module
+    /// files are the source, and a `function.yaml` there that names no `files` takes the
+    /// module files beside it.
     pub fn load(path: &Path) -> Result<Self, FunctionFileError> {
         if path.is_dir() {
             let yaml = path.join("function.yaml");
             if yaml.exists() {
-                return Self::from_yaml(&yaml);
+                let mut function = Self::from_yaml(&yaml)?;
+                if function.source.module_files.is_empty() {
+                    let module_files = Source::module_files_in(function.source.language, path)?;
+                    if !module_files.is_empty() {
+                        let language = function.source.language;
+                        let mut files = function.source.files;
+                        for file in &mut files {
+                            // The name the cluster builds it as, so the digests agree.
+                            file.name = language.inline_file_name().to_string();
+                        }
+                        files.extend(module_files);
+                        function.source = Source::from_files(language, files);
+                        function.watched = path.to_path_buf();
+                    }
+                }
+                return Ok(function);
             }
             let sources: Vec<PathBuf> = ["handler.go", "handler.rs", "handler.wat", "lib.rs"]
                 .iter()
@@ -128,12 +150,26 @@ impl LocalFunction {
             (None, None, None) => return Err(FunctionFileError::NoSource(path.to_path_buf())),
             _ => return Err(FunctionFileError::SeveralSources(path.to_path_buf())),
         };
-        Ok(Self {
-            source: Source::inline(
+        let source = if file.spec.files.is_empty() {
+            Source::inline(
                 language,
                 &format!("{}.{}", file.metadata.name, language.extension()),
                 text,
-            ),
+            )
+        } else {
+            // As the cluster builds it: the source under its name there, each file under its own.
+            let mut files = vec![SourceFile {
+                name: language.inline_file_name().to_string(),
+                bytes: text.into_bytes(),
+            }];
+            files.extend(file.spec.files.into_iter().map(|(name, text)| SourceFile {
+                name,
+                bytes: text.into_bytes(),
+            }));
+            Source::from_files(language, files)
+        };
+        Ok(Self {
+            source,
             name: file.metadata.name,
             env: file.spec.env.into_iter().map(|e| (e.name, e.value)).collect(),
             limits: file.spec.limits,
@@ -154,12 +190,65 @@ impl LocalFunction {
             .and_then(|dir| dir.canonicalize().ok())
             .and_then(|dir| dir.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "function".into());
+        // Beside a go.mod (or Cargo.toml), the handler is its directory's module.
+        let dir = path
+            .parent()
+            .filter(|dir| !dir.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let is_module = language.module_file_names().iter().any(|name| dir.join(name).is_file());
+        let (source, watched) = if is_module {
+            (Source::read(language, dir)?, dir.to_path_buf())
+        } else {
+            (Source::read(language, path)?, path.to_path_buf())
+        };
         Ok(Self {
             name,
-            source: Source::read(language, path)?,
+            source,
             env: Vec::new(),
             limits: Limits::default(),
-            watched: path.to_path_buf(),
+            watched,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HANDLER: &str =
+        "package handlers\n\nimport \"net/http\"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {}\n";
+    const GO_MOD: &str = "module example.com/f\n\ngo 1.21\n";
+
+    #[test]
+    fn a_module_directory_is_built_whole_and_watched_whole() {
+        let dir = std::env::temp_dir().join(format!("wasmless-function-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("handler.go"), HANDLER).unwrap();
+        std::fs::write(dir.join("routes.go"), "package handlers\n").unwrap();
+        std::fs::write(dir.join("go.mod"), GO_MOD).unwrap();
+        let function = LocalFunction::load(&dir).unwrap();
+        assert_eq!(function.watched, dir, "an edit of go.mod or go.sum rebuilds too");
+        assert_eq!(function.source.files.len(), 2);
+        assert_eq!(function.source.module_files[0].name, "go.mod");
+
+        // A function.yaml there takes the module files, named as the cluster builds them,
+        // so `dev` and the cluster compute one digest.
+        let yaml = format!(
+            "apiVersion: wasmless.io/v1alpha1\nkind: Function\nmetadata: {{name: f}}\nspec:\n  source: {HANDLER:?}\n"
+        );
+        std::fs::write(dir.join("function.yaml"), &yaml).unwrap();
+        let from_dir = LocalFunction::load(&dir).unwrap();
+        let inline = format!("{yaml}  files:\n    go.mod: {GO_MOD:?}\n");
+        let from_yaml = LocalFunction::from_yaml_text(&inline, Path::new("function.yaml")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(from_dir.source.module_files.len(), 1);
+        assert_eq!(from_dir.source.files[0].name, "handler.go");
+        assert_eq!(from_dir.source.digest("1"), from_yaml.source.digest("1"));
+        let files = [("handler.go", HANDLER.as_bytes()), ("go.mod", GO_MOD.as_bytes())];
+        assert_eq!(
+            from_yaml.source.digest("1"),
+            crate::source::files_digest("go", "1", &files),
+            "the digest the operator computes from the Function"
+        );
     }
 }

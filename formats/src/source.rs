@@ -4,8 +4,12 @@
 use std::path::{Path, PathBuf};
 use wasmless_artifact::Digest;
 
-/// Largest source the builder accepts, as the CRD does.
+/// Largest source the builder accepts, as the CRD does: all its files together.
 pub const MAX_SOURCE_BYTES: usize = 512 * 1024;
+/// Most files a Function's `spec.files` holds.
+pub const MAX_FILES: usize = 16;
+/// Longest name of one of those files.
+pub const MAX_FILE_NAME_BYTES: usize = 128;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
@@ -23,6 +27,28 @@ impl Language {
             Self::Rust => "rust",
             Self::Wat => "wat",
             Self::Wasm => "wasm",
+        }
+    }
+
+    /// The files beside the handler's source that say how to build it (Go's module and
+    /// its checksums, Cargo's manifest): read from a source directory with the handler's
+    /// files, and allowed by name in a Function's `spec.files`.
+    pub fn module_file_names(self) -> &'static [&'static str] {
+        match self {
+            Self::Go => &["go.mod", "go.sum"],
+            Self::Rust => &["Cargo.toml"],
+            Self::Wat | Self::Wasm => &[],
+        }
+    }
+
+    /// The name a Function's inline `source` is built as, beside its `files` (the name the
+    /// operator mounts it under in the build Job).
+    pub fn inline_file_name(self) -> &'static str {
+        match self {
+            Self::Go => "handler.go",
+            Self::Rust => "lib.rs",
+            Self::Wat => "module.wat",
+            Self::Wasm => "module.wasm",
         }
     }
 
@@ -77,14 +103,88 @@ pub enum SourceError {
     NoGoHandler,
     #[error("no `pub fn handler(request: Request) -> Response` in the Rust source: the runtime calls that function")]
     NoRustHandler,
+    #[error("{0}")]
+    FileName(String),
+    #[error("go.sum without go.mod: give the go.mod it goes with, or neither")]
+    GoSumWithoutGoMod,
+    #[error(
+        "Cargo.toml: dependencies of Rust handlers are not supported yet (the builder builds Rust handlers against the Rust SDK's own dependencies only); put the code in the handler's files, or build the component yourself and deploy it as language wasm"
+    )]
+    CargoDependencies,
+}
+
+/// [`Source::digest`] of files by name (in any order), for a language by its name: what the
+/// operator computes from a Function's `source` and `files` without reading them as a
+/// [`Source`]. One file hashes as its bytes alone; several, sorted by name, as
+/// length-prefixed name and bytes each.
+pub fn files_digest(language: &str, builder_version: &str, files: &[(&str, &[u8])]) -> Digest {
+    let mut sorted = files.to_vec();
+    sorted.sort_by(|a, b| a.0.cmp(b.0));
+    let canonical = match sorted.as_slice() {
+        [(_, single)] => single.to_vec(),
+        files => {
+            let mut joined = Vec::new();
+            for (name, bytes) in files {
+                for part in [name.as_bytes(), bytes] {
+                    joined.extend_from_slice(&(part.len() as u64).to_le_bytes());
+                    joined.extend_from_slice(part);
+                }
+            }
+            joined
+        }
+    };
+    Digest::of_source(language, builder_version, &canonical)
+}
+
+/// Why `name` cannot name one of a source's files in `language`, in words for a person;
+/// `None` when it can. A name is a plain file name (no `/`, no `..`, no leading `.`, letters,
+/// digits, `.`, `_` and `-`, at most [`MAX_FILE_NAME_BYTES`]) that is one of the language's
+/// [`Language::module_file_names`] or a source file of the language (`.go` but not
+/// `_test.go`, `.rs`). The files of a Function become the keys of a ConfigMap and files in
+/// the build's directory: nothing else may reach either.
+pub fn file_name_problem(language: Language, name: &str) -> Option<String> {
+    let plain = !name.is_empty()
+        && name.len() <= MAX_FILE_NAME_BYTES
+        && !name.starts_with('.')
+        && !name.contains("..")
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    let module_files = language.module_file_names();
+    let extension = format!(".{}", language.extension());
+    let of_the_language = match language {
+        Language::Go => name.len() > 3 && name.ends_with(&extension) && !name.ends_with("_test.go"),
+        Language::Rust => name.len() > 3 && name.ends_with(&extension),
+        Language::Wat | Language::Wasm => false,
+    };
+    if plain && (module_files.contains(&name) || of_the_language) {
+        return None;
+    }
+    let allowed = match language {
+        Language::Go => "go.mod, go.sum or a .go file (not _test.go)",
+        Language::Rust => "Cargo.toml or a .rs file",
+        Language::Wat | Language::Wasm => {
+            return Some(format!(
+                "file {name:?}: language {} takes no files beside its source",
+                language.name()
+            ));
+        }
+    };
+    Some(format!(
+        "file name {:?} is not allowed: use {allowed}, a plain name of letters, digits, '.', '_' and '-' (no '/', no '..', at most {MAX_FILE_NAME_BYTES} characters)",
+        name.chars().take(MAX_FILE_NAME_BYTES + 1).collect::<String>()
+    ))
 }
 
 /// The handler's files, read once: a single file, or every file of the language in a
-/// directory (sorted by name).
+/// directory (sorted by name), and the module files beside them (`go.mod`, `go.sum`,
+/// `Cargo.toml`; sorted by name).
 #[derive(Debug, Clone)]
 pub struct Source {
     pub language: Language,
     pub files: Vec<SourceFile>,
+    /// The language's [`Language::module_file_names`] that were given.
+    pub module_files: Vec<SourceFile>,
 }
 
 #[derive(Debug, Clone)]
@@ -110,18 +210,22 @@ impl Source {
             let mut files = Vec::new();
             for entry in entries.flatten() {
                 let file = entry.path();
-                if file.is_file() && file.extension().is_some_and(|ext| ext == language.extension()) {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let wanted = file.extension().is_some_and(|ext| ext == language.extension())
+                    || language.module_file_names().contains(&name.as_str());
+                // `..data` and the like, which a mounted ConfigMap holds, are not files.
+                if wanted && !name.starts_with('.') && file.is_file() {
                     files.push(SourceFile {
-                        name: entry.file_name().to_string_lossy().into_owned(),
                         bytes: read(&file)?,
+                        name,
                     });
                 }
             }
-            files.sort_by(|a, b| a.name.cmp(&b.name));
-            if files.is_empty() {
+            let source = Self::from_files(language, files);
+            if source.files.is_empty() {
                 return Err(SourceError::NoFiles(path.to_path_buf(), language.extension()));
             }
-            files
+            return Ok(source);
         } else {
             let name = path
                 .file_name()
@@ -131,42 +235,83 @@ impl Source {
                 bytes: read(path)?,
             }]
         };
-        Ok(Self { language, files })
+        Ok(Self {
+            language,
+            files,
+            module_files: Vec::new(),
+        })
+    }
+
+    /// The language's [`Language::module_file_names`] found in `dir`, sorted by name.
+    pub fn module_files_in(language: Language, dir: &Path) -> Result<Vec<SourceFile>, SourceError> {
+        let mut found = Vec::new();
+        for name in language.module_file_names() {
+            let path = dir.join(name);
+            if path.is_file() {
+                let bytes = std::fs::read(&path).map_err(|source| SourceError::Read { path, source })?;
+                found.push(SourceFile {
+                    name: (*name).to_string(),
+                    bytes,
+                });
+            }
+        }
+        found.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(found)
     }
 
     /// A single-file source held in memory (inline Function source).
     pub fn inline(language: Language, name: &str, text: impl Into<Vec<u8>>) -> Self {
-        Self {
+        Self::from_files(
             language,
-            files: vec![SourceFile {
+            vec![SourceFile {
                 name: name.to_string(),
                 bytes: text.into(),
             }],
+        )
+    }
+
+    /// Files by name, as a Function holds them (its `source` under the name it is built
+    /// as, and its `files`): the language's module files apart, each part sorted by name.
+    /// Names are checked by [`Source::check`].
+    pub fn from_files(language: Language, files: Vec<SourceFile>) -> Self {
+        let (mut module_files, mut files): (Vec<_>, Vec<_>) = files
+            .into_iter()
+            .partition(|f| language.module_file_names().contains(&f.name.as_str()));
+        files.sort_by(|a, b| a.name.cmp(&b.name));
+        module_files.sort_by(|a, b| a.name.cmp(&b.name));
+        Self {
+            language,
+            files,
+            module_files,
         }
     }
 
-    pub fn total_bytes(&self) -> usize {
-        self.files.iter().map(|f| f.bytes.len()).sum()
+    /// Every file: the handler's, then the module files.
+    pub fn all_files(&self) -> impl Iterator<Item = &SourceFile> {
+        self.files.iter().chain(&self.module_files)
     }
 
-    /// The `sourceDigest` (docs/architecture.md), for the builder of `builder_version`. A single file
-    /// hashes as its bytes alone, so the operator (which has only the inline text)
-    /// computes the same digest; several files hash with their names.
+    /// The module file of this name, if given.
+    pub fn module_file(&self, name: &str) -> Option<&SourceFile> {
+        self.module_files.iter().find(|f| f.name == name)
+    }
+
+    pub fn total_bytes(&self) -> usize {
+        self.all_files().map(|f| f.bytes.len()).sum()
+    }
+
+    /// The `sourceDigest` (docs/architecture.md), for the builder of `builder_version`, over
+    /// every file, module files included (a changed `go.sum` builds again). A single file
+    /// hashes as its bytes alone, so an inline source without `files` keeps the digest it
+    /// always had; several files hash with their names, sorted by name, which is how the
+    /// operator (from the Function) and the builder (from the mounted directory) both see
+    /// them.
     pub fn digest(&self, builder_version: &str) -> Digest {
-        let canonical = match self.files.as_slice() {
-            [single] => single.bytes.clone(),
-            files => {
-                let mut joined = Vec::new();
-                for file in files {
-                    for part in [file.name.as_bytes(), &file.bytes] {
-                        joined.extend_from_slice(&(part.len() as u64).to_le_bytes());
-                        joined.extend_from_slice(part);
-                    }
-                }
-                joined
-            }
-        };
-        Digest::of_source(self.language.name(), builder_version, &canonical)
+        let files: Vec<(&str, &[u8])> = self
+            .all_files()
+            .map(|f| (f.name.as_str(), f.bytes.as_slice()))
+            .collect();
+        files_digest(self.language.name(), builder_version, &files)
     }
 
     /// The checks that need no compiler.
@@ -174,6 +319,19 @@ impl Source {
         let total = self.total_bytes();
         if total > MAX_SOURCE_BYTES {
             return Err(SourceError::TooLarge(total));
+        }
+        if self.all_files().count() > 1 {
+            for file in self.all_files() {
+                if let Some(problem) = file_name_problem(self.language, &file.name) {
+                    return Err(SourceError::FileName(problem));
+                }
+            }
+        }
+        if self.module_file("go.sum").is_some() && self.module_file("go.mod").is_none() {
+            return Err(SourceError::GoSumWithoutGoMod);
+        }
+        if self.module_file("Cargo.toml").is_some() {
+            return Err(SourceError::CargoDependencies);
         }
         if self.files.iter().all(|f| f.bytes.iter().all(u8::is_ascii_whitespace)) {
             return Err(SourceError::Empty);
@@ -309,5 +467,118 @@ mod tests {
             a.digest("0.1.0"),
             Source::inline(Language::Rust, "handler.go", GOLESS).digest("0.1.0")
         );
+    }
+
+    fn file(name: &str, text: &str) -> SourceFile {
+        SourceFile {
+            name: name.into(),
+            bytes: text.into(),
+        }
+    }
+
+    #[test]
+    fn module_files_count_in_the_digest_and_the_cap() {
+        let go_mod = "module example.com/f\n\ngo 1.21\n\nrequire github.com/google/uuid v1.6.0\n";
+        let sum = "github.com/google/uuid v1.6.0 h1:NIvaJDMOsjHA8n1jAhLSgzrAzy1Hgr+hNrb57e+94F0=\n";
+        let with = |sum: &str| {
+            Source::from_files(
+                Language::Go,
+                vec![file("go.sum", sum), file("handler.go", GOLESS), file("go.mod", go_mod)],
+            )
+        };
+        let source = with(sum);
+        source.check().unwrap();
+        assert_eq!(source.files.len(), 1);
+        assert_eq!(
+            source.module_files.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(),
+            ["go.mod", "go.sum"]
+        );
+        let single = Source::inline(Language::Go, "handler.go", GOLESS).digest("1");
+        assert_ne!(
+            source.digest("1"),
+            single,
+            "go.mod and go.sum are part of what is built"
+        );
+        assert_ne!(
+            source.digest("1"),
+            with(&sum.replace("NIv", "XIv")).digest("1"),
+            "a changed go.sum builds again"
+        );
+        // The order the files come in does not matter: the operator and the builder list them differently.
+        let reordered = Source::from_files(
+            Language::Go,
+            vec![file("go.mod", go_mod), file("handler.go", GOLESS), file("go.sum", sum)],
+        );
+        assert_eq!(reordered.digest("1"), source.digest("1"));
+
+        let huge = with(&"x".repeat(MAX_SOURCE_BYTES));
+        assert!(
+            matches!(huge.check(), Err(SourceError::TooLarge(_))),
+            "the cap covers every file"
+        );
+        let no_mod = Source::from_files(Language::Go, vec![file("handler.go", GOLESS), file("go.sum", sum)]);
+        assert!(matches!(no_mod.check(), Err(SourceError::GoSumWithoutGoMod)));
+        let cargo = Source::from_files(
+            Language::Rust,
+            vec![
+                file("lib.rs", "pub fn handler(r: Request) -> Response {}"),
+                file("Cargo.toml", "[dependencies]\n"),
+            ],
+        );
+        let error = cargo.check().unwrap_err().to_string();
+        assert!(
+            error.contains("not supported yet") && error.contains("language wasm"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn file_names_are_plain_names_of_the_language() {
+        for name in ["go.mod", "go.sum", "routes.go", "a-b_c.v2.go"] {
+            assert_eq!(file_name_problem(Language::Go, name), None, "{name}");
+        }
+        assert_eq!(file_name_problem(Language::Rust, "Cargo.toml"), None);
+        assert_eq!(file_name_problem(Language::Rust, "util.rs"), None);
+        for name in [
+            "../handler.go",
+            "a/b.go",
+            "..go",
+            ".hidden.go",
+            "a..b.go",
+            "x_test.go",
+            "notes.txt",
+            ".go",
+            "go.mod ",
+            "Cargo.toml",
+            "",
+        ] {
+            let problem = file_name_problem(Language::Go, name).expect(name);
+            assert!(problem.contains("go.mod, go.sum or a .go file"), "{problem}");
+        }
+        assert!(file_name_problem(Language::Rust, "go.mod").is_some());
+        assert!(
+            file_name_problem(Language::Wat, "x.wat")
+                .unwrap()
+                .contains("takes no files")
+        );
+        let long = format!("{}.go", "a".repeat(MAX_FILE_NAME_BYTES));
+        assert!(file_name_problem(Language::Go, &long).is_some());
+        let bad = Source::from_files(Language::Go, vec![file("handler.go", GOLESS), file("../x.go", GOLESS)]);
+        assert!(matches!(bad.check(), Err(SourceError::FileName(_))));
+    }
+
+    #[test]
+    fn a_directory_brings_its_module_files() {
+        let dir = std::env::temp_dir().join(format!("wasmless-source-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("handler.go"), GOLESS).unwrap();
+        std::fs::write(dir.join("go.mod"), "module example.com/f\n").unwrap();
+        std::fs::write(dir.join("README.md"), "not built").unwrap();
+        let source = Source::read(Language::Go, &dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(source.files.len(), 1);
+        assert_eq!(source.module_files.len(), 1);
+        assert_eq!(source.module_files[0].name, "go.mod");
+        source.check().unwrap();
     }
 }

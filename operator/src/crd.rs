@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Longest Function name: `<name>-build-<10 hex>` names a Job, whose pods carry it as a
 /// label value (at most 63 characters).
@@ -70,6 +71,8 @@ pub const MAX_SOURCE_BYTES: usize = 512 * 1024;
 ).message("exactly one of source, function (the Goless field) or module must be set"))]
 #[x_kube(validation = Rule::new("!has(self.source) || size(self.source) <= 524288").message("source is over 512 KiB"))]
 #[x_kube(validation = Rule::new("!has(self.__function__) || size(self.__function__) <= 524288").message("function is over 512 KiB"))]
+#[x_kube(validation = Rule::new("!has(self.files) || size(self.files) == 0 || has(self.source) || has(self.__function__)")
+    .message("files go beside an inline source (source or function), not a prebuilt module"))]
 #[x_kube(validation = Rule::new("!has(self.module) || self.language == 'wasm'")
     .message("module is a prebuilt WebAssembly image: set language: wasm"))]
 #[x_kube(validation = Rule::new("self.language != 'wasm' || has(self.module)")
@@ -89,6 +92,15 @@ pub struct FunctionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 524288))]
     pub function: Option<String>,
+
+    /// More files of the source, by file name: Go's `go.mod` and `go.sum` (the handler is
+    /// then built as that module, its dependencies through the operator's module proxy and
+    /// checked against `go.sum`), more `.go` files of `package handlers`; for Rust, `.rs`
+    /// files. A name is a plain file name (no `/`, no `..`); `source` with every file is at
+    /// most 512 KiB, and a change to any file builds again.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 16), extend("additionalProperties" = {"type": "string", "maxLength": 524288}))]
+    pub files: BTreeMap<String, String>,
 
     /// A prebuilt module in an OCI registry (language: wasm); nothing is built.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -463,7 +475,7 @@ pub struct FunctionStatus {
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// sha256 over language, builder version and source.
+    /// sha256 over language, builder version, source and files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_digest: Option<String>,
     /// sha256 of the `.wasm` bytes being served.
@@ -534,6 +546,7 @@ impl FunctionSpec {
             if self.language == Language::Wasm {
                 problems.push("language wasm takes a prebuilt module (spec.module), not inline source".to_string());
             }
+            problems.extend(self.files_problems(source));
         }
         if let Some(module) = &self.module
             && self.language != Language::Wasm
@@ -562,6 +575,53 @@ impl FunctionSpec {
         }
         if let Some(outbound) = &self.outbound {
             problems.extend(outbound.problems());
+        }
+        problems
+    }
+}
+
+impl FunctionSpec {
+    /// What is wrong with `files` beside the inline `source`: names, the total size, and
+    /// what the builder would refuse of them anyway.
+    fn files_problems(&self, source: &str) -> Vec<String> {
+        use wasmless_formats::source::{self as formats, Language as SourceLanguage, SourceError};
+        let mut problems = Vec::new();
+        if self.files.is_empty() {
+            return problems;
+        }
+        let language = match self.language {
+            Language::Go => SourceLanguage::Go,
+            Language::Rust => SourceLanguage::Rust,
+            Language::Wat => SourceLanguage::Wat,
+            Language::Wasm | Language::Unknown => return problems,
+        };
+        if self.files.len() > formats::MAX_FILES {
+            problems.push(format!(
+                "files holds {} files, over the limit of {}",
+                self.files.len(),
+                formats::MAX_FILES
+            ));
+        }
+        for name in self.files.keys() {
+            if name == self.language.source_file_name() {
+                problems.push(format!(
+                    "files has {name}, the name the source itself is built as: give that file another name"
+                ));
+            } else if let Some(problem) = formats::file_name_problem(language, name) {
+                problems.push(format!("files: {problem}"));
+            }
+        }
+        let total = source.len() + self.files.values().map(String::len).sum::<usize>();
+        if total > MAX_SOURCE_BYTES {
+            problems.push(format!(
+                "source and files are {total} bytes together, over the {MAX_SOURCE_BYTES}-byte limit"
+            ));
+        }
+        if self.files.contains_key("go.sum") && !self.files.contains_key("go.mod") {
+            problems.push(SourceError::GoSumWithoutGoMod.to_string());
+        }
+        if language == SourceLanguage::Rust && self.files.contains_key("Cargo.toml") {
+            problems.push(SourceError::CargoDependencies.to_string());
         }
         problems
     }

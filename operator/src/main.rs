@@ -34,6 +34,11 @@ struct Args {
     /// a registry inside the cluster without TLS; passed on to build Jobs and function pods.
     #[arg(long, env = "WASMLESS_OCI_PLAIN_HTTP")]
     oci_plain_http: Option<String>,
+    /// The Go module proxy build Jobs fetch the modules of a handler's go.mod from (a GOPROXY
+    /// value, such as https://proxy.golang.org or an internal mirror); downloads are checked
+    /// against the handler's go.sum. Without it, handlers that need modules do not build.
+    #[arg(long, env = "WASMLESS_GOPROXY")]
+    go_proxy: Option<String>,
     /// Watch only this namespace (default: all).
     #[arg(long, env = "WASMLESS_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
@@ -88,6 +93,7 @@ async fn main() -> anyhow::Result<()> {
     settings.default_storage = args.default_storage;
     settings.oci_registry = args.oci_registry.clone();
     settings.oci_plain_http = args.oci_plain_http.clone();
+    settings.go_proxy = args.go_proxy.clone().filter(|proxy| !proxy.trim().is_empty());
 
     let client = kube::Client::try_default()
         .await

@@ -18,6 +18,10 @@ pub struct Settings {
     /// Registries (comma-separated `host:port`) spoken to over plain HTTP, passed to the
     /// builder and the runtime as `WASMLESS_OCI_PLAIN_HTTP`.
     pub oci_plain_http: Option<String>,
+    /// The Go module proxy (a `GOPROXY` value) build Jobs fetch the modules of a handler's
+    /// go.mod from, passed to the builder as `WASMLESS_GOPROXY`; without it such handlers
+    /// fail to build with a message naming this setting.
+    pub go_proxy: Option<String>,
 }
 
 impl Settings {
@@ -31,6 +35,7 @@ impl Settings {
             default_storage: Storage::ConfigMap,
             oci_registry: None,
             oci_plain_http: None,
+            go_proxy: None,
         }
     }
 }

@@ -79,6 +79,7 @@ pub fn builder() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_wasmless-builder"));
     command
         .env_remove("WASMLESS_SOURCE_DIGEST")
+        .env_remove("WASMLESS_GOPROXY")
         .env("WASMLESS_TERMINATION_LOG", "/nonexistent/termination-log");
     command
 }
@@ -200,4 +201,99 @@ impl Drop for Served {
             let _ = stop.send(());
         }
     }
+}
+
+/// A Go module proxy the test serves itself on 127.0.0.1: static files in the layout
+/// `go mod download` leaves in `$GOMODCACHE/cache/download`, which scripts/goproxy.sh filled
+/// once for the handlers in builder/tests/modules/. Counts the requests it answered.
+pub struct GoProxy {
+    pub url: String,
+    requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl GoProxy {
+    pub fn start() -> Self {
+        let root = goproxy_dir();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let root = root.clone();
+                let counted = counted.clone();
+                std::thread::spawn(move || serve_file(stream, &root, &counted));
+            }
+        });
+        Self { url, requests }
+    }
+
+    pub fn requests(&self) -> usize {
+        self.requests.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// One `GET /<path>` per connection (`Connection: close`), from `root`.
+fn serve_file(mut stream: std::net::TcpStream, root: &Path, requests: &std::sync::atomic::AtomicUsize) {
+    use std::io::{BufRead, Write};
+    let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line).is_err() {
+        return;
+    }
+    let mut line = String::new();
+    while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+        line.clear();
+    }
+    requests.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let path = request_line.split_whitespace().nth(1).unwrap_or("/");
+    let file = root.join(path.trim_start_matches('/'));
+    let body = (!path.contains("..")).then(|| std::fs::read(&file).ok()).flatten();
+    let (status, body) = match body {
+        Some(body) if file.is_file() => ("200 OK", body),
+        _ => ("404 Not Found", b"not found\n".to_vec()),
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(&body));
+}
+
+/// The directory scripts/goproxy.sh filled: keyed, as there, by the fixtures' go.sum files.
+pub fn goproxy_dir() -> PathBuf {
+    let modules = workspace_root().join("builder/tests/modules");
+    let mut names: Vec<_> = std::fs::read_dir(&modules)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("go.sum").exists())
+        .collect();
+    names.sort();
+    let sums: Vec<u8> = names
+        .iter()
+        .flat_map(|p| std::fs::read(p.join("go.sum")).unwrap())
+        .collect();
+    let key = wasmless_artifact::Digest::of(&sums).hex()[..10].to_string();
+    let cache = std::env::var_os("WASMLESS_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(&std::env::var_os("HOME").unwrap()).join(".cache/wasmless"));
+    let modcache = cache.join("goproxy").join(key);
+    assert!(
+        modcache.join("filled").exists(),
+        "no Go modules for the tests in {}: run scripts/goproxy.sh (scripts/setup.sh does), which downloads them once",
+        modcache.display()
+    );
+    modcache.join("cache/download")
+}
+
+/// A handler of builder/tests/modules/ copied into `dir`, to change.
+pub fn module_handler(name: &str, dir: &Path) -> PathBuf {
+    let to = dir.join(name);
+    std::fs::create_dir_all(&to).unwrap();
+    for entry in std::fs::read_dir(workspace_root().join("builder/tests/modules").join(name)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+    to
 }

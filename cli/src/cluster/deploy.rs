@@ -160,18 +160,12 @@ pub fn manifest(path: &Path, name: Option<&str>) -> anyhow::Result<Value> {
         None
     };
     let mut function = match yaml {
-        Some(yaml) => {
-            let text = std::fs::read_to_string(&yaml).with_context(|| format!("cannot read {}", yaml.display()))?;
-            let value: Value =
-                serde_yaml::from_str(&text).with_context(|| format!("{} is not YAML", yaml.display()))?;
-            if value["apiVersion"] != "wasmless.io/v1alpha1" || value["kind"] != "Function" {
-                bail!(
-                    "{} is not a Function: it needs `apiVersion: wasmless.io/v1alpha1` and `kind: Function`",
-                    yaml.display()
-                );
-            }
-            value
+        Some(yaml) if path.is_dir() => {
+            let mut function = read_function_yaml(&yaml)?;
+            add_module_files(&mut function, path)?;
+            function
         }
+        Some(yaml) => read_function_yaml(&yaml)?,
         None => from_handler(path)?,
     };
     if let Some(name) = name {
@@ -186,6 +180,43 @@ pub fn manifest(path: &Path, name: Option<&str>) -> anyhow::Result<Value> {
         bail!("{}: {}", path.display(), problems.join("; "));
     }
     Ok(function)
+}
+
+/// A function.yaml as written.
+fn read_function_yaml(yaml: &Path) -> anyhow::Result<Value> {
+    let text = std::fs::read_to_string(yaml).with_context(|| format!("cannot read {}", yaml.display()))?;
+    let value: Value = serde_yaml::from_str(&text).with_context(|| format!("{} is not YAML", yaml.display()))?;
+    if value["apiVersion"] != "wasmless.io/v1alpha1" || value["kind"] != "Function" {
+        bail!(
+            "{} is not a Function: it needs `apiVersion: wasmless.io/v1alpha1` and `kind: Function`",
+            yaml.display()
+        );
+    }
+    Ok(value)
+}
+
+/// The module files (go.mod, go.sum; Cargo.toml) of `dir` into a function.yaml's
+/// `spec.files`, unless it names files itself.
+fn add_module_files(function: &mut Value, dir: &Path) -> anyhow::Result<()> {
+    if function["spec"].get("files").is_some() || function["spec"].get("module").is_some() {
+        return Ok(());
+    }
+    let language: wasmless_formats::source::Language = function["spec"]["language"].as_str().unwrap_or("go").parse()?;
+    let found = wasmless_formats::source::Source::module_files_in(language, dir)?;
+    if !found.is_empty() {
+        function["spec"]["files"] = files_json(&found)?;
+    }
+    Ok(())
+}
+
+fn files_json(files: &[wasmless_formats::source::SourceFile]) -> anyhow::Result<Value> {
+    let mut map = serde_json::Map::new();
+    for file in files {
+        let text = String::from_utf8(file.bytes.clone())
+            .map_err(|_| anyhow::anyhow!("{} is not UTF-8 text: a Function holds its files as text", file.name))?;
+        map.insert(file.name.clone(), json!(text));
+    }
+    Ok(Value::Object(map))
 }
 
 /// A Function around a handler file, or the one handler file of a directory, named after
@@ -231,12 +262,31 @@ fn from_handler(path: &Path) -> anyhow::Result<Value> {
                 .map(|n| n.to_string_lossy().into_owned())
         })
         .unwrap_or_default();
-    Ok(json!({
+    let mut function = json!({
         "apiVersion": "wasmless.io/v1alpha1",
         "kind": "Function",
         "metadata": {"name": dns_label(&directory)},
         "spec": {"language": language, "source": source},
-    }))
+    });
+    // Beside a go.mod (or Cargo.toml), the handler is its directory's module: the module
+    // files and the handler's other files go into `files`.
+    let dir = file
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let parsed_language: wasmless_formats::source::Language = language.parse()?;
+    let module_files = wasmless_formats::source::Source::module_files_in(parsed_language, dir)?;
+    if !module_files.is_empty() {
+        let all = wasmless_formats::source::Source::read(parsed_language, dir)?;
+        let handler_name = file.file_name().map(|n| n.to_string_lossy().into_owned());
+        let others: Vec<_> = all
+            .all_files()
+            .filter(|f| Some(&f.name) != handler_name.as_ref())
+            .cloned()
+            .collect();
+        function["spec"]["files"] = files_json(&others)?;
+    }
+    Ok(function)
 }
 
 /// A directory's name as a Function name: lower case, other characters as `-`.
@@ -321,5 +371,51 @@ mod tests {
             let error = format!("{:#}", manifest(&path, None).unwrap_err());
             assert!(error.contains(expected), "{}: {error}", path.display());
         }
+    }
+
+    #[test]
+    fn a_module_directory_brings_its_go_mod_go_sum_and_other_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let project = dir.path().join("uuidfn");
+        std::fs::create_dir(&project).unwrap();
+        let handler =
+            "package handlers\n\nimport \"net/http\"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {}\n";
+        let go_mod = "module example.com/uuidfn\n\ngo 1.21\n\nrequire github.com/google/uuid v1.6.0\n";
+        let go_sum = "github.com/google/uuid v1.6.0 h1:NIvaJDMOsjHA8n1jAhLSgzrAzy1Hgr+hNrb57e+94F0=\n";
+        std::fs::write(project.join("handler.go"), handler).unwrap();
+        std::fs::write(project.join("routes.go"), "package handlers\n").unwrap();
+        std::fs::write(project.join("go.mod"), go_mod).unwrap();
+        std::fs::write(project.join("go.sum"), go_sum).unwrap();
+        std::fs::write(project.join("README.md"), "not a source file").unwrap();
+        let function = manifest(&project, None).unwrap();
+        assert_eq!(function["metadata"]["name"], "uuidfn");
+        assert_eq!(function["spec"]["source"], handler);
+        assert_eq!(
+            function["spec"]["files"],
+            json!({"go.mod": go_mod, "go.sum": go_sum, "routes.go": "package handlers\n"})
+        );
+
+        // A function.yaml beside them takes the module files, unless it names files itself.
+        let yaml = format!(
+            "apiVersion: wasmless.io/v1alpha1\nkind: Function\nmetadata: {{name: ids}}\nspec:\n  source: {handler:?}\n"
+        );
+        std::fs::write(project.join("function.yaml"), &yaml).unwrap();
+        let function = manifest(&project, None).unwrap();
+        assert_eq!(function["spec"]["files"], json!({"go.mod": go_mod, "go.sum": go_sum}));
+        std::fs::write(
+            project.join("function.yaml"),
+            format!("{yaml}  files: {{go.mod: {go_mod:?}}}\n"),
+        )
+        .unwrap();
+        assert_eq!(
+            manifest(&project, None).unwrap()["spec"]["files"],
+            json!({"go.mod": go_mod})
+        );
+
+        // What the operator would refuse is refused before anything is sent.
+        std::fs::remove_file(project.join("function.yaml")).unwrap();
+        std::fs::remove_file(project.join("go.mod")).unwrap();
+        let error = format!("{:#}", manifest(&project, None).unwrap_err());
+        assert!(error.contains("go.sum without go.mod"), "{error}");
     }
 }

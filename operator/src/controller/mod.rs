@@ -209,7 +209,7 @@ fn problems(func: &Function, settings: &Settings) -> Vec<String> {
 /// Step 2: the source digest, and the source in its immutable ConfigMap.
 async fn write_source(func: &Function, ctx: &Context, ns: &str) -> Result<Digest, StepError> {
     let source = func.spec.inline_source().unwrap_or_default();
-    let digest = objects::source_digest(func.spec.language, &ctx.settings.builder_version, source);
+    let digest = objects::spec_source_digest(func, &ctx.settings.builder_version);
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
     let source_cm = objects::source_configmap(func, source, &digest);
     apply::apply_if_changed(&configmaps, &source_cm)

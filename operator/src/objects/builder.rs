@@ -72,7 +72,7 @@ pub fn build_job(func: &Function, settings: &Settings, digest: &Digest, publish:
                     security_context: Some(restricted_pod_security()),
                     containers: vec![builder_container(func, settings, digest, publish)],
                     volumes: Some(vec![
-                        source_volume(&source_configmap_name(&name, digest), source_file),
+                        source_volume(&source_configmap_name(&name, digest), source_file, func),
                         empty_dir("work", "1Gi"),
                         empty_dir("tmp", "4Gi"),
                     ]),
@@ -93,17 +93,25 @@ fn builder_container(func: &Function, settings: &Settings, digest: &Digest, publ
         value: Some(value),
         ..Default::default()
     };
+    // A source with files is the directory of them all.
+    let source = if func.spec.files.is_empty() {
+        format!("/src/{}", func.spec.language.source_file_name())
+    } else {
+        "/src".to_string()
+    };
     let args = [
         "build",
         "--language",
         func.spec.language.as_str(),
         "--source",
-        &format!("/src/{}", func.spec.language.source_file_name()),
+        &source,
         "--output",
         "/work/module.wasm",
         "--publish",
         publish,
     ];
+    // Only where set, so a build Job without it is the same object it always was.
+    let go_proxy = settings.go_proxy.clone().map(|proxy| env("WASMLESS_GOPROXY", proxy));
     let env = [
         // The builder labels the chunks with the operator's digest (over language,
         // builder version and source), which it cannot compute itself.
@@ -119,7 +127,12 @@ fn builder_container(func: &Function, settings: &Settings, digest: &Digest, publ
         name: "builder".into(),
         image: Some(settings.builder_image.clone()),
         args: Some(args.map(String::from).to_vec()),
-        env: Some(env.into_iter().chain(oci_plain_http_env(settings)).collect()),
+        env: Some(
+            env.into_iter()
+                .chain(go_proxy)
+                .chain(oci_plain_http_env(settings))
+                .collect(),
+        ),
         security_context: Some(restricted_container_security()),
         // The compiler's output reaches status even if the builder dies before writing
         // /dev/termination-log.
@@ -172,17 +185,22 @@ fn failure_policy() -> PodFailurePolicy {
     }
 }
 
-/// The source ConfigMap, mounted under the file name the compiler expects.
-fn source_volume(configmap: &str, source_file: &str) -> Volume {
+/// The source ConfigMap, the source mounted under the file name the compiler expects and
+/// each of `spec.files` under its own.
+fn source_volume(configmap: &str, source_file: &str, func: &Function) -> Volume {
+    let item = |key: &str, path: &str| KeyToPath {
+        key: key.into(),
+        path: path.into(),
+        ..Default::default()
+    };
+    let items = std::iter::once(item(SOURCE_KEY, source_file))
+        .chain(func.spec.files.keys().map(|name| item(name, name)))
+        .collect();
     Volume {
         name: "source".into(),
         config_map: Some(ConfigMapVolumeSource {
             name: configmap.into(),
-            items: Some(vec![KeyToPath {
-                key: SOURCE_KEY.into(),
-                path: source_file.into(),
-                ..Default::default()
-            }]),
+            items: Some(items),
             ..Default::default()
         }),
         ..Default::default()

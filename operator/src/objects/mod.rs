@@ -39,6 +39,25 @@ pub fn source_digest(language: Language, builder_version: &str, source: &str) ->
     Digest::of_source(language.as_str(), builder_version, source.as_bytes())
 }
 
+/// The source digest of a Function's inline source and its `files`: [`source_digest`] when
+/// it has no files (so a Function that never had files keeps its digest), else the digest
+/// the builder computes over the directory the build Job mounts (the source under
+/// [`Language::source_file_name`] and each file under its name).
+pub fn spec_source_digest(func: &Function, builder_version: &str) -> Digest {
+    let source = func.spec.inline_source().unwrap_or_default();
+    if func.spec.files.is_empty() {
+        return source_digest(func.spec.language, builder_version, source);
+    }
+    let mut files = vec![(func.spec.language.source_file_name(), source.as_bytes())];
+    files.extend(
+        func.spec
+            .files
+            .iter()
+            .map(|(name, text)| (name.as_str(), text.as_bytes())),
+    );
+    wasmless_formats::source::files_digest(func.spec.language.as_str(), builder_version, &files)
+}
+
 pub fn source_configmap_name(function: &str, source_digest: &Digest) -> String {
     format!("{function}-source-{}", source_digest.short())
 }
@@ -94,7 +113,9 @@ fn meta(func: &Function, name: String, labels: BTreeMap<String, String>) -> Obje
 }
 
 /// The source of one digest, immutable: a build Job pending while the source changes
-/// must never read the newer source and label its module with the older digest.
+/// must never read the newer source and label its module with the older digest. The
+/// source under [`SOURCE_KEY`], each of `spec.files` under its own name (which
+/// `FunctionSpec::problems` has checked is a plain file name, never `source`).
 pub fn source_configmap(func: &Function, source: &str, digest: &Digest) -> ConfigMap {
     let mut labels = labels_for(func, "source");
     labels.insert(labels::SOURCE_DIGEST.into(), labels::digest_value(digest));
@@ -105,7 +126,11 @@ pub fn source_configmap(func: &Function, source: &str, digest: &Digest) -> Confi
     )]));
     ConfigMap {
         metadata: meta,
-        data: Some(BTreeMap::from([(SOURCE_KEY.into(), source.to_string())])),
+        data: Some(
+            std::iter::once((SOURCE_KEY.to_string(), source.to_string()))
+                .chain(func.spec.files.clone())
+                .collect(),
+        ),
         immutable: Some(true),
         ..Default::default()
     }

@@ -392,3 +392,68 @@ fn outbound_the_schema_lets_through_is_refused_on_status() {
     assert_eq!(twice.len(), 1, "{twice:?}");
     assert!(twice[0].contains("twice"), "{twice:?}");
 }
+
+const GO_MOD: &str = "module example.com/uuidfn\n\ngo 1.21\n\nrequire github.com/google/uuid v1.6.0\n";
+const GO_SUM: &str = "github.com/google/uuid v1.6.0 h1:NIvaJDMOsjHA8n1jAhLSgzrAzy1Hgr+hNrb57e+94F0=\n";
+
+#[test]
+fn files_go_beside_an_inline_source_with_plain_names() {
+    let files = json!({"go.mod": GO_MOD, "go.sum": GO_SUM, "routes.go": "package handlers\n"});
+    assert_eq!(refused(json!({"source": HELLO, "files": files})), Vec::<String>::new());
+    assert_eq!(
+        refused(json!({"function": HELLO, "files": files})),
+        Vec::<String>::new()
+    );
+    let digest = Digest::of(b"m").to_string();
+    let prebuilt =
+        refused(json!({"language": "wasm", "module": {"image": "r.local/x", "digest": digest}, "files": files}));
+    assert!(
+        prebuilt.iter().any(|e| e.contains("files go beside an inline source")),
+        "{prebuilt:?}"
+    );
+
+    let problems = |language: &str, files: Value| {
+        let func: Function = serde_json::from_value(json!({
+            "apiVersion": "wasmless.io/v1alpha1", "kind": "Function", "metadata": {"name": "hello"},
+            "spec": {"language": language, "source": HELLO, "files": files},
+        }))
+        .unwrap();
+        func.spec.problems()
+    };
+    assert_eq!(problems("go", files.clone()), Vec::<String>::new());
+    for name in ["../go.mod", "sub/x.go", ".env", "notes.txt", "x_test.go", "source"] {
+        let found = problems("go", json!({ name: "x" }));
+        assert_eq!(found.len(), 1, "{name}: {found:?}");
+        assert!(
+            found[0].contains("is not allowed") && found[0].contains("no '/', no '..'"),
+            "{name}: {found:?}"
+        );
+    }
+    let itself = problems("go", json!({"handler.go": HELLO}));
+    assert!(
+        itself[0].contains("the name the source itself is built as"),
+        "{itself:?}"
+    );
+    let big = "x".repeat(300 * 1024);
+    let over = problems("go", json!({"a.go": big, "b.go": big}));
+    assert!(
+        over.iter().any(|p| p.contains("together, over the 524288-byte limit")),
+        "{over:?}"
+    );
+    let sum_alone = problems("go", json!({"go.sum": GO_SUM}));
+    assert!(sum_alone[0].contains("go.sum without go.mod"), "{sum_alone:?}");
+    let cargo = problems(
+        "rust",
+        json!({"Cargo.toml": "[dependencies]\nserde = \"1\"\n", "util.rs": ""}),
+    );
+    assert_eq!(cargo.len(), 1, "{cargo:?}");
+    assert!(cargo[0].contains("not supported yet"), "{cargo:?}");
+    let many: serde_json::Map<String, Value> = (0..17)
+        .map(|i| (format!("f{i}.go"), json!("package handlers\n")))
+        .collect();
+    assert!(
+        problems("go", Value::Object(many))
+            .iter()
+            .any(|p| p.contains("over the limit of 16"))
+    );
+}

@@ -33,7 +33,7 @@ fn render(func: &Function, settings: &Settings, module: &Module, storage: Storag
         out.push_str("---\n");
     }
     let source = func.spec.inline_source().unwrap_or_default();
-    let source_digest = objects::source_digest(func.spec.language, &settings.builder_version, source);
+    let source_digest = objects::spec_source_digest(func, &settings.builder_version);
     let mut out = String::new();
     if func.spec.module.is_none() {
         doc(
@@ -238,4 +238,49 @@ fn golden_go_function_with_secrets_and_outbound() {
         "go-secrets-outbound",
         &render(&func, &settings, &module, Storage::ConfigMap),
     );
+}
+
+/// A Go function with its own go.mod and go.sum, and an operator with a Go module proxy:
+/// every file in the source ConfigMap and mounted in the build Job, which builds the
+/// directory with the proxy named.
+#[test]
+fn golden_go_function_with_modules() {
+    let func = function(json!({
+        "language": "go",
+        "source": "package handlers\n\nimport (\n\t\"net/http\"\n\n\t\"github.com/google/uuid\"\n)\n\nfunc Handler(w http.ResponseWriter, r *http.Request) { w.Write([]byte(uuid.NewString())) }\n",
+        "files": {
+            "go.mod": "module example.com/uuidfn\n\ngo 1.21\n\nrequire github.com/google/uuid v1.6.0\n",
+            "go.sum": "github.com/google/uuid v1.6.0 h1:NIvaJDMOsjHA8n1jAhLSgzrAzy1Hgr+hNrb57e+94F0=\ngithub.com/google/uuid v1.6.0/go.mod h1:TIyPZe4MgqvfeYDBFedMoGGpEw/LqOeaOT+nhxU+yHo=\n",
+        },
+    }));
+    let mut settings = Settings::new("wasmless/runtime:1.2.3", "wasmless/builder:1.2.3");
+    settings.go_proxy = Some("http://athens.wasmless-system.svc:3000".into());
+    let source_digest = objects::spec_source_digest(&func, &settings.builder_version);
+    // The digest the builder computes over the directory the Job mounts.
+    let files = [
+        ("handler.go", func.spec.source.as_deref().unwrap().as_bytes()),
+        ("go.mod", func.spec.files["go.mod"].as_bytes()),
+        ("go.sum", func.spec.files["go.sum"].as_bytes()),
+    ];
+    assert_eq!(
+        source_digest,
+        wasmless_formats::source::files_digest("go", &settings.builder_version, &files)
+    );
+    let mut changed = func.clone();
+    changed.spec.files.insert("go.sum".into(), String::new());
+    assert_ne!(
+        objects::spec_source_digest(&changed, &settings.builder_version),
+        source_digest
+    );
+    let module = Module {
+        digest: digest("uuid module"),
+        size: Some(6_345_678),
+        source_digest,
+        location: ModuleLocation::ConfigMaps { count: 2 },
+        code: Some(Code {
+            digest: digest("uuid code"),
+            chunks: 3,
+        }),
+    };
+    check("go-modules", &render(&func, &settings, &module, Storage::ConfigMap));
 }
