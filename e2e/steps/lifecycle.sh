@@ -18,8 +18,9 @@ port_clash() {
   generation=$(kubectl get fn hello -n "$NS" -o 'jsonpath={.metadata.generation}')
   hello_observed() { [[ $(fn_field hello .status.observedGeneration) == "$generation" ]]; }
   wait_until 60 "hello's status.observedGeneration to reach $generation" hello_observed
-  expect_contains "$(kubectl get deploy hello -n "$NS" -o 'jsonpath={.spec.template.spec.containers[0].args}')" \
-    "SEEN_AFTER_CLASH=1" "hello's runtime arguments after the change"
+  # The handler's env is the runtime container's WASMLESS_HANDLER_ENV_* variables.
+  expect_eq "$(kubectl get deploy hello -n "$NS" -o 'jsonpath={.spec.template.spec.containers[0].env[?(@.name=="WASMLESS_HANDLER_ENV_SEEN_AFTER_CLASH")].value}')" \
+    1 "hello's handler env in its pod template after the change"
   phase_is clash Failed || fail "clash: phase $(fn_field clash .status.phase)"
   kubectl delete fn clash -n "$NS" >/dev/null
   # The next steps start from hello served and rolled out.
