@@ -82,6 +82,13 @@ fn outbound_section(settings: &Settings, rows: &[Throughput]) -> String {
     }
     let _ = writeln!(
         md,
+        "- why shared instances pass native Go here: Go's default transport keeps at most 2 idle connections per \
+         host (`MaxIdleConnsPerHost`), so under 16 concurrent requests native Go opens and closes connections to \
+         the upstream; the runtime's pooled client keeps them. A fresh instance per request pays for the instance \
+         (see \"Per-request cost\"), not for the call."
+    );
+    let _ = writeln!(
+        md,
         "\n`outbound`: run alone with `bench/run.sh --only outbound` (rewrites this section).\n"
     );
     md
