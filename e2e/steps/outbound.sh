@@ -82,9 +82,9 @@ secret_rotation() {
   [[ $spec != *first* ]] || fail "the Secret's value appears in the Function, its Deployment or its source ConfigMap"
   local url
   url=$(service_url secretive)
-  rm -f "$WORK/stop"
+  # A stop file of its own: rolling_update's loop, later, stops on $WORK/stop.
   (
-    while [[ ! -f $WORK/stop ]]; do
+    while [[ ! -f $WORK/stop-rotation ]]; do
       if body=$(get "$url" 2>&1); then echo "ok $body"; else echo "FAIL $body"; fi
       sleep 0.05
     done
@@ -98,7 +98,7 @@ secret_rotation() {
   wait_until 30 "the new value" answers_second
   echo "the new value answered $((SECONDS - patched)) s after the patch"
   sleep 2
-  touch "$WORK/stop"
+  touch "$WORK/stop-rotation"
   wait "$loop" || true
   local total failed
   total=$(wc -l <"$WORK/secret-requests.log")
