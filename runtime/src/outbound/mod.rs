@@ -91,7 +91,8 @@ type PooledClient = Client<hyper_rustls::HttpsConnector<GuardedConnector>, Full<
 /// One Function's outbound calls.
 pub struct Outbound {
     policy: Arc<Policy>,
-    client: PooledClient,
+    /// None without an allow-list.
+    client: Option<PooledClient>,
     timeout: Duration,
     max_response_body: u64,
     calls: Arc<Semaphore>,
@@ -285,15 +286,19 @@ impl Outbound {
             })
             .collect::<Result<Vec<_>, OutboundConfigError>>()?;
         let policy = Arc::new(Policy::new(allow, config.admin_port, config.pod_ip));
-        let tls = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(rustls::crypto::aws_lc_rs::default_provider())
-            .expect("aws-lc-rs supports the default protocol versions")
-            .https_or_http()
-            .enable_all_versions()
-            .wrap_connector(GuardedConnector::new(policy.clone()));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(tls);
+        // No allow-list, no client: every call is denied before it would be needed, and a
+        // new pod does not spend its start-up loading TLS roots it never uses.
+        let client = (!policy.is_empty()).then(|| {
+            let tls = hyper_rustls::HttpsConnectorBuilder::new()
+                .with_provider_and_webpki_roots(rustls::crypto::aws_lc_rs::default_provider())
+                .expect("aws-lc-rs supports the default protocol versions")
+                .https_or_http()
+                .enable_all_versions()
+                .wrap_connector(GuardedConnector::new(policy.clone()));
+            Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+                .build(tls)
+        });
         let max_concurrency = config.max_concurrency.max(1);
         Ok(Self {
             policy,
@@ -376,7 +381,10 @@ impl Outbound {
             Ok(Err(_)) | Err(_) => return Err(OutboundError::Limit(self.max_concurrency)),
         };
         let request = self.prepare(request, destination)?;
-        let response = match tokio::time::timeout_at(until, self.client.request(request)).await {
+        let Some(client) = &self.client else {
+            return Err(OutboundError::Denied(authority));
+        };
+        let response = match tokio::time::timeout_at(until, client.request(request)).await {
             Err(_) => return Err(deadlines.passed(&authority)),
             Ok(Err(error)) => return Err(classify(&authority, &error)),
             Ok(Ok(response)) => response,
