@@ -7,6 +7,7 @@
 //! everything in release mode first.
 
 mod measure;
+mod pool;
 mod report;
 mod scenarios;
 
@@ -30,19 +31,31 @@ struct Args {
     /// Where to write the report.
     #[arg(long, default_value = "docs/benchmarks.md")]
     output: PathBuf,
-    /// Run one comparison and rewrite only its section of the report (`outbound`).
-    #[arg(long, value_parser = ["outbound"])]
+    /// Run one comparison and rewrite only its section of the report (`outbound`, `pool`).
+    #[arg(long, value_parser = ["outbound", "pool"])]
     only: Option<String>,
+    /// Functions in the pool's density run.
+    #[arg(long, default_value_t = 1000)]
+    pool_functions: usize,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let settings = scenarios::Settings::new(args.root, args.bin_dir, args.wasmtime, args.quick)?;
-    if args.only.is_some() {
-        let outbound = scenarios::run_outbound(&settings)?;
-        report::write_outbound_section(&args.output, &settings, &outbound)?;
-        eprintln!("rewrote the outbound section of {}", args.output.display());
-        return Ok(());
+    match args.only.as_deref() {
+        Some("outbound") => {
+            let outbound = scenarios::run_outbound(&settings)?;
+            report::write_outbound_section(&args.output, &settings, &outbound)?;
+            eprintln!("rewrote the outbound section of {}", args.output.display());
+            return Ok(());
+        }
+        Some("pool") => {
+            let density = pool::density(&settings, args.pool_functions)?;
+            report::write_section(&args.output, pool::HEADING, &pool::section(&density))?;
+            eprintln!("rewrote the pool section of {}", args.output.display());
+            return Ok(());
+        }
+        _ => {}
     }
     let results = scenarios::run_all(&settings)?;
     report::write(&args.output, &settings, &results)?;

@@ -30,13 +30,18 @@ const OUTBOUND_HEADING: &str = "## Outbound calls";
 
 /// Replaces the outbound section of an existing report with a new run's (`--only outbound`).
 pub fn write_outbound_section(output: &Path, settings: &Settings, rows: &[Throughput]) -> anyhow::Result<()> {
+    write_section(output, OUTBOUND_HEADING, &outbound_section(settings, rows))
+}
+
+/// Replaces the section under `heading` (to the next `## `) with `section`, or puts it
+/// before "## Memory" when the page has none yet.
+pub fn write_section(output: &Path, heading: &str, section: &str) -> anyhow::Result<()> {
     let page = std::fs::read_to_string(output)?;
-    let section = outbound_section(settings, rows);
-    let page = match page.find(OUTBOUND_HEADING) {
+    let page = match page.find(heading) {
         Some(start) => {
-            let end = page[start + OUTBOUND_HEADING.len()..]
+            let end = page[start + heading.len()..]
                 .find("\n## ")
-                .map_or(page.len(), |end| start + OUTBOUND_HEADING.len() + end + 1);
+                .map_or(page.len(), |end| start + heading.len() + end + 1);
             format!("{}{section}{}", &page[..start], &page[end..])
         }
         None => match page.find("## Memory") {
@@ -95,7 +100,7 @@ fn outbound_section(settings: &Settings, rows: &[Throughput]) -> String {
 }
 
 /// The run's date and time in UTC, from the system clock (no date crate for one line).
-fn chrono_free_now() -> String {
+pub fn chrono_free_now() -> String {
     std::process::Command::new("date")
         .args(["-u", "+%Y-%m-%d %H:%M UTC"])
         .output()

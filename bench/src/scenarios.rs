@@ -36,11 +36,11 @@ impl Settings {
         })
     }
 
-    fn bin(&self, name: &str) -> PathBuf {
+    pub fn bin(&self, name: &str) -> PathBuf {
         self.bin_dir.join(name)
     }
 
-    fn work(&self, name: &str) -> PathBuf {
+    pub fn work(&self, name: &str) -> PathBuf {
         let path = self.work.path().join(name);
         std::fs::create_dir_all(&path).unwrap();
         path
@@ -119,10 +119,10 @@ pub fn run_all(settings: &Settings) -> anyhow::Result<Results> {
 
 /// A module built once, with the digest the runtime checks, and the compiled code the
 /// builder made for it (what a new pod loads).
-struct Module {
-    path: PathBuf,
-    digest: Digest,
-    code: Option<(PathBuf, Digest)>,
+pub struct Module {
+    pub path: PathBuf,
+    pub digest: Digest,
+    pub code: Option<(PathBuf, Digest)>,
 }
 
 fn builder(settings: &Settings, language: &str, source: &Path, output: &Path, cache: &Path) -> Command {
@@ -152,7 +152,7 @@ fn example_source(settings: &Settings, example: &str) -> anyhow::Result<String> 
         + "\n")
 }
 
-fn build_example(settings: &Settings, example: &str, language: &str) -> anyhow::Result<Module> {
+pub fn build_example(settings: &Settings, example: &str, language: &str) -> anyhow::Result<Module> {
     let dir = settings.work(example);
     let source = dir.join(format!("handler.{}", if language == "rust" { "rs" } else { language }));
     std::fs::write(&source, example_source(settings, example)?)?;

@@ -17,8 +17,13 @@ pub use wasmless_formats::quantity::{parse_bytes, parse_duration};
 pub struct Config {
     /// The module: a `.wasm` file, a directory of zstd chunks (`0000.wasm.zst`, ...), or
     /// `oci://registry/repo[:tag]` (pulled by `--module-digest`).
-    #[arg(long, env = "WASMLESS_MODULE")]
-    pub module: String,
+    #[arg(
+        long,
+        env = "WASMLESS_MODULE",
+        required_unless_present = "pool",
+        conflicts_with = "pool"
+    )]
+    pub module: Option<String>,
 
     /// The module's `sha256:<hex>`; nothing runs unless the bytes match. When absent,
     /// the digest is read from `<module>.sha256` (or `module.sha256` in a chunk
@@ -169,6 +174,22 @@ pub struct Config {
     /// is in, so slow uploads cannot hold it.
     #[arg(long, env = "WASMLESS_UPLOAD_BUDGET", default_value = "64Mi", value_parser = parse_bytes)]
     pub upload_budget: u64,
+
+    /// Serve many Functions instead of one: a directory of `<name>.json` files, each
+    /// `{"port": N, "args": ["--function", "hello", "--module", ...]}` — the Function's
+    /// own runtime arguments, served on its own port. Files added, changed and removed
+    /// are picked up every `--watch-interval`. A Function is loaded on its first request
+    /// (digests checked as in a dedicated runtime) and unloaded, least recently used
+    /// first, when the loaded ones' code passes `--pool-memory-budget`. `--memory-limit`
+    /// and `--max-concurrency` are then the largest any one Function may have and the
+    /// pool's total.
+    #[arg(long, env = "WASMLESS_POOL")]
+    pub pool: Option<PathBuf>,
+
+    /// Bytes of loaded code (and data images) the pool keeps before unloading the least
+    /// recently used Function (e.g. `1Gi`).
+    #[arg(long, env = "WASMLESS_POOL_MEMORY_BUDGET", default_value = "1Gi", value_parser = parse_bytes)]
+    pub pool_memory_budget: u64,
 }
 
 /// The prefix of the runtime's environment variables that are the handler's.
@@ -205,6 +226,16 @@ impl Config {
             admin_port: self.admin_port,
             pod_ip: self.pod_ip,
         })
+    }
+
+    /// A pooled Function's configuration from its own runtime arguments. The pool's
+    /// environment is not read: what the pool was started with is not the Function's.
+    pub fn for_pooled_function(args: &[String]) -> Result<Self, clap::Error> {
+        use clap::{CommandFactory, FromArgMatches};
+        let command = Self::command().mut_args(|arg| arg.env(None::<&str>));
+        let matches =
+            command.try_get_matches_from(std::iter::once("wasmless-runtime").chain(args.iter().map(String::as_str)))?;
+        Self::from_arg_matches(&matches)
     }
 
     pub fn listen_addr(&self) -> SocketAddr {

@@ -97,11 +97,15 @@ struct Edge {
     refusal: Vec<u8>,
 }
 
-/// Accepts on `listener` with `threads` threads (at least one) and serves `router` on
-/// every connection until `phase` reaches [`Phase::Closing`]; then stops accepting and
-/// returns once every connection is closed.
+/// The listening sockets the edge accepts on: one for a dedicated runtime, one per
+/// Function for the pool, which adds and removes them as Functions come and go.
+pub type Listeners = Arc<Vec<Arc<std::net::TcpListener>>>;
+
+/// Accepts on every listener in `listeners` (as it changes) with `threads` threads (at
+/// least one) and serves `router` on every connection until `phase` reaches
+/// [`Phase::Closing`]; then stops accepting and returns once every connection is closed.
 pub async fn serve(
-    listener: TcpListener,
+    listeners: watch::Receiver<Listeners>,
     router: Router,
     limits: EdgeLimits,
     metrics: Arc<Metrics>,
@@ -116,20 +120,17 @@ pub async fn serve(
         limit_warning: Mutex::new((None, 0)),
         refusal: connection_limit_response(),
     });
-    let listener = listener.into_std()?;
     let mut finished = Vec::new();
     for index in 0..threads.max(1) {
-        let listener = listener.try_clone()?;
-        let (edge, phase) = (edge.clone(), phase.clone());
+        let (edge, phase, listeners) = (edge.clone(), phase.clone(), listeners.clone());
         let (done, result) = oneshot::channel();
         std::thread::Builder::new()
             .name(format!("wasmless-http-{index}"))
             .spawn(move || {
-                let _ = done.send(serve_thread(listener, edge, phase));
+                let _ = done.send(serve_thread(listeners, edge, phase));
             })?;
         finished.push(result);
     }
-    drop(listener);
     for result in finished {
         result
             .await
@@ -138,44 +139,79 @@ pub async fn serve(
     Ok(())
 }
 
-/// One serving thread: its own runtime, accepting until closing, then waiting for its
-/// connections to finish.
+/// One serving thread: its own runtime, an accept loop per listener (started and stopped
+/// as the set changes) until closing, then waiting for its connections to finish.
 fn serve_thread(
-    listener: std::net::TcpListener,
+    mut listeners: watch::Receiver<Listeners>,
     edge: Arc<Edge>,
-    phase: watch::Receiver<Phase>,
+    mut phase: watch::Receiver<Phase>,
 ) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let listener = TcpListener::from_std(listener)?;
-        accept(listener, &edge, phase).await;
+        // Every connection task holds a sender; `recv` returns `None` once all are gone.
+        let (open_tx, mut all_closed) = mpsc::channel::<()>(1);
+        // By the listener's address in memory: the same socket keeps its accept loop.
+        let mut accepting: std::collections::HashMap<usize, tokio::task::AbortHandle> = Default::default();
+        loop {
+            let current = listeners.borrow_and_update().clone();
+            let keep: std::collections::HashSet<usize> =
+                current.iter().map(|listener| Arc::as_ptr(listener).addr()).collect();
+            accepting.retain(|key, task| {
+                let kept = keep.contains(key);
+                if !kept {
+                    task.abort();
+                }
+                kept
+            });
+            for listener in current.iter() {
+                let key = Arc::as_ptr(listener).addr();
+                if accepting.contains_key(&key) {
+                    continue;
+                }
+                let listener = TcpListener::from_std(listener.try_clone()?)?;
+                let task = tokio::spawn(accept(listener, edge.clone(), phase.clone(), open_tx.clone()));
+                accepting.insert(key, task.abort_handle());
+            }
+            // A set that can no longer change (its sender gone) is served as it is.
+            let changes = async {
+                if listeners.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                () = changes => {}
+                () = closing(&mut phase) => break,
+            }
+        }
+        for task in accepting.values() {
+            task.abort();
+        }
+        // An aborted accept loop drops its sender when the runtime next polls it.
+        drop(open_tx);
+        let _ = all_closed.recv().await;
         Ok(())
     })
 }
 
-async fn accept(listener: TcpListener, edge: &Edge, mut phase: watch::Receiver<Phase>) {
+async fn accept(listener: TcpListener, edge: Arc<Edge>, phase: watch::Receiver<Phase>, open_tx: mpsc::Sender<()>) {
     let Edge {
         router,
         limits,
         metrics,
         connections,
         ..
-    } = edge;
-    // Every connection task holds a sender; `recv` returns `None` once all are gone.
-    let (open_tx, mut all_closed) = mpsc::channel::<()>(1);
+    } = &*edge;
+    let local_port = crate::server::LocalPort(listener.local_addr().map_or(0, |addr| addr.port()));
     loop {
-        let (stream, remote) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors, or a connection reset before it was
-                    // accepted: nothing to do but wait a little rather than spin.
-                    tracing::warn!(%error, "cannot accept a connection");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = closing(&mut phase) => break,
+        let (stream, remote) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors, or a connection reset before it was
+                // accepted: nothing to do but wait a little rather than spin.
+                tracing::warn!(%error, "cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
         };
         let Ok(permit) = connections.clone().try_acquire_owned() else {
             metrics.refuse(Refusal::ConnectionLimit);
@@ -204,6 +240,7 @@ async fn accept(listener: TcpListener, edge: &Edge, mut phase: watch::Receiver<P
             metrics: metrics.clone(),
             phase: phase.clone(),
             remote,
+            local_port,
         };
         let open_tx = open_tx.clone();
         tokio::spawn(async move {
@@ -211,9 +248,6 @@ async fn accept(listener: TcpListener, edge: &Edge, mut phase: watch::Receiver<P
             drop((permit, open, open_tx));
         });
     }
-    drop(listener);
-    drop(open_tx);
-    let _ = all_closed.recv().await;
 }
 
 struct Connection {
@@ -222,6 +256,7 @@ struct Connection {
     metrics: Arc<Metrics>,
     phase: watch::Receiver<Phase>,
     remote: SocketAddr,
+    local_port: crate::server::LocalPort,
 }
 
 impl Connection {
@@ -236,10 +271,12 @@ impl Connection {
             let router = self.router.clone();
             let phase = self.phase.clone();
             let remote = self.remote;
+            let local_port = self.local_port;
             let activity = activity.clone();
             hyper::service::service_fn(move |mut request: Request<Incoming>| {
                 let done = activity.request_started();
                 request.extensions_mut().insert(ConnectInfo(remote));
+                request.extensions_mut().insert(local_port);
                 let answer = router.clone().oneshot(request.map(Body::new));
                 let phase = phase.clone();
                 async move {

@@ -1,10 +1,12 @@
-//! `wasmless-runtime`: loads one WebAssembly handler, verifies its digest, compiles it
+//! `wasmless-runtime`: loads a WebAssembly handler, verifies its digest, compiles it
 //! once, and serves each HTTP request from a fresh instance behind axum, with a JSON
-//! log line and Prometheus metrics per request.
+//! log line and Prometheus metrics per request. With `--pool`, the same for many
+//! Functions in one process, each on its own port ([`pool`]).
 //!
-//! Read top to bottom: [`serve`] loads the module ([`module_source`], [`loader`]),
-//! starts the admin and function servers ([`server`]) and watches for a replaced
-//! module ([`reload`]).
+//! Read top to bottom: [`serve`] makes the engine once ([`loader`]), the Function it
+//! serves ([`tenant`]: module source, digests, limits, env, outbound policy) or the
+//! pool of them, starts the admin and function servers ([`server`], [`edge`]) and
+//! watches for a replaced module ([`reload`]) or a changed pool table.
 
 pub mod abi;
 pub mod clocks;
@@ -20,20 +22,24 @@ pub mod metrics;
 pub mod module_source;
 pub mod oci;
 pub mod outbound;
+pub mod pool;
 pub mod precompiled;
 mod reload;
 pub mod server;
 pub mod snapshot;
+pub mod tenant;
 
 pub use config::Config;
 
-use loader::{Loader, ModuleError};
+use loader::ModuleError;
 use metrics::Metrics;
-use module_source::{LoadError, ModuleSource};
+use module_source::LoadError;
 use server::{FunctionState, Readiness};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use tenant::Tenant;
 use tokio::net::TcpListener;
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +60,10 @@ pub enum ServeError {
         "--code needs the module's digest (--module-digest, or the digest file beside the module) to check what the code was compiled from"
     )]
     CodeWithoutModuleDigest,
+    #[error("no module to serve: give --module (or --pool with a directory of Functions)")]
+    NoModule,
+    #[error(transparent)]
+    PoolTable(#[from] pool::table::TableError),
 }
 
 /// Where the servers listen, known once they are bound (ports may be 0).
@@ -71,7 +81,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
     on_bound: impl FnOnce(Bound) + Send,
 ) -> Result<(), ServeError> {
-    let metrics = Arc::new(Metrics::new(&config.function));
+    let metrics = Arc::new(match config.pool {
+        Some(_) => Metrics::new_pool(&config.function),
+        None => Metrics::new(&config.function),
+    });
     let readiness = Readiness::default();
 
     // The admin port comes up first, so probes get an answer while the module loads.
@@ -86,39 +99,16 @@ pub async fn serve(
             .into_future(),
     );
 
-    let source = ModuleSource::parse(&config.module);
-    let expected = source.known_digest(config.module_digest).await;
-    // Calls to this runtime's own admin port are refused: the port as bound (it may be 0).
-    let outbound = outbound::OutboundConfig {
-        admin_port: admin_addr.port(),
-        ..config.outbound()?
+    let (routes, listeners, function_addr) = match &config.pool {
+        None => serve_one(&config, &metrics, admin_addr.port()).await?,
+        Some(dir) => serve_many(&config, &metrics, dir, admin_addr.port())?,
     };
-    let outbound = Arc::new(outbound::Outbound::new(&outbound, metrics.clone())?);
-    let (loader, handler) = load_first(&config, &source, expected, &metrics, outbound).await?;
-
-    let listener = bind(config.listen_addr()).await?;
-    let function_addr = listener.local_addr()?;
-    let state = FunctionState::new(
-        handler,
-        loader,
-        metrics.clone(),
-        &config.function,
-        function_addr.port(),
-        server::Uploads::from_config(&config),
-    );
-    if !config.watch_interval.is_zero() {
-        tokio::spawn(reload::watch(
-            source,
-            config.module_digest,
-            config.watch_interval,
-            state.clone(),
-        ));
-    }
+    let state = FunctionState::new(routes, server::Uploads::from_config(&config));
     let (phase_tx, phase) = tokio::sync::watch::channel(edge::Phase::Serving);
     // A serving thread per usable core (the cgroup's CPU quota counted).
     let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     let mut server = tokio::spawn(edge::serve(
-        listener,
+        listeners,
         server::function_router(state),
         edge::EdgeLimits::from_config(&config),
         metrics,
@@ -145,58 +135,50 @@ pub async fn serve(
     Ok(())
 }
 
-/// The handler of the first module: the builder's code first (a new pod: nothing to
-/// compile), then this node's cache (a restart), then the module itself, compiled here.
-async fn load_first(
-    config: &Config,
-    source: &ModuleSource,
-    expected: Option<wasmless_artifact::Digest>,
-    metrics: &Arc<Metrics>,
-    outbound: Arc<outbound::Outbound>,
-) -> Result<(Arc<Loader>, handler::LoadedHandler), ServeError> {
-    // A new pod's code is read, verified and decompressed on other threads while this one
-    // makes the engine: neither needs the other, and each takes milliseconds.
+type Serving = (
+    server::Routes,
+    tokio::sync::watch::Receiver<edge::Listeners>,
+    SocketAddr,
+);
+
+/// A dedicated runtime: its one Function loaded before the port opens, and the module
+/// file watched for a replacement.
+async fn serve_one(config: &Config, metrics: &Arc<Metrics>, admin_port: u16) -> Result<Serving, ServeError> {
+    // A new pod's code is read and verified on other threads while the engine is made.
     let started = Instant::now();
-    let code = match &config.code {
-        Some(code) => {
-            let module = expected.ok_or(ServeError::CodeWithoutModuleDigest)?;
-            let code_digest = config.code_digest.ok_or(ServeError::UnpinnedCode)?;
-            let code = precompiled::CodeSource::parse(code);
-            let loading = tokio::spawn({
-                let code = code.clone();
-                async move { code.load_code(code_digest).await }
-            });
-            Some((code, module, loading))
-        }
-        None => None,
-    };
-    let loader = Arc::new(Loader::new(
-        limits::RequestLimits::from_config(config),
-        config.handler_env(std::env::vars()),
-        &config.function,
-        metrics.clone(),
-        outbound,
-        config.cache_dir.clone(),
-    )?);
+    let code = tenant::fetch_code(config);
+    let engine = loader::EngineHost::new(&limits::RequestLimits::from_config(config), config.cache_dir.clone())?;
     tracing::debug!(engine_ms = started.elapsed().as_secs_f64() * 1000.0, "engine made");
-    let mut handler = None;
-    if let Some((code, module, loading)) = code {
-        let loaded = loading
-            .await
-            .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()));
-        handler = loader.load_precompiled(&code, loaded, module, started).await?;
+    let tenant = Tenant::new(&engine, config, metrics.clone(), admin_port, std::env::vars())?;
+    tenant.use_prefetched(code);
+    let tenant = Arc::new(tenant);
+    tenant.handler().await?;
+
+    let listener = bind(config.listen_addr()).await?;
+    let function_addr = listener.local_addr()?;
+    if !config.watch_interval.is_zero() {
+        tokio::spawn(reload::watch(config.watch_interval, tenant.clone()));
     }
-    if handler.is_none()
-        && let Some(digest) = expected
-    {
-        handler = loader.load_cached(digest).await;
-    }
-    let handler = match handler {
-        Some(handler) => handler,
-        // The digest read above is the one to check against; no second read of the digest file.
-        None => loader.load(source.load(expected).await?).await?,
+    let listeners: edge::Listeners = Arc::new(vec![Arc::new(listener.into_std()?)]);
+    // The sender is dropped: the one listener never changes.
+    let (_, listeners) = tokio::sync::watch::channel(listeners);
+    Ok((server::Routes::Single(tenant), listeners, function_addr))
+}
+
+/// The pool: the table read once (each Function's port open, nothing loaded), then
+/// watched.
+fn serve_many(config: &Config, metrics: &Arc<Metrics>, dir: &Path, admin_port: u16) -> Result<Serving, ServeError> {
+    let engine = loader::EngineHost::new(&limits::RequestLimits::from_config(config), config.cache_dir.clone())?;
+    let (pool, listeners) = pool::Pool::new(engine, metrics.clone(), config, dir, admin_port);
+    pool.sync()?;
+    tracing::info!(functions = pool.len(), table = %dir.display(), "pool table read");
+    let interval = if config.watch_interval.is_zero() {
+        Duration::from_secs(1)
+    } else {
+        config.watch_interval
     };
-    Ok((loader, handler))
+    tokio::spawn(pool.clone().watch(interval));
+    Ok((server::Routes::Pool(pool), listeners, SocketAddr::new(config.bind, 0)))
 }
 
 /// After the shutdown signal: serve on, not ready, through the drain delay; then stop

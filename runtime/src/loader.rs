@@ -31,22 +31,19 @@ pub enum ModuleError {
     CodeRefused(#[from] CodeRefused),
 }
 
-pub struct Loader {
+/// The engine every module of this process runs on, and where compiled code is cached:
+/// made once, shared by each Function's [`Loader`].
+#[derive(Clone)]
+pub struct EngineHost {
     engine: Engine,
     target: CompileTarget,
-    shared: Arc<Shared>,
     cache_dir: Option<PathBuf>,
 }
 
-impl Loader {
-    pub fn new(
-        limits: RequestLimits,
-        env: Vec<(String, String)>,
-        function: &str,
-        metrics: Arc<Metrics>,
-        outbound: Arc<Outbound>,
-        cache_dir: Option<PathBuf>,
-    ) -> Result<Self, ModuleError> {
+impl EngineHost {
+    /// `limits` size the instance pool: its concurrency the slots, its memory the largest
+    /// linear memory any Function may be allowed.
+    pub fn new(limits: &RequestLimits, cache_dir: Option<PathBuf>) -> Result<Self, ModuleError> {
         let target = CompileTarget::for_this_host();
         if let CompileTarget::Host { missing } = &target {
             tracing::warn!(
@@ -55,8 +52,46 @@ impl Loader {
                 "this CPU lacks part of the portable feature level: compiling for this host, and precompiled code will not be used"
             );
         }
-        let engine =
-            crate::engine::build_engine(&limits, &target).map_err(|e| ModuleError::Engine(format!("{e:?}")))?;
+        let engine = crate::engine::build_engine(limits, &target).map_err(|e| ModuleError::Engine(format!("{e:?}")))?;
+        Ok(Self {
+            engine,
+            target,
+            cache_dir,
+        })
+    }
+}
+
+pub struct Loader {
+    engine: Engine,
+    target: CompileTarget,
+    shared: Arc<Shared>,
+    cache_dir: Option<PathBuf>,
+}
+
+impl Loader {
+    /// A loader with an engine of its own, sized by `limits`: a process serving one Function.
+    pub fn new(
+        limits: RequestLimits,
+        env: Vec<(String, String)>,
+        function: &str,
+        metrics: Arc<Metrics>,
+        outbound: Arc<Outbound>,
+        cache_dir: Option<PathBuf>,
+    ) -> Result<Self, ModuleError> {
+        let host = EngineHost::new(&limits, cache_dir)?;
+        Ok(Self::on(&host, limits, env, function, metrics, outbound))
+    }
+
+    /// A Function's loader on an engine made already: each request's store gets these
+    /// limits, env and outbound policy.
+    pub fn on(
+        host: &EngineHost,
+        limits: RequestLimits,
+        env: Vec<(String, String)>,
+        function: &str,
+        metrics: Arc<Metrics>,
+        outbound: Arc<Outbound>,
+    ) -> Self {
         let shared = Arc::new(Shared {
             limits,
             env,
@@ -64,12 +99,16 @@ impl Loader {
             function: function.to_string(),
             outbound,
         });
-        Ok(Self {
-            engine,
-            target,
+        Self {
+            engine: host.engine.clone(),
+            target: host.target.clone(),
             shared,
-            cache_dir,
-        })
+            cache_dir: host.cache_dir.clone(),
+        }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.shared.metrics
     }
 
     pub fn limits(&self) -> &RequestLimits {

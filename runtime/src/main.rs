@@ -7,6 +7,21 @@ use wasmless_runtime::{Config, logging, serve, shutdown_signal};
 async fn main() -> anyhow::Result<()> {
     let _logs = logging::init();
     let config = Config::parse();
+    raise_open_files_limit();
     serve(config, shutdown_signal(), |_| {}).await?;
     Ok(())
+}
+
+/// The soft limit on open files up to the hard one, as Go's runtime does at start: a pool
+/// holds a listening socket per Function on every serving thread, and the usual soft
+/// limit of 1024 would cap it at a few hundred Functions.
+fn raise_open_files_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(error) = setrlimit(Resource::Nofile, limit) {
+            tracing::debug!(%error, "cannot raise the open files limit");
+        }
+    }
 }

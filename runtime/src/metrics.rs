@@ -129,9 +129,12 @@ struct ModuleLabels {
     abi: &'static str,
 }
 
+/// The handle of one Function (the `function` label) on the process's metric families. A
+/// dedicated pod has one; the pool one per Function it serves, all in one registry.
 pub struct Metrics {
     function: Function,
-    registry: Registry,
+    registry: Arc<Registry>,
+    pool: Option<PoolFamilies>,
     requests: Family<RequestLabels, Counter>,
     request_duration: Family<RequestLabels, Histogram>,
     traps: Family<TrapLabels, Counter>,
@@ -142,6 +145,11 @@ pub struct Metrics {
     outbound_requests: Family<OutboundLabels, Counter>,
     outbound_duration: Family<OutboundHostLabels, Histogram>,
     denied_hosts: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// This Function's `wasmless_module_info` series, removed when another module replaces it.
+    module_info_labels: std::sync::Mutex<Option<ModuleLabels>>,
+    in_flight_family: Family<FunctionLabels, Gauge>,
+    instantiate_family: Family<FunctionLabels, Histogram>,
+    connections_family: Family<FunctionLabels, Gauge>,
     /// The one series of each per-function family (the registry holds the family),
     /// looked up once, not per request.
     in_flight: Gauge,
@@ -149,8 +157,28 @@ pub struct Metrics {
     connections_open: Gauge,
 }
 
+/// What only the pool exports: how many Functions it holds, what loading one takes, and
+/// how many it evicted for its memory budget.
+#[derive(Clone)]
+struct PoolFamilies {
+    loaded: Gauge,
+    load_seconds: Histogram,
+    evictions: Counter,
+}
+
 impl Metrics {
+    /// A dedicated runtime's metrics: one Function.
     pub fn new(function: &str) -> Self {
+        Self::build(function, false)
+    }
+
+    /// The pool's metrics: the pool's own series under `function` (its name), and
+    /// [`Metrics::for_function`] for each Function it serves.
+    pub fn new_pool(name: &str) -> Self {
+        Self::build(name, true)
+    }
+
+    fn build(function: &str, pool: bool) -> Self {
         let mut registry = Registry::default();
         let requests = Family::default();
         // From 100 µs to ~6.5 s: a fresh instance is sub-millisecond, a Go start a few ms.
@@ -230,6 +258,31 @@ impl Metrics {
             "Time an outbound call took until its response headers, by destination host",
             outbound_duration.clone(),
         );
+        let pool = pool.then(|| {
+            let families = PoolFamilies {
+                loaded: Gauge::default(),
+                // From 1 ms to ~16 s: code loaded from disk takes milliseconds, a module
+                // compiled here seconds.
+                load_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+                evictions: Counter::default(),
+            };
+            registry.register(
+                "wasmless_pool_functions_loaded",
+                "Functions whose code the pool holds loaded now",
+                families.loaded.clone(),
+            );
+            registry.register(
+                "wasmless_pool_load_seconds",
+                "Time to load a Function on its first request (read, verify, link)",
+                families.load_seconds.clone(),
+            );
+            registry.register(
+                "wasmless_pool_evictions",
+                "Functions unloaded to stay within the pool's memory budget",
+                families.evictions.clone(),
+            );
+            families
+        });
         let function = Arc::new(function.to_string());
         // Every reason is exported from the start (at 0), so a rate over it has a baseline.
         for refusal in Refusal::ALL {
@@ -241,12 +294,20 @@ impl Metrics {
         let labels = FunctionLabels {
             function: function.clone(),
         };
+        let in_flight_series = in_flight.get_or_create(&labels).clone();
+        let instantiate_series = instantiate_duration.get_or_create(&labels).clone();
+        let connections_series = connections_open.get_or_create(&labels).clone();
         Self {
-            in_flight: in_flight.get_or_create(&labels).clone(),
-            instantiate_duration: instantiate_duration.get_or_create(&labels).clone(),
-            connections_open: connections_open.get_or_create(&labels).clone(),
+            in_flight: in_flight_series,
+            instantiate_duration: instantiate_series,
+            connections_open: connections_series,
+            in_flight_family: in_flight,
+            instantiate_family: instantiate_duration,
+            connections_family: connections_open,
+            module_info_labels: Default::default(),
             function,
-            registry,
+            registry: Arc::new(registry),
+            pool,
             requests,
             request_duration,
             traps,
@@ -257,6 +318,73 @@ impl Metrics {
             outbound_requests,
             outbound_duration,
             denied_hosts: Default::default(),
+        }
+    }
+
+    /// The handle of another Function in the same registry (the pool's).
+    pub fn for_function(&self, function: &str) -> Self {
+        let function = Arc::new(function.to_string());
+        for refusal in [
+            Refusal::BodyTooLarge,
+            Refusal::BodyTimeout,
+            Refusal::UploadBudget,
+            Refusal::Busy,
+        ] {
+            let _ = self.refused.get_or_create(&RefusedLabels {
+                function: function.clone(),
+                reason: refusal.reason(),
+            });
+        }
+        let labels = FunctionLabels {
+            function: function.clone(),
+        };
+        Self {
+            in_flight: self.in_flight_family.get_or_create(&labels).clone(),
+            instantiate_duration: self.instantiate_family.get_or_create(&labels).clone(),
+            connections_open: self.connections_family.get_or_create(&labels).clone(),
+            in_flight_family: self.in_flight_family.clone(),
+            instantiate_family: self.instantiate_family.clone(),
+            connections_family: self.connections_family.clone(),
+            module_info_labels: Default::default(),
+            function,
+            registry: self.registry.clone(),
+            pool: self.pool.clone(),
+            requests: self.requests.clone(),
+            request_duration: self.request_duration.clone(),
+            traps: self.traps.clone(),
+            module_load: self.module_load.clone(),
+            module_info: self.module_info.clone(),
+            compile_fallbacks: self.compile_fallbacks.clone(),
+            refused: self.refused.clone(),
+            outbound_requests: self.outbound_requests.clone(),
+            outbound_duration: self.outbound_duration.clone(),
+            denied_hosts: Default::default(),
+        }
+    }
+
+    /// The pool loaded a Function in `elapsed`; `loaded` Functions are held now.
+    pub fn pool_loaded(&self, elapsed: Duration, loaded: usize) {
+        if let Some(pool) = &self.pool {
+            pool.load_seconds.observe(elapsed.as_secs_f64());
+            pool.loaded.set(i64::try_from(loaded).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The pool unloaded a Function; `loaded` are held now. `evicted`: for the budget
+    /// (not because the Function was removed).
+    pub fn pool_unloaded(&self, loaded: usize, evicted: bool) {
+        if let Some(pool) = &self.pool {
+            if evicted {
+                pool.evictions.inc();
+            }
+            pool.loaded.set(i64::try_from(loaded).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Drops a removed Function's module info, so the pool exports only what it serves.
+    pub fn forget_module(&self) {
+        if let Some(labels) = self.module_info_labels.lock().unwrap().take() {
+            self.module_info.remove(&labels);
         }
     }
 
@@ -368,14 +496,16 @@ impl Metrics {
         self.module_load
             .get_or_create(&self.function_labels())
             .set(elapsed.as_secs_f64());
-        self.module_info.clear();
-        self.module_info
-            .get_or_create(&ModuleLabels {
-                function: self.function.clone(),
-                digest,
-                abi,
-            })
-            .set(1);
+        let labels = ModuleLabels {
+            function: self.function.clone(),
+            digest,
+            abi,
+        };
+        let mut current = self.module_info_labels.lock().unwrap();
+        if let Some(previous) = current.replace(labels.clone()) {
+            self.module_info.remove(&previous);
+        }
+        self.module_info.get_or_create(&labels).set(1);
     }
 
     /// The Prometheus text exposition of every metric.

@@ -4,7 +4,7 @@
 //! leaves the old one serving.
 
 use crate::module_source::{LoadError, ModuleSource, VerifiedModule};
-use crate::server::FunctionState;
+use crate::tenant::Tenant;
 use std::hash::{Hash, Hasher};
 use std::path::Path;
 use std::sync::Arc;
@@ -13,7 +13,8 @@ use wasmless_artifact::Digest;
 
 const SETTLE_TIME: Duration = Duration::from_millis(200);
 
-pub async fn watch(source: ModuleSource, pinned: Option<Digest>, interval: Duration, state: FunctionState) {
+pub async fn watch(interval: Duration, tenant: Arc<Tenant>) {
+    let (source, pinned) = (&tenant.source, tenant.pinned);
     let Some(path) = source.watched_path().map(Path::to_path_buf) else {
         return;
     };
@@ -25,20 +26,25 @@ pub async fn watch(source: ModuleSource, pinned: Option<Digest>, interval: Durat
             continue;
         }
         last = now;
-        let module = match load_settled(&source, pinned).await {
+        let module = match load_settled(source, pinned).await {
             Ok(module) => module,
             Err(error) => {
                 tracing::warn!(%error, "module changed on disk but cannot be used; still serving the previous one");
                 continue;
             }
         };
-        if module.digest == state.handler.load().digest {
+        if tenant
+            .handler
+            .load()
+            .as_ref()
+            .is_some_and(|handler| handler.digest == module.digest)
+        {
             continue;
         }
-        match state.loader.load(module).await {
+        match tenant.loader.load(module).await {
             Ok(handler) => {
                 let digest = handler.digest;
-                state.handler.store(Arc::new(handler));
+                tenant.handler.store(Some(Arc::new(handler)));
                 tracing::info!(%digest, "swapped in the module replaced on disk");
             }
             Err(error) => {

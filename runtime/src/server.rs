@@ -1,16 +1,15 @@
 //! The two HTTP servers: the function's port and the admin port, their routers and
 //! layers, and graceful shutdown.
 
-use crate::handler::{Connection, LoadedHandler};
-use crate::loader::Loader;
+use crate::handler::Connection;
 use crate::metrics::{Metrics, Refusal};
 use crate::outbound::CallLog;
-use arc_swap::ArcSwap;
-use axum::Router;
+use crate::tenant::Tenant;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::{Extension, Router};
 use bytes::Bytes;
 use http::{StatusCode, header};
 use std::net::SocketAddr;
@@ -21,16 +20,37 @@ use tokio::sync::Semaphore;
 use tower_http::trace::TraceLayer;
 use tracing::Span;
 
-/// What every request of the function's port shares.
+/// What every request of the function's port (or the pool's ports) shares.
 #[derive(Clone)]
 pub struct FunctionState {
-    pub handler: Arc<ArcSwap<LoadedHandler>>,
-    pub loader: Arc<Loader>,
-    pub metrics: Arc<Metrics>,
-    pub function: Arc<str>,
-    permits: Arc<Semaphore>,
+    pub routes: Routes,
     uploads: Arc<Uploads>,
-    local_port: u16,
+}
+
+/// Which Function a request is for.
+#[derive(Clone)]
+pub enum Routes {
+    /// A dedicated runtime: every request, whatever the port.
+    Single(Arc<Tenant>),
+    /// The pool: the Function whose port the connection came in on.
+    Pool(Arc<crate::pool::Pool>),
+}
+
+impl Routes {
+    pub fn tenant(&self, port: LocalPort) -> Option<Arc<Tenant>> {
+        match self {
+            Self::Single(tenant) => Some(tenant.clone()),
+            Self::Pool(pool) => pool.tenant(port.0),
+        }
+    }
+}
+
+/// The port a request's connection was accepted on (the edge puts it in the extensions).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LocalPort(pub u16);
+
+fn local_port<B>(request: &http::Request<B>) -> LocalPort {
+    request.extensions().get::<LocalPort>().copied().unwrap_or_default()
 }
 
 /// Request bodies being received: a budget of bytes of its own, apart from the
@@ -58,23 +78,10 @@ impl Uploads {
 }
 
 impl FunctionState {
-    pub fn new(
-        handler: LoadedHandler,
-        loader: Arc<Loader>,
-        metrics: Arc<Metrics>,
-        function: &str,
-        local_port: u16,
-        uploads: Uploads,
-    ) -> Self {
-        let permits = Arc::new(Semaphore::new(loader.limits().max_concurrency as usize));
+    pub fn new(routes: Routes, uploads: Uploads) -> Self {
         Self {
-            handler: Arc::new(ArcSwap::from_pointee(handler)),
-            loader,
-            metrics,
-            function: function.into(),
-            permits,
+            routes,
             uploads: Arc::new(uploads),
-            local_port,
         }
     }
 }
@@ -89,12 +96,18 @@ pub fn function_router(state: FunctionState) -> Router {
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(move |request: &Request| {
+                    let tenant = span_state.routes.tenant(local_port(request));
+                    let function = tenant.as_ref().map_or("", |tenant| &tenant.function);
+                    let digest = tenant.as_ref().and_then(|tenant| {
+                        let loaded = tenant.handler.load();
+                        loaded.as_ref().map(|handler| handler.digest).or(tenant.pinned)
+                    });
                     tracing::info_span!(
                         "request",
-                        function = %span_state.function,
+                        function = %function,
                         method = %request.method(),
                         path = %request.uri().path(),
-                        digest = %span_state.handler.load().digest,
+                        digest = %digest.map(|digest| digest.to_string()).unwrap_or_default(),
                     )
                 })
                 .on_request(())
@@ -122,14 +135,23 @@ pub fn function_router(state: FunctionState) -> Router {
         .with_state(state)
 }
 
-async fn record_metrics(State(state): State<FunctionState>, request: Request, next: Next) -> Response {
-    let _in_flight = state.metrics.in_flight();
+/// Finds the request's Function (a pool port nobody serves any more: 404) and counts the
+/// request under its name.
+async fn record_metrics(State(state): State<FunctionState>, mut request: Request, next: Next) -> Response {
+    let Some(tenant) = state.routes.tenant(local_port(&request)) else {
+        return (
+            StatusCode::NOT_FOUND,
+            "no function is served on this port (it was removed from the pool)\n",
+        )
+            .into_response();
+    };
+    let metrics = tenant.metrics().clone();
+    let _in_flight = metrics.in_flight();
     let method = request.method().clone();
     let started = Instant::now();
+    request.extensions_mut().insert(tenant);
     let response = next.run(request).await;
-    state
-        .metrics
-        .observe_request(&method, response.status().as_u16(), started.elapsed());
+    metrics.observe_request(&method, response.status().as_u16(), started.elapsed());
     response
 }
 
@@ -138,15 +160,17 @@ async fn record_metrics(State(state): State<FunctionState>, request: Request, ne
 async fn serve_function(
     State(state): State<FunctionState>,
     ConnectInfo(remote): ConnectInfo<SocketAddr>,
+    Extension(tenant): Extension<Arc<Tenant>>,
     request: Request,
 ) -> Response {
+    let metrics = tenant.metrics();
     // Every permit taken: say so before the client uploads anything.
-    if state.permits.available_permits() == 0 {
-        return busy(&state);
+    if tenant.permits.available_permits() == 0 {
+        return busy(&tenant);
     }
-    let limit = state.loader.limits().max_request_body;
+    let limit = tenant.loader.limits().max_request_body;
     let too_large = || {
-        state.metrics.refuse(Refusal::BodyTooLarge);
+        metrics.refuse(Refusal::BodyTooLarge);
         (
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("the request body is over this function's {limit}-byte limit\n"),
@@ -160,6 +184,7 @@ async fn serve_function(
     if declared.is_some_and(|length| length > limit as u64) {
         return too_large();
     }
+    let local_port = local_port(&request).0;
     let (parts, body) = request.into_parts();
     let body = if http_body::Body::is_end_stream(&body) {
         Bytes::new()
@@ -169,7 +194,7 @@ async fn serve_function(
             .map_or(limit as u64, |length| length.max(1))
             .min(u64::from(uploads.budget_bytes)) as u32;
         let Ok(_reserved) = uploads.budget.clone().try_acquire_many_owned(reserve) else {
-            state.metrics.refuse(Refusal::UploadBudget);
+            metrics.refuse(Refusal::UploadBudget);
             return (
                 StatusCode::SERVICE_UNAVAILABLE,
                 [(header::RETRY_AFTER, "1")],
@@ -188,7 +213,7 @@ async fn serve_function(
                     .into_response();
             }
             Err(_) => {
-                state.metrics.refuse(Refusal::BodyTimeout);
+                metrics.refuse(Refusal::BodyTimeout);
                 let seconds = uploads.read_timeout.as_secs_f64();
                 return (
                     StatusCode::REQUEST_TIMEOUT,
@@ -200,22 +225,30 @@ async fn serve_function(
             }
         }
     };
-    let Ok(permit) = state.permits.clone().try_acquire_owned() else {
-        return busy(&state);
+    let Ok(permit) = tenant.permits.clone().try_acquire_owned() else {
+        return busy(&tenant);
     };
 
-    let handler = state.handler.load_full();
-    let connection = Connection {
-        remote,
-        local_port: state.local_port,
+    let handler = match tenant.handler().await {
+        Ok(handler) => handler,
+        Err(error) => {
+            tracing::error!(%error, "cannot load the function's module; this request fails, and the next one tries again");
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, "1")],
+                "the function's module cannot be loaded now; retry (the runtime's log says why)\n",
+            )
+                .into_response();
+        }
     };
+    let connection = Connection { remote, local_port };
     let calls = Arc::new(CallLog::default());
     let mut request = http::Request::from_parts(parts, body);
     request.extensions_mut().insert(calls.clone());
     let mut response = match handler.invoke(request, connection, permit).await {
         Ok(response) => response,
         Err(failure) => {
-            state.metrics.count_trap(failure.kind());
+            metrics.count_trap(failure.kind());
             tracing::error!(kind = failure.kind(), failure = ?failure, "handler failed");
             (failure.status(), failure.public_message()).into_response()
         }
@@ -225,9 +258,9 @@ async fn serve_function(
     response
 }
 
-fn busy(state: &FunctionState) -> Response {
-    state.metrics.refuse(Refusal::Busy);
-    let limit = state.loader.limits().max_concurrency;
+fn busy(tenant: &Tenant) -> Response {
+    tenant.metrics().refuse(Refusal::Busy);
+    let limit = tenant.loader.limits().max_concurrency;
     (
         StatusCode::SERVICE_UNAVAILABLE,
         [(header::RETRY_AFTER, "1")],

@@ -11,5 +11,6 @@ mod failures;
 mod loading;
 mod observability;
 mod outbound;
+mod pool;
 mod precompiled;
 mod reactor;

@@ -46,7 +46,7 @@ fn the_runtime_parses_what_the_operator_writes_for_a_module_in_configmaps() {
         }),
     };
     let config = parse(runtime_args(&func, &module));
-    assert_eq!(config.module, "/module");
+    assert_eq!(config.module.as_deref(), Some("/module"));
     assert_eq!(config.module_digest, Some(module.digest));
     assert_eq!(
         config.code.as_deref(),
@@ -87,7 +87,7 @@ fn the_runtime_parses_what_the_operator_writes_for_a_module_in_a_registry() {
         code: None,
     };
     let config = parse(runtime_args(&func, &module));
-    assert_eq!(config.module, format!("oci://{reference}"));
+    assert_eq!(config.module, Some(format!("oci://{reference}")));
     assert_eq!((config.code, config.code_digest), (None, None));
     assert_eq!(
         config.isolation,

@@ -53,6 +53,9 @@ pub struct Connection {
 pub struct LoadedHandler {
     pub digest: Digest,
     pub abi: Abi,
+    /// Bytes of native code and data images this module holds mapped: what the pool
+    /// counts against its memory budget.
+    pub code_bytes: usize,
     kind: Kind,
 }
 
@@ -139,6 +142,11 @@ impl LoadedHandler {
                 "--isolation shared applies to Go reactors only: this module gets a fresh instance per request"
             );
         }
+        let image = match &compiled {
+            Compiled::Component(component) => component.image_range(),
+            Compiled::Module(module) => module.image_range(),
+        };
+        let code_bytes = image.end.addr() - image.start.addr();
         let kind = match compiled {
             Compiled::Component(component) => Kind::Http(http::HttpHandler::new(engine, &component, shared)?),
             Compiled::Module(module) if abi == Abi::GoReactor => {
@@ -146,7 +154,12 @@ impl LoadedHandler {
             }
             Compiled::Module(module) => Kind::Cgi(cgi::CgiHandler::new(engine, &module, shared)?),
         };
-        Ok(Self { digest, abi, kind })
+        Ok(Self {
+            digest,
+            abi,
+            code_bytes,
+            kind,
+        })
     }
 
     /// Runs one request in a fresh instance (or a kept one: `--isolation shared`). The permit is held until the instance is

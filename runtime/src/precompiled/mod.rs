@@ -26,17 +26,28 @@ mod streaming;
 /// Compiles a validated module for the portable target and writes the code artifact.
 /// `engine` must come from [`engine::compiler_config`] with [`CompileTarget::Portable`].
 pub fn precompile(engine: &Engine, abi: Abi, wasm: &[u8], module_digest: Digest) -> wasmtime::Result<Vec<u8>> {
-    let cwasm = match abi {
-        Abi::HttpComponent => engine.precompile_component(wasm)?,
-        Abi::CgiCommand | Abi::GoReactor => engine.precompile_module(wasm)?,
-    };
+    let cwasm = compile_native(engine, abi, wasm)?;
+    Ok(package(engine, abi, &cwasm, module_digest))
+}
+
+/// wasmtime's native code for `wasm`, as `engine` compiles it.
+pub fn compile_native(engine: &Engine, abi: Abi, wasm: &[u8]) -> wasmtime::Result<Vec<u8>> {
+    match abi {
+        Abi::HttpComponent => engine.precompile_component(wasm),
+        Abi::CgiCommand | Abi::GoReactor => engine.precompile_module(wasm),
+    }
+}
+
+/// The code artifact a runtime loads with `--code`: `cwasm`, which `engine` compiled from
+/// the module `module_digest`, behind the header that says so.
+pub fn package(engine: &Engine, abi: Abi, cwasm: &[u8], module_digest: Digest) -> Vec<u8> {
     let header = CodeHeader {
         module_digest,
         engine: engine::engine_hash(engine),
         kind: code_kind(abi),
         target: engine::PORTABLE_TARGET.to_string(),
     };
-    Ok(encode_code(&header, &cwasm))
+    encode_code(&header, cwasm)
 }
 
 /// The engine the builder precompiles with: the runtime's, for the portable target.

@@ -236,12 +236,25 @@ impl Runtime {
 
     /// [`Runtime::start`] with these environment variables set for the runtime.
     pub fn start_with_env(module: impl AsRef<std::ffi::OsStr>, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut child = runtime_command(module, args)
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut command = runtime_command(module, args);
+        command.envs(env.iter().copied());
+        Self::spawn(command)
+    }
+
+    /// The runtime serving the pool table in `dir` (`--pool`), its admin port chosen by the OS.
+    pub fn start_pool(dir: &Path, args: &[&str]) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_wasmless-runtime"));
+        command
+            .arg("--pool")
+            .arg(dir)
+            .args(["--bind", "127.0.0.1", "--admin-port", "0"])
+            .args(args)
+            .env("RUST_LOG", "info");
+        Self::spawn(command)
+    }
+
+    fn spawn(mut command: Command) -> Self {
+        let mut child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         let logs = Arc::new(Mutex::new(Vec::new()));
         let (serving_tx, serving_rx) = mpsc::channel();
         let stdout = child.stdout.take().unwrap();

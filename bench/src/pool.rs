@@ -1,0 +1,303 @@
+//! Density of the pool (`wasmless-runtime --pool`): one process holding a thousand
+//! distinct Functions, half the Rust hello and half the Goless sample, each on its own
+//! port with its own module digest and compiled code; what each costs in memory once
+//! loaded, and the first request to a Function not yet loaded against one that is.
+
+use crate::measure::{Server, rss_mib};
+use crate::scenarios::{Module, Settings, build_example};
+use anyhow::{Context, bail};
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use wasmless_artifact::Digest;
+
+pub struct Density {
+    pub functions: usize,
+    pub rows: Vec<DensityRow>,
+    pub rss_empty_mib: f64,
+    pub rss_all_loaded_mib: f64,
+    pub loaded_reported: f64,
+    pub code_identical: bool,
+}
+
+pub struct DensityRow {
+    pub name: &'static str,
+    pub functions: usize,
+    /// Resident memory the pool grew by while loading them, per Function.
+    pub rss_per_function_mib: f64,
+    /// The native code of one (what the pool decompresses into its memory to load it).
+    pub code_mib: f64,
+    pub first_request_p50_ms: f64,
+    pub first_request_p90_ms: f64,
+    pub loaded_p50_ms: f64,
+    pub loaded_p90_ms: f64,
+}
+
+/// The first port of the pool's Functions; each takes the next.
+const FIRST_PORT: u16 = 24000;
+
+pub fn density(settings: &Settings, functions: usize) -> anyhow::Result<Density> {
+    eprintln!("building the hello modules with wasmless-builder");
+    let rust = build_example(settings, "hello-rust", "rust")?;
+    let go = build_example(settings, "hello-go", "go")?;
+    let table = settings.work("pool-table");
+    let modules = settings.work("pool-modules");
+    let engine = wasmless_runtime::precompiled::precompile_engine().map_err(wasmtime_error)?;
+    let half = functions / 2;
+    let mut code_identical = true;
+    let mut groups = Vec::new();
+    for (name, base, count, first) in [
+        ("Rust hello (component)", &rust, half, 0),
+        ("Goless sample (Go reactor, snapshotted)", &go, functions - half, half),
+    ] {
+        eprintln!("writing {count} variants of {name}");
+        let (identical, code_bytes) = write_variants(&engine, base, &modules, &table, first, count)?;
+        code_identical &= identical;
+        groups.push((name, first, count, code_bytes as f64 / (1 << 20) as f64));
+    }
+
+    let admin = wasmless_testkit::free_port();
+    let mut pool = Server::spawn(
+        Command::new(settings.bin("wasmless-runtime"))
+            .arg("--pool")
+            .arg(&table)
+            .args(["--bind", "127.0.0.1", "--admin-port", &admin.to_string()])
+            .args(["--pool-memory-budget", "64Gi", "--max-concurrency", "16"])
+            .env("RUST_LOG", "warn"),
+    )?;
+    wait_ready(admin, &mut pool)?;
+    let rss_empty_mib = rss_mib(pool.pid()).0;
+
+    let mut rows = Vec::new();
+    let mut rss_before = rss_empty_mib;
+    for (name, first, count, code_mib) in groups {
+        eprintln!("first requests: {name}");
+        let mut first_requests = Vec::with_capacity(count);
+        for index in first..first + count {
+            first_requests.push(timed_get(port(index))?);
+        }
+        let rss_after = rss_mib(pool.pid()).0;
+        let mut loaded = Vec::with_capacity(count);
+        for index in first..first + count {
+            loaded.push(timed_get(port(index))?);
+        }
+        rows.push(DensityRow {
+            name,
+            functions: count,
+            rss_per_function_mib: (rss_after - rss_before) / count as f64,
+            code_mib,
+            first_request_p50_ms: percentile(&mut first_requests, 0.5),
+            first_request_p90_ms: percentile(&mut first_requests, 0.9),
+            loaded_p50_ms: percentile(&mut loaded, 0.5),
+            loaded_p90_ms: percentile(&mut loaded, 0.9),
+        });
+        rss_before = rss_after;
+    }
+    let metrics = admin_get(admin, "/metrics")?;
+    let loaded_reported = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("wasmless_pool_functions_loaded "))
+        .and_then(|value| value.trim().parse().ok())
+        .context("the pool exports no wasmless_pool_functions_loaded")?;
+    Ok(Density {
+        functions,
+        rows,
+        rss_empty_mib,
+        rss_all_loaded_mib: rss_before,
+        loaded_reported,
+        code_identical,
+    })
+}
+
+fn port(index: usize) -> u16 {
+    FIRST_PORT + u16::try_from(index).expect("fewer Functions than ports")
+}
+
+/// `count` Functions from `base`: each the base module with a custom section naming it
+/// (so each has a digest of its own, as distinct Functions do), and the base's native
+/// code packaged for that digest. Custom sections are not compiled, so a variant's code
+/// is the base's: checked here by compiling the first variant for real. Whether it was
+/// equal, and the code's size.
+fn write_variants(
+    engine: &wasmtime::Engine,
+    base: &Module,
+    modules: &Path,
+    table: &Path,
+    first: usize,
+    count: usize,
+) -> anyhow::Result<(bool, usize)> {
+    use wasmless_runtime::precompiled::{compile_native, package};
+    let wasm = std::fs::read(&base.path)?;
+    let abi = wasmless_runtime::abi::detect(&wasm)?;
+    let cwasm = compile_native(engine, abi, &wasm).map_err(wasmtime_error)?;
+    let mut identical = true;
+    for index in first..first + count {
+        let name = format!("fn-{index}");
+        let variant = with_custom_section(&wasm, &name);
+        let digest = Digest::of(&variant);
+        if index == first {
+            identical = compile_native(engine, abi, &variant).map_err(wasmtime_error)? == cwasm;
+        }
+        let code = package(engine, abi, &cwasm, digest);
+        let module_path = modules.join(format!("{name}.wasm"));
+        let code_path = modules.join(format!("{name}.cwasm.lz4"));
+        std::fs::write(&module_path, &variant)?;
+        std::fs::write(&code_path, &code)?;
+        let args = [
+            "--function".to_string(),
+            name.clone(),
+            "--module".into(),
+            module_path.display().to_string(),
+            "--module-digest".into(),
+            digest.to_string(),
+            "--code".into(),
+            code_path.display().to_string(),
+            "--code-digest".into(),
+            Digest::of(&code).to_string(),
+        ];
+        let entry = serde_json::json!({ "port": port(index), "args": args });
+        std::fs::write(table.join(format!("{name}.json")), entry.to_string())?;
+    }
+    Ok((identical, cwasm.len()))
+}
+
+fn wasmtime_error(error: wasmtime::Error) -> anyhow::Error {
+    anyhow::anyhow!("{error:#}")
+}
+
+fn with_custom_section(wasm: &[u8], name: &str) -> Vec<u8> {
+    let mut payload = Vec::new();
+    leb128(&mut payload, name.len());
+    payload.extend_from_slice(name.as_bytes());
+    let mut out = wasm.to_vec();
+    out.push(0);
+    leb128(&mut out, payload.len());
+    out.extend_from_slice(&payload);
+    out
+}
+
+fn leb128(out: &mut Vec<u8>, mut value: usize) {
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+fn wait_ready(admin: u16, pool: &mut Server) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if admin_get(admin, "/readyz").is_ok_and(|body| body.contains("ready")) {
+            return Ok(());
+        }
+        if let Some(status) = pool.0.try_wait()? {
+            bail!("the pool exited with {status}");
+        }
+        if Instant::now() > deadline {
+            bail!("the pool was not ready within a minute");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn admin_get(port: u16, path: &str) -> anyhow::Result<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    Ok(text)
+}
+
+/// One GET / on a new connection, as a client from another pod makes it: the time to
+/// the whole response, which must be a 200.
+fn timed_get(port: u16) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response)?;
+    let elapsed = started.elapsed();
+    if !response.starts_with(b"HTTP/1.1 200") {
+        bail!(
+            "port {port} answered {}",
+            String::from_utf8_lossy(&response[..response.len().min(200)])
+        );
+    }
+    Ok(elapsed)
+}
+
+fn percentile(times: &mut [Duration], at: f64) -> f64 {
+    times.sort();
+    let index = ((times.len() as f64 - 1.0) * at).round() as usize;
+    times[index].as_secs_f64() * 1000.0
+}
+
+pub const HEADING: &str = "## Pool density: a thousand Functions in one process";
+
+pub fn section(density: &Density) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "{HEADING}\n");
+    let _ = writeln!(
+        md,
+        "One `wasmless-runtime --pool` process serving {} distinct Functions, each on its own port with its own \
+         module digest and compiled code (`--code`, as the builder makes it), loaded on its first request. Each \
+         is the Rust hello or the Goless sample with a custom section naming it, so its digest is its own; custom \
+         sections are not compiled, so its native code is its base's ({}). Requests are sequential GET / on a new \
+         loopback connection, client and pool on the same 2 cores ({}).\n",
+        density.functions,
+        if density.code_identical {
+            "checked in this run: the first variant compiled for real gives the same code byte for byte"
+        } else {
+            "NOT the same in this run: the first variant compiled for real gave different code"
+        },
+        crate::report::chrono_free_now()
+    );
+    let _ = writeln!(
+        md,
+        "| Functions | count | native code of one | RSS per loaded Function | first request (not loaded) p50 / p90 | loaded p50 / p90 |\n|---|---|---|---|---|---|"
+    );
+    for row in &density.rows {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.2} MiB | {:.2} MiB | {:.2} / {:.2} ms | {:.2} / {:.2} ms |",
+            row.name,
+            row.functions,
+            row.code_mib,
+            row.rss_per_function_mib,
+            row.first_request_p50_ms,
+            row.first_request_p90_ms,
+            row.loaded_p50_ms,
+            row.loaded_p90_ms
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n- the pool's RSS: {:.1} MiB with the table read and nothing loaded, {:.1} MiB with all {} loaded \
+         (`wasmless_pool_functions_loaded` said {})",
+        density.rss_empty_mib, density.rss_all_loaded_mib, density.functions, density.loaded_reported
+    );
+    let _ = writeln!(
+        md,
+        "- what a loaded Function costs is mostly its native code, decompressed into the pool's memory (the code \
+         column): for Go that is Go's runtime and net/http compiled, once per Function, since code is per module. \
+         So a thousand Go Functions cost a thousand copies of it; `--pool-memory-budget` (1 GiB by default) keeps \
+         the most recently used and unloads the rest, which load again on their next request (the first-request \
+         column). Sharing the Go runtime's code between Functions would need it compiled apart from the handler, \
+         which wasmtime's per-module code does not offer."
+    );
+    let _ = writeln!(
+        md,
+        "\n`pool`: run alone with `bench/run.sh --only pool` (rewrites this section).\n"
+    );
+    md
+}

@@ -1,0 +1,182 @@
+//! One Function as this process serves it: its loader (its limits, env and outbound
+//! policy on the process's shared engine), where its module comes from and the digests it
+//! is pinned to, its concurrency permits, and its handler once loaded. A dedicated pod
+//! holds one tenant, loaded before it reports ready; the pool holds many, each loaded on
+//! its first request and unloaded when its memory budget needs the room.
+
+use crate::config::Config;
+use crate::handler::LoadedHandler;
+use crate::loader::{EngineHost, Loader};
+use crate::metrics::Metrics;
+use crate::module_source::ModuleSource;
+use crate::{ServeError, limits, outbound, precompiled};
+use arc_swap::ArcSwapOption;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+use tokio::sync::Semaphore;
+use wasmless_artifact::Digest;
+
+type CodeResult = Result<Result<precompiled::VerifiedCode, precompiled::Fallback>, precompiled::CodeRefused>;
+type CodeFetch = tokio::task::JoinHandle<CodeResult>;
+
+/// Starts reading and verifying `config`'s compiled code on other threads, for
+/// [`Tenant::use_prefetched`]: a new pod does that while it makes the engine, since
+/// neither needs the other and each takes milliseconds.
+pub fn fetch_code(config: &Config) -> Option<CodeFetch> {
+    let code = precompiled::CodeSource::parse(config.code.as_ref()?);
+    let code_digest = config.code_digest?;
+    Some(tokio::spawn(async move { code.load_code(code_digest).await }))
+}
+
+pub struct Tenant {
+    pub function: Arc<str>,
+    pub loader: Arc<Loader>,
+    /// `None` until the first load, and again once unloaded.
+    pub handler: ArcSwapOption<LoadedHandler>,
+    pub permits: Arc<Semaphore>,
+    pub source: ModuleSource,
+    /// `--module-digest`, as given (the digest file beside the module is read at load).
+    pub pinned: Option<Digest>,
+    code: Option<(String, Option<Digest>)>,
+    /// One load at a time: the requests that arrive meanwhile wait for it.
+    loading: tokio::sync::Mutex<()>,
+    /// Code being read and verified since before the engine was made (a new pod).
+    prefetched: std::sync::Mutex<Option<CodeFetch>>,
+    /// Told each time a load finishes, and what it took (the pool's accounting).
+    on_load: Option<Box<dyn Fn(std::time::Duration) + Send + Sync>>,
+    /// When a request last used it, in milliseconds since the process started (the
+    /// pool's least-recently-used order).
+    last_used: AtomicU64,
+}
+
+impl Tenant {
+    /// The tenant `config` describes, on `engine`. Nothing is read or loaded yet.
+    /// `process_env`: the variables whose `WASMLESS_HANDLER_ENV_*` join the handler's env.
+    pub fn new(
+        engine: &EngineHost,
+        config: &Config,
+        metrics: Arc<Metrics>,
+        admin_port: u16,
+        process_env: impl Iterator<Item = (String, String)>,
+    ) -> Result<Self, ServeError> {
+        let module = config.module.as_deref().ok_or(ServeError::NoModule)?;
+        // Calls to this runtime's own admin port are refused: the port as bound (it may be 0).
+        let outbound = outbound::OutboundConfig {
+            admin_port,
+            ..config.outbound()?
+        };
+        let outbound = Arc::new(outbound::Outbound::new(&outbound, metrics.clone())?);
+        let limits = limits::RequestLimits::from_config(config);
+        let permits = Arc::new(Semaphore::new(limits.max_concurrency as usize));
+        let loader = Loader::on(
+            engine,
+            limits,
+            config.handler_env(process_env),
+            &config.function,
+            metrics,
+            outbound,
+        );
+        Ok(Self {
+            function: config.function.as_str().into(),
+            loader: Arc::new(loader),
+            handler: ArcSwapOption::empty(),
+            permits,
+            source: ModuleSource::parse(module),
+            pinned: config.module_digest,
+            code: config.code.clone().map(|code| (code, config.code_digest)),
+            loading: tokio::sync::Mutex::new(()),
+            prefetched: std::sync::Mutex::new(None),
+            on_load: None,
+            last_used: AtomicU64::new(0),
+        })
+    }
+
+    pub fn on_load(&mut self, hook: Box<dyn Fn(std::time::Duration) + Send + Sync>) {
+        self.on_load = Some(hook);
+    }
+
+    /// The first load takes the code [`fetch_code`] started reading.
+    pub fn use_prefetched(&self, fetch: Option<CodeFetch>) {
+        *self.prefetched.lock().unwrap() = fetch;
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        self.loader.metrics()
+    }
+
+    /// The handler, loaded now unless it is already. Concurrent callers share one load.
+    pub async fn handler(&self) -> Result<Arc<LoadedHandler>, ServeError> {
+        self.touch();
+        if let Some(handler) = self.handler.load_full() {
+            return Ok(handler);
+        }
+        let _loading = self.loading.lock().await;
+        if let Some(handler) = self.handler.load_full() {
+            return Ok(handler);
+        }
+        let started = Instant::now();
+        let handler = Arc::new(self.load().await?);
+        self.handler.store(Some(handler.clone()));
+        if let Some(hook) = &self.on_load {
+            hook(started.elapsed());
+        }
+        Ok(handler)
+    }
+
+    /// Drops the loaded handler (requests running on it keep it until they finish).
+    /// True if there was one.
+    pub fn unload(&self) -> bool {
+        self.handler.swap(None).is_some()
+    }
+
+    pub fn last_used(&self) -> u64 {
+        self.last_used.load(Ordering::Relaxed)
+    }
+
+    fn touch(&self) {
+        static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        let millis = START.get_or_init(Instant::now).elapsed().as_millis();
+        self.last_used
+            .store(u64::try_from(millis).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// The builder's code first (a new pod: nothing to compile), then this node's cache
+    /// (a restart), then the module itself, compiled here. Every digest is checked
+    /// before anything runs.
+    async fn load(&self) -> Result<LoadedHandler, ServeError> {
+        let started = Instant::now();
+        let prefetched = self.prefetched.lock().unwrap().take();
+        let expected = self.source.known_digest(self.pinned).await;
+        let code = match &self.code {
+            Some((code, code_digest)) => {
+                let module = expected.ok_or(ServeError::CodeWithoutModuleDigest)?;
+                let code_digest = code_digest.ok_or(ServeError::UnpinnedCode)?;
+                let code = precompiled::CodeSource::parse(code);
+                let loading = prefetched.unwrap_or_else(|| {
+                    let code = code.clone();
+                    tokio::spawn(async move { code.load_code(code_digest).await })
+                });
+                Some((code, module, loading))
+            }
+            None => None,
+        };
+        let mut handler = None;
+        if let Some((code, module, loading)) = code {
+            let loaded = loading
+                .await
+                .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()));
+            handler = self.loader.load_precompiled(&code, loaded, module, started).await?;
+        }
+        if handler.is_none()
+            && let Some(digest) = expected
+        {
+            handler = self.loader.load_cached(digest).await;
+        }
+        Ok(match handler {
+            Some(handler) => handler,
+            // The digest read above is the one to check against; no second read of the digest file.
+            None => self.loader.load(self.source.load(expected).await?).await?,
+        })
+    }
+}

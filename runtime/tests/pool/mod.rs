@@ -1,0 +1,206 @@
+//! The pool (`--pool`): many Functions in one process, each on its own port, loaded on
+//! its first request with its own digests, env and metrics, unloaded for the memory
+//! budget, and added and removed as its table directory changes.
+
+use crate::support::*;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use wasmless_artifact::Digest;
+
+/// Writes `<name>.json` into the pool's table: the Function `name` on `port`, serving
+/// `module` pinned to its digest, with `extra` arguments.
+fn add_function(table: &Path, name: &str, port: u16, module: &Path, extra: &[&str]) {
+    let digest = Digest::of(&std::fs::read(module).unwrap());
+    let mut args = vec![
+        "--function".to_string(),
+        name.to_string(),
+        "--module".to_string(),
+        module.display().to_string(),
+        "--module-digest".to_string(),
+        digest.to_string(),
+    ];
+    args.extend(extra.iter().map(|arg| arg.to_string()));
+    let entry = serde_json::json!({ "port": port, "args": args });
+    // Written whole and renamed, as a ConfigMap volume swaps its files.
+    let staging = table.join(format!(".{name}.json.tmp"));
+    std::fs::write(&staging, entry.to_string()).unwrap();
+    std::fs::rename(staging, table.join(format!("{name}.json"))).unwrap();
+}
+
+fn at(port: u16, path: &str) -> String {
+    format!("http://127.0.0.1:{port}{path}")
+}
+
+async fn metrics(pool: &Runtime) -> String {
+    get(pool.admin_url("/metrics")).await.1
+}
+
+/// Polls `check` for up to ten seconds (the table is re-read every second).
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < deadline, "not within 10 s: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn each_function_is_served_on_its_port_with_its_own_env_and_metrics_loaded_on_first_request() {
+    let table = tempfile::tempdir().unwrap();
+    let (rust_port, go_port) = (free_port(), free_port());
+    add_function(
+        table.path(),
+        "echo-rust",
+        rust_port,
+        &rust_echo(),
+        &["--env", "GREETING=from rust"],
+    );
+    add_function(
+        table.path(),
+        "echo-go",
+        go_port,
+        &go_reactor("go-echo", true),
+        &["--env", "GREETING=from go"],
+    );
+    let pool = Runtime::start_pool(table.path(), &[]);
+
+    let before = metrics(&pool).await;
+    assert_eq!(
+        sample(&before, "wasmless_pool_functions_loaded", &[]),
+        Some(0.0),
+        "{before}"
+    );
+
+    let (status, body) = get(at(rust_port, "/echo")).await;
+    assert_eq!(status, 200, "{body}");
+    let rust: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(rust["env"], "from rust");
+    let (status, body) = get(at(go_port, "/echo")).await;
+    assert_eq!(status, 200, "{body}");
+    let go: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(go["env"], "from go", "one Function's env is not another's");
+
+    let after = metrics(&pool).await;
+    assert_eq!(
+        sample(&after, "wasmless_pool_functions_loaded", &[]),
+        Some(2.0),
+        "{after}"
+    );
+    assert_eq!(
+        sample(&after, "wasmless_pool_load_seconds_count", &[]),
+        Some(2.0),
+        "{after}"
+    );
+    for function in ["echo-rust", "echo-go"] {
+        assert_eq!(
+            sample(
+                &after,
+                "wasmless_requests_total",
+                &[("function", function), ("status", "200")]
+            ),
+            Some(1.0),
+            "{function}: {after}"
+        );
+        assert_eq!(
+            sample(&after, "wasmless_module_info", &[("function", function)]),
+            Some(1.0),
+            "{function}: {after}"
+        );
+    }
+    pool.wait_for_log(&["\"function\":\"echo-go\"", "\"path\":\"/echo\"", "\"status\":200"]);
+}
+
+#[tokio::test]
+async fn over_the_memory_budget_the_least_recently_used_function_is_unloaded_and_loads_again() {
+    let table = tempfile::tempdir().unwrap();
+    let (first, second) = (free_port(), free_port());
+    add_function(table.path(), "first", first, &rust_echo(), &[]);
+    add_function(table.path(), "second", second, &go_reactor("go-echo", true), &[]);
+    // Room for one Function's code at a time.
+    let pool = Runtime::start_pool(table.path(), &["--pool-memory-budget", "1Ki"]);
+
+    assert_eq!(get(at(first, "/hello")).await.0, 200);
+    assert_eq!(get(at(second, "/echo")).await.0, 200);
+    let text = metrics(&pool).await;
+    assert_eq!(sample(&text, "wasmless_pool_evictions_total", &[]), Some(1.0), "{text}");
+    assert_eq!(
+        sample(&text, "wasmless_pool_functions_loaded", &[]),
+        Some(1.0),
+        "{text}"
+    );
+    pool.wait_for_log(&["\"function\":\"first\"", "unloaded for the pool's memory budget"]);
+
+    // The evicted one loads again, and the other makes room.
+    assert_eq!(get(at(first, "/hello")).await.0, 200);
+    let text = metrics(&pool).await;
+    assert_eq!(sample(&text, "wasmless_pool_evictions_total", &[]), Some(2.0), "{text}");
+    assert_eq!(
+        sample(&text, "wasmless_pool_load_seconds_count", &[]),
+        Some(3.0),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn functions_come_and_go_with_their_table_files_and_a_bad_one_fails_alone() {
+    let table = tempfile::tempdir().unwrap();
+    let (stays, added, broken) = (free_port(), free_port(), free_port());
+    add_function(table.path(), "stays", stays, &rust_echo(), &[]);
+    let pool = Runtime::start_pool(table.path(), &[]);
+    assert_eq!(get(at(stays, "/hello")).await.0, 200);
+
+    add_function(table.path(), "added", added, &rust_echo(), &[]);
+    eventually("the added Function answers", || async {
+        matches!(client().get(at(added, "/hello")).send().await, Ok(response) if response.status() == 200)
+    })
+    .await;
+
+    // A module whose bytes are not what the table pins: that Function's requests fail
+    // with a clear status, its neighbours serve on.
+    let dir = tempfile::tempdir().unwrap();
+    let tampered = dir.path().join("tampered.wasm");
+    std::fs::copy(rust_echo(), &tampered).unwrap();
+    add_function(table.path(), "tampered", broken, &tampered, &[]);
+    std::fs::write(&tampered, b"\0asm\x01\0\0\0").unwrap();
+    eventually("the tampered Function's port is open", || async {
+        client().get(at(broken, "/hello")).send().await.is_ok()
+    })
+    .await;
+    let (status, body) = get(at(broken, "/hello")).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("cannot be loaded"), "{body}");
+    pool.wait_for_log(&["cannot load the function's module", "tampered"]);
+    assert_eq!(get(at(stays, "/hello")).await.0, 200);
+
+    // A file that is not an entry is reported, and changes nothing.
+    std::fs::write(table.path().join("junk.json"), "{").unwrap();
+    pool.wait_for_log(&["junk.json", "cannot be served"]);
+    assert_eq!(get(at(added, "/hello")).await.0, 200);
+
+    std::fs::remove_file(table.path().join("added.json")).unwrap();
+    eventually("the removed Function's port is closed", || async {
+        client().get(at(added, "/hello")).send().await.is_err()
+    })
+    .await;
+    assert_eq!(get(at(stays, "/hello")).await.0, 200);
+    let text = metrics(&pool).await;
+    assert_eq!(
+        sample(&text, "wasmless_module_info", &[("function", "added")]),
+        None,
+        "a removed Function leaves no module series: {text}"
+    );
+}
+
+#[test]
+fn a_pooled_function_may_not_ask_for_more_memory_than_the_pool_allows() {
+    let table = tempfile::tempdir().unwrap();
+    let port = free_port();
+    add_function(table.path(), "greedy", port, &rust_echo(), &["--memory-limit", "1Gi"]);
+    let pool = Runtime::start_pool(table.path(), &["--memory-limit", "128Mi"]);
+    let line = pool.wait_for_log(&["greedy.json", "memory-limit"]);
+    assert!(line.contains("raise the pool's --memory-limit"), "{line}");
+}
