@@ -37,6 +37,9 @@ struct Args {
     /// Functions in the pool's density run.
     #[arg(long, default_value_t = 1000)]
     pool_functions: usize,
+    /// How many of them are the Goless sample (the rest the Rust hello).
+    #[arg(long, default_value_t = 100)]
+    pool_go_functions: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -50,7 +53,7 @@ fn main() -> anyhow::Result<()> {
             return Ok(());
         }
         Some("pool") => {
-            let density = pool::density(&settings, args.pool_functions)?;
+            let density = pool::density(&settings, args.pool_functions, args.pool_go_functions)?;
             report::write_section(&args.output, pool::HEADING, &pool::section(&density))?;
             eprintln!("rewrote the pool section of {}", args.output.display());
             return Ok(());

@@ -1,5 +1,5 @@
 //! Density of the pool (`wasmless-runtime --pool`): one process holding a thousand
-//! distinct Functions, half the Rust hello and half the Goless sample, each on its own
+//! distinct Functions, the Rust hello and the Goless sample mixed, each on its own
 //! port with its own module digest and compiled code; what each costs in memory once
 //! loaded, and the first request to a Function not yet loaded against one that is.
 
@@ -39,19 +39,26 @@ pub struct DensityRow {
 /// The first port of the pool's Functions; each takes the next.
 const FIRST_PORT: u16 = 24000;
 
-pub fn density(settings: &Settings, functions: usize) -> anyhow::Result<Density> {
+/// `functions` in all, `go_functions` of them the Goless sample (each of those is 11 MB of
+/// module and code on disk, and 15 MB of memory once loaded).
+pub fn density(settings: &Settings, functions: usize, go_functions: usize) -> anyhow::Result<Density> {
     eprintln!("building the hello modules with wasmless-builder");
     let rust = build_example(settings, "hello-rust", "rust")?;
     let go = build_example(settings, "hello-go", "go")?;
     let table = settings.work("pool-table");
     let modules = settings.work("pool-modules");
     let engine = wasmless_runtime::precompiled::precompile_engine().map_err(wasmtime_error)?;
-    let half = functions / 2;
+    let rust_functions = functions.saturating_sub(go_functions);
     let mut code_identical = true;
     let mut groups = Vec::new();
     for (name, base, count, first) in [
-        ("Rust hello (component)", &rust, half, 0),
-        ("Goless sample (Go reactor, snapshotted)", &go, functions - half, half),
+        ("Rust hello (component)", &rust, rust_functions, 0),
+        (
+            "Goless sample (Go reactor, snapshotted)",
+            &go,
+            functions - rust_functions,
+            rust_functions,
+        ),
     ] {
         eprintln!("writing {count} variants of {name}");
         let (identical, code_bytes) = write_variants(&engine, base, &modules, &table, first, count)?;
