@@ -50,7 +50,7 @@ async fn call(handler: &LoadedHandler, permits: &Arc<Semaphore>, path: &'static 
     };
     let permit = permits.clone().acquire_owned().await.unwrap();
     let response = handler
-        .invoke(request, connection, permit)
+        .invoke(request, connection, permit.into())
         .await
         .expect("the hello handler answers");
     assert_eq!(response.status(), 200);

@@ -228,6 +228,22 @@ async fn serve_function(
     let Ok(permit) = tenant.permits.clone().try_acquire_owned() else {
         return busy(&tenant);
     };
+    let host_permit = match &tenant.host_permits {
+        Some(host) => match host.clone().try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => {
+                metrics.refuse(Refusal::Busy);
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [(header::RETRY_AFTER, "1")],
+                    "too busy: the pool serving this function is running as many requests as it can; retry\n",
+                )
+                    .into_response();
+            }
+        },
+        None => None,
+    };
+    let permit = crate::handler::Permit::new(permit, host_permit);
 
     let handler = match tenant.handler().await {
         Ok(handler) => handler,

@@ -35,6 +35,8 @@ pub struct Tenant {
     /// `None` until the first load, and again once unloaded.
     pub handler: ArcSwapOption<LoadedHandler>,
     pub permits: Arc<Semaphore>,
+    /// The pool's permits, shared by all its Functions: its instance slots.
+    pub host_permits: Option<Arc<Semaphore>>,
     pub source: ModuleSource,
     /// `--module-digest`, as given (the digest file beside the module is read at load).
     pub pinned: Option<Digest>,
@@ -82,6 +84,7 @@ impl Tenant {
             loader: Arc::new(loader),
             handler: ArcSwapOption::empty(),
             permits,
+            host_permits: None,
             source: ModuleSource::parse(module),
             pinned: config.module_digest,
             code: config.code.clone().map(|code| (code, config.code_digest)),

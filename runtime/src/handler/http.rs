@@ -87,7 +87,7 @@ impl HttpHandler {
     pub async fn invoke(
         &self,
         request: http::Request<Bytes>,
-        permit: tokio::sync::OwnedSemaphorePermit,
+        permit: super::Permit,
     ) -> Result<Response<Body>, Failure> {
         let stdout = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
         let stderr = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);

@@ -41,6 +41,28 @@ fn call_log<B>(request: &::http::Request<B>) -> Arc<CallLog> {
     request.extensions().get::<Arc<CallLog>>().cloned().unwrap_or_default()
 }
 
+/// What a request holds while its instance lives: its Function's concurrency permit and,
+/// in the pool, one of the pool's, whose instance slots all Functions share.
+pub struct Permit {
+    _function: tokio::sync::OwnedSemaphorePermit,
+    _host: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Permit {
+    pub fn new(function: tokio::sync::OwnedSemaphorePermit, host: Option<tokio::sync::OwnedSemaphorePermit>) -> Self {
+        Self {
+            _function: function,
+            _host: host,
+        }
+    }
+}
+
+impl From<tokio::sync::OwnedSemaphorePermit> for Permit {
+    fn from(function: tokio::sync::OwnedSemaphorePermit) -> Self {
+        Self::new(function, None)
+    }
+}
+
 /// Facts about the connection a request came on.
 #[derive(Debug, Clone, Copy)]
 pub struct Connection {
@@ -168,7 +190,7 @@ impl LoadedHandler {
         &self,
         request: ::http::Request<Bytes>,
         connection: Connection,
-        permit: tokio::sync::OwnedSemaphorePermit,
+        permit: Permit,
     ) -> Result<::http::Response<Body>, Failure> {
         match &self.kind {
             Kind::Http(handler) => handler.invoke(request, permit).await,

@@ -43,6 +43,9 @@ pub struct Pool {
     listeners: watch::Sender<Listeners>,
     /// Each table file's last error, logged once rather than every sync.
     reported: Mutex<HashMap<String, String>>,
+    /// `--max-concurrency` of the pool: requests running at once across its Functions,
+    /// which the instance pool is sized for.
+    permits: Arc<tokio::sync::Semaphore>,
 }
 
 impl Pool {
@@ -68,6 +71,7 @@ impl Pool {
             held: Default::default(),
             listeners,
             reported: Default::default(),
+            permits: Arc::new(tokio::sync::Semaphore::new(config.max_concurrency as usize)),
         });
         (pool, receiver)
     }
@@ -229,6 +233,7 @@ impl Pool {
         let metrics = Arc::new(self.metrics.for_function(&config.function));
         let mut tenant = Tenant::new(&self.engine, &config, metrics, self.admin_port, std::iter::empty())
             .map_err(|error| error.to_string())?;
+        tenant.host_permits = Some(self.permits.clone());
         let pool = Arc::downgrade(self);
         let port = entry.port;
         tenant.on_load(Box::new(move |elapsed| {

@@ -204,3 +204,31 @@ fn a_pooled_function_may_not_ask_for_more_memory_than_the_pool_allows() {
     let line = pool.wait_for_log(&["greedy.json", "memory-limit"]);
     assert!(line.contains("raise the pool's --memory-limit"), "{line}");
 }
+
+#[tokio::test]
+async fn the_pools_concurrency_is_shared_so_a_busy_neighbour_gets_503s_not_failures() {
+    let table = tempfile::tempdir().unwrap();
+    let (busy, neighbour) = (free_port(), free_port());
+    add_function(table.path(), "busy", busy, &rust_echo(), &[]);
+    add_function(table.path(), "neighbour", neighbour, &rust_echo(), &[]);
+    let pool = Runtime::start_pool(table.path(), &["--max-concurrency", "1"]);
+    assert_eq!(get(at(neighbour, "/hello")).await.0, 200);
+
+    let sleeping = tokio::spawn(get(at(busy, "/sleep?ms=2000")));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, body) = get(at(neighbour, "/hello")).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("the pool serving this function"), "{body}");
+    assert_eq!(sleeping.await.unwrap().0, 200);
+    assert_eq!(get(at(neighbour, "/hello")).await.0, 200);
+    let text = metrics(&pool).await;
+    assert_eq!(
+        sample(
+            &text,
+            "wasmless_refused_total",
+            &[("function", "neighbour"), ("reason", "busy")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+}
