@@ -37,8 +37,13 @@ pub(super) async fn update(
     missing: Option<&str>,
 ) -> Result<FunctionStatus, StepError> {
     let (name, ns) = (func.name_any(), func.namespace().unwrap_or_default());
-    let status = status_for(func, build, source_digest, serving, deployment, missing);
+    let mut status = status_for(func, build, source_digest, serving, deployment, missing);
     let old = func.status.clone().unwrap_or_default();
+    if let (Build::Done(_), Some(digest)) = (build, source_digest)
+        && func.spec.module.is_none()
+    {
+        add_build_report(ctx, &ns, &name, &digest, &old, &mut status).await;
+    }
     let status = keep_transition_times(status, &old);
     publish_transitions(ctx, func, &old, &status).await;
     if status != old {
@@ -57,6 +62,34 @@ pub(super) async fn update(
         ctx.metrics.build_ended(&uid, &build, &name, &ns, result);
     }
     Ok(status)
+}
+
+/// Adds where the build's time went to the `Built` condition's message (and so to its
+/// Event), read once, when the build ends; later reconciles keep what was read.
+async fn add_build_report(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    digest: &Digest,
+    old: &FunctionStatus,
+    status: &mut FunctionStatus,
+) {
+    let Some(built) = status.conditions.iter_mut().find(|c| c.type_ == CONDITION_BUILT) else {
+        return;
+    };
+    let before = old.conditions.iter().find(|c| c.type_ == CONDITION_BUILT);
+    if let Some(before) = before
+        && before.reason == built.reason
+        && old.source_digest == status.source_digest
+    {
+        if before.message.starts_with(&built.message) {
+            built.message = before.message.clone();
+        }
+        return;
+    }
+    if let Some(report) = super::build::build_report(ctx, ns, name, digest).await {
+        built.message = format!("{}; {report}", built.message);
+    }
 }
 
 async fn write_status(ctx: &Context, func: &Function, status: &FunctionStatus) -> Result<(), Error> {
