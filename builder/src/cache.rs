@@ -82,7 +82,13 @@ impl BuildCache {
         read_entry(&self.code_path(module_digest, engine, target))
     }
 
-    pub fn put_code(&self, module_digest: &Digest, engine: &str, target: &str, artifact: &[u8]) -> Result<(), BuildError> {
+    pub fn put_code(
+        &self,
+        module_digest: &Digest,
+        engine: &str,
+        target: &str,
+        artifact: &[u8],
+    ) -> Result<(), BuildError> {
         write_entry(&self.code_path(module_digest, engine, target), artifact)
     }
 }
@@ -165,7 +171,11 @@ pub fn check_usable(dir: &Path) -> Result<(), String> {
         .prefix(".probe-")
         .tempfile_in(dir)
         .map_err(|e| format!("{} is not writable by this builder ({e}): {fix}", dir.display()))?;
-    let uid = probe.as_file().metadata().map_err(|e| format!("{}: {e}", dir.display()))?.uid();
+    let uid = probe
+        .as_file()
+        .metadata()
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .uid();
     drop(probe);
     let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     if meta.uid() == uid {

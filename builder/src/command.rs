@@ -29,6 +29,11 @@ pub struct BuildArgs {
     /// Built modules and compiler caches [default: ~/.cache/wasmless/builder].
     #[arg(long, env = "WASMLESS_BUILD_CACHE")]
     pub cache_dir: Option<PathBuf>,
+    /// Keep the compilers' caches (Go's GOCACHE, Cargo's home) in the cache directory too,
+    /// whatever GOCACHE and HOME say: a build Job's persistent cache, where an edit
+    /// compiles only what changed.
+    #[arg(long, env = "WASMLESS_COMPILER_CACHES_IN_CACHE_DIR")]
+    pub compiler_caches_in_cache_dir: bool,
     /// Build Rust handlers offline from this `wasmless-builder vendor` directory.
     #[arg(long, env = "WASMLESS_VENDOR_DIR")]
     pub vendor_dir: Option<PathBuf>,
@@ -93,9 +98,8 @@ impl From<BuildError> for Failure {
 async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<String, Failure> {
     let started = std::time::Instant::now();
     let source = Source::read(args.language, &args.source).map_err(|e| Failure::from(BuildError::Source(e)))?;
-    // A cache directory given (a build Job's persistent one) holds the compilers' caches
-    // too. One that cannot be used costs a cold build, never the build: it is said why.
-    let explicit = args.cache_dir.is_some();
+    // A cache directory that cannot be used costs a cold build, never the build: the
+    // result says why.
     let wanted = args.cache_dir.unwrap_or_else(default_cache_dir);
     let (cache_dir, cache_unusable) = match crate::cache::check_usable(&wanted) {
         Ok(()) => (wanted.clone(), None),
@@ -108,7 +112,7 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<Stri
         cache_dir: cache_dir.clone(),
         vendor_dir: args.vendor_dir,
         go_proxy: args.go_proxy.filter(|p| !p.trim().is_empty()),
-        compiler_caches_in_cache_dir: explicit,
+        compiler_caches_in_cache_dir: args.compiler_caches_in_cache_dir,
     };
     let language = args.language;
     let built =
@@ -123,8 +127,8 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<Stri
         progress(&crate::Step::Precompiling.describe(language));
         // A module that validated and does not compile is this builder's failure, not the
         // source's: retried like any other.
-        let code = tokio::task::block_in_place(|| crate::precompile_cached(&built, &cache_dir))
-            .map_err(Failure::transient)?;
+        let code =
+            tokio::task::block_in_place(|| crate::precompile_cached(&built, &cache_dir)).map_err(Failure::transient)?;
         let path = args
             .code_output
             .clone()

@@ -42,7 +42,11 @@ struct Args {
     /// Build Jobs' persistent cache, mounted only into them: hostPath:/dir on the node (made
     /// if missing; the builder's uid 65532 must own it to use it), pvc:<claim> (a
     /// PersistentVolumeClaim of that name in each Function's namespace), or none (cold builds).
-    #[arg(long, env = "WASMLESS_BUILDER_CACHE", default_value = "hostPath:/var/lib/wasmless/build-cache")]
+    #[arg(
+        long,
+        env = "WASMLESS_BUILDER_CACHE",
+        default_value = "hostPath:/var/lib/wasmless/build-cache"
+    )]
     build_cache: wasmless_operator::settings::BuildCache,
     /// Watch only this namespace (default: all).
     #[arg(long, env = "WASMLESS_WATCH_NAMESPACE")]

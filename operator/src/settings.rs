@@ -53,7 +53,9 @@ impl std::str::FromStr for BuildCache {
             Some(("hostPath", path)) if path.starts_with('/') && !path.split('/').any(|p| p == "..") => {
                 Ok(Self::HostPath(path.into()))
             }
-            Some(("hostPath", path)) => Err(format!("build cache hostPath {path:?} is not an absolute path: {usage}")),
+            Some(("hostPath", path)) => Err(format!(
+                "build cache hostPath {path:?} is not an absolute path: {usage}"
+            )),
             Some(("pvc", claim))
                 if !claim.is_empty()
                     && claim.len() <= 253
@@ -63,7 +65,9 @@ impl std::str::FromStr for BuildCache {
             {
                 Ok(Self::Claim(claim.into()))
             }
-            Some(("pvc", claim)) => Err(format!("build cache claim {claim:?} is not a PersistentVolumeClaim name: {usage}")),
+            Some(("pvc", claim)) => Err(format!(
+                "build cache claim {claim:?} is not a PersistentVolumeClaim name: {usage}"
+            )),
             _ => Err(format!("build cache {value:?}: {usage}")),
         }
     }

@@ -42,7 +42,7 @@ pub(super) async fn update(
     if let (Build::Done(_), Some(digest)) = (build, source_digest)
         && func.spec.module.is_none()
     {
-        add_build_report(ctx, &ns, &name, &digest, &old, &mut status).await;
+        add_build_report(ctx, func, &digest, &old, &mut status).await;
     }
     let status = keep_transition_times(status, &old);
     publish_transitions(ctx, func, &old, &status).await;
@@ -65,11 +65,13 @@ pub(super) async fn update(
 }
 
 /// Adds where the build's time went to the `Built` condition's message (and so to its
-/// Event), read once, when the build ends; later reconciles keep what was read.
+/// Event). The chunks can be seen before the builder's pod has ended (it publishes, then
+/// exits): then the `Built` Event goes out without them, and a later reconcile (the Job's
+/// completion wakes one) adds them with an Event `BuildPhases` of their own. Once read,
+/// later reconciles keep them.
 async fn add_build_report(
     ctx: &Context,
-    ns: &str,
-    name: &str,
+    func: &Function,
     digest: &Digest,
     old: &FunctionStatus,
     status: &mut FunctionStatus,
@@ -78,17 +80,30 @@ async fn add_build_report(
         return;
     };
     let before = old.conditions.iter().find(|c| c.type_ == CONDITION_BUILT);
-    if let Some(before) = before
-        && before.reason == built.reason
-        && old.source_digest == status.source_digest
+    let same_build = before.is_some_and(|b| b.reason == built.reason) && old.source_digest == status.source_digest;
+    if let Some(before) = before.filter(|_| same_build)
+        && before.message.starts_with(&built.message)
+        && before.message != built.message
     {
-        if before.message.starts_with(&built.message) {
-            built.message = before.message.clone();
-        }
+        built.message = before.message.clone();
         return;
     }
-    if let Some(report) = super::build::build_report(ctx, ns, name, digest).await {
-        built.message = format!("{}; {report}", built.message);
+    let (name, ns) = (func.name_any(), func.namespace().unwrap_or_default());
+    let Some(report) = super::build::build_report(ctx, &ns, &name, digest).await else {
+        return;
+    };
+    built.message = format!("{}; {report}", built.message);
+    if same_build {
+        let event = Event {
+            type_: EventType::Normal,
+            reason: "BuildPhases".into(),
+            note: Some(event_note(&report)),
+            action: CONDITION_BUILT.into(),
+            secondary: None,
+        };
+        if let Err(error) = ctx.recorder.publish(&event, &func.object_ref(&())).await {
+            tracing::warn!(function = %name, %error, "could not publish event");
+        }
     }
 }
 

@@ -132,7 +132,10 @@ fn builder_container(func: &Function, settings: &Settings, digest: &Digest, publ
             env("GOCACHE", "/tmp/go-cache".into()),
             env("CARGO_TARGET_DIR", "/tmp/target".into()),
         ],
-        _ => vec![env("WASMLESS_BUILD_CACHE", BUILD_CACHE_MOUNT.into())],
+        _ => vec![
+            env("WASMLESS_BUILD_CACHE", BUILD_CACHE_MOUNT.into()),
+            env("WASMLESS_COMPILER_CACHES_IN_CACHE_DIR", "true".into()),
+        ],
     };
     let cache_mount = (settings.build_cache != BuildCache::None).then(|| mount(CACHE_VOLUME, BUILD_CACHE_MOUNT, false));
     Container {
