@@ -31,7 +31,13 @@ ENV PATH=/usr/local/go/bin:/usr/local/cargo/bin:$PATH \
     WASMLESS_SDK_DIR=/opt/wasmless/sdk \
     WASMLESS_VENDOR_DIR=/opt/wasmless/vendor \
     HOME=/tmp
-# The Job mounts writable emptyDirs at /tmp and /work; the root filesystem stays read-only.
+# The Job mounts writable emptyDirs at /tmp and /work, and the persistent build cache (Go's and
+# Cargo's caches, built modules and their compiled code) at /cache; the root filesystem stays
+# read-only. Go's standard library is not precompiled into the image: the builder's `-overlay`
+# changes package runtime, so every standard package's cache key is the builder's own, and the
+# warm cache at /cache holds them after a node's first build. (Running the builder once on a sample
+# at image build time, into a seed cache the builder copies into an empty /cache, would also
+# warm a node's first build: not done yet.)
 USER 65532:65532
 WORKDIR /work
 ENTRYPOINT ["/usr/local/bin/wasmless-builder"]

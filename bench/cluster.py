@@ -1,7 +1,12 @@
 """Start-up figures on the test cluster, for bench/cluster.sh (which sets KUBECONFIG and PATH).
 
-Three measurements, each from the outside, as a user sees it:
-  apply   `kubectl apply` of a new Goless sample -> first 200 through its Service;
+Measurements from the outside, as a user sees it:
+  cold    `kubectl apply` of a new Goless sample -> first 200, the build cache emptied first
+          (the node directory of the operator's default --build-cache, this node's);
+  apply   the same for another new Function, the build cache warm;
+  edit    a new answer in its handler -> the Service answers with it;
+  revert  the handler back as it was -> the old answer again (a cache hit: nothing compiles);
+each with the builder's phases (its result line, in the build pod's termination message);
   pod     a new pod of an already-built Function: created -> scheduled -> sandbox (pod IP)
           -> container running -> Ready -> first 200 from the pod;
   goless  the same new pod, done Goless's way: an init container runs `go build` of the
@@ -76,8 +81,11 @@ def wait(what, predicate, seconds):
     raise SystemExit(f"{what}: not within {seconds} s")
 
 
-def function_yaml(name, marker):
-    source = GOLESS_HANDLER + f"\n// {marker}\n"
+BUILD_CACHE = "/var/lib/wasmless/build-cache"
+
+
+def function_yaml(name, marker, body="This works!"):
+    source = GOLESS_HANDLER.replace("This works!", body) + f"\n// {marker}\n"
     return json.dumps({
         "apiVersion": "wasmless.io/v1alpha1",
         "kind": "Function",
@@ -86,11 +94,66 @@ def function_yaml(name, marker):
     })
 
 
-def apply_to_first_200(name):
+def http_body(url):
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.read().decode() if response.status == 200 else None
+    except Exception:
+        return None
+
+
+def empty_build_cache():
+    """Empties the node's build cache (this script runs on the node, as root)."""
+    subprocess.run(["find", BUILD_CACHE, "-mindepth", "1", "-delete"], check=False)
+
+
+def build_phases(name, jobs_before=()):
+    """The builder's phases and cache answers for the newest build Job of `name`, from its
+    result line (the pod's termination message), plus Job created -> builder started."""
+    jobs = [j for j in get_json("get", "jobs", "-n", NS, "-l", f"wasmless.io/function={name}")["items"]
+            if j["metadata"]["name"] not in jobs_before]
+    if not jobs:
+        return {}
+    job = max(jobs, key=lambda j: j["metadata"]["creationTimestamp"])
+    pods = get_json("get", "pods", "-n", NS, "-l", f"batch.kubernetes.io/job-name={job['metadata']['name']}")
+    for pod in (pods or {}).get("items", []):
+        for status in (pod.get("status") or {}).get("containerStatuses", []):
+            terminated = (status.get("state") or {}).get("terminated") or {}
+            lines = [l for l in (terminated.get("message") or "").splitlines() if l.startswith("{")]
+            if not lines:
+                continue
+            result = json.loads(lines[-1])
+            phases = dict(result.get("phases", {}))
+            phases["cache"] = result.get("cache", {})
+            created = job["metadata"]["creationTimestamp"]
+            started = terminated.get("startedAt")
+            if started:
+                phases["job_to_builder_started"] = (parse_time(started) - parse_time(created))
+            return phases
+    return {}
+
+
+def parse_time(text):
+    return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def edit_to_new_answer(name, body, url, marker="bench"):
+    """A new answer in the handler of a serving Function -> the Service answers with it."""
+    jobs_before = {j["metadata"]["name"] for j in get_json("get", "jobs", "-n", NS)["items"]}
+    started = time.monotonic()
+    kubectl("apply", "-f", "-", stdin=function_yaml(name, marker, body))
+    wait("the new answer", lambda: http_body(url) == body, 900)
+    marks = {"new_answer": time.monotonic() - started}
+    marks["phases"] = build_phases(name, jobs_before)
+    return marks
+
+
+def apply_to_first_200(name, body="This works!"):
     """kubectl apply of a Function never built before -> first 200 through its Service."""
     started = time.monotonic()
-    kubectl("apply", "-f", "-", stdin=function_yaml(name, f"bench {time.time()}"))
-    marks = {}
+    marker = f"bench {time.time()}"
+    kubectl("apply", "-f", "-", stdin=function_yaml(name, marker, body))
+    marks = {"marker": marker}
 
     def job_done():
         job = get_json("get", "jobs", "-n", NS, "-l", f"wasmless.io/function={name}")
@@ -118,6 +181,8 @@ def apply_to_first_200(name):
     marks["pod_ready"] = time.monotonic() - started
     wait("the first 200", lambda: http_ok(url), 120)
     marks["first_200"] = time.monotonic() - started
+    marks["url"] = url
+    marks["phases"] = build_phases(name)
     return marks
 
 
@@ -223,7 +288,14 @@ def main():
     kubectl("create", "namespace", NS, check=False)
     results = {"reps": reps}
 
-    results["apply"] = apply_to_first_200(f"bench-{int(time.time())}")
+    empty_build_cache()
+    results["cold"] = apply_to_first_200(f"bench-cold-{int(time.time())}", "cold cache")
+    # Another new Function: its source differs (a comment and its answer), the cache is warm.
+    name = f"bench-{int(time.time())}"
+    results["apply"] = apply_to_first_200(name)
+    url = results["apply"]["url"]
+    results["edit"] = edit_to_new_answer(name, f"edited {int(time.time())}", url)
+    results["revert"] = edit_to_new_answer(name, "This works!", url, results["apply"]["marker"])
     name = "bench-hello"
     kubectl("apply", "-f", "-", stdin=function_yaml(name, "bench"))
     wait("bench-hello Ready", lambda: "True" == kubectl(
@@ -272,18 +344,45 @@ def phases(marks):
     return "\n".join(rows)
 
 
+def build_row(label, marks, total_key):
+    p = marks.get("phases") or {}
+    cache = p.get("cache") or {}
+    waited = p.get("job_to_builder_started")
+    return (f"| {label} | **{seconds(marks[total_key])}** | "
+            f"{'' if waited is None else f'{waited:.0f} s'} | {p.get('compile', 0):.2f} | {p.get('snapshot', 0):.2f} | "
+            f"{p.get('precompile', 0):.2f} | {p.get('publish', 0):.2f} | {p.get('total', 0):.2f} | "
+            f"{cache.get('module', '?')} / {cache.get('code', '?')} |")
+
+
 def markdown(results):
     apply, pod, goless = results["apply"], results["pod"], results["goless"]
+    cold, edit, revert = results["cold"], results["edit"], results["revert"]
     return f"""## On a cluster: from `kubectl apply`, and a new pod, to the first 200
 
 Measured by `bench/cluster.sh` on the test cluster of `scripts/cluster.sh` (one node, the
 same 2 cores), polling every 20 ms from the node. Medians of {results["reps"]} new pods.
 
-**A new Function** (the Goless sample, never built before): `kubectl apply` → build Job
+**Builds, with the warm builder** (the operator's default `--build-cache
+hostPath:/var/lib/wasmless/build-cache`): each row is one run, from `kubectl apply` to the
+Service's answer, with the builder's own phases from its result line (seconds; the wait from
+the Job's creation to the builder's start is from Kubernetes' whole-second timestamps).
+
+| from `kubectl apply` | to the answer | Job → builder started | compile | snapshot | precompile | publish | builder total | cache module / code |
+|---|---|---|---|---|---|---|---|---|
+{build_row("a new Function, the build cache empty (first build on a node)", cold, "first_200")}
+{build_row("a new Function, the build cache warm", apply, "first_200")}
+{build_row("an edit (a new answer) → the new answer", edit, "new_answer")}
+{build_row("a revert to the first source → its answer", revert, "new_answer")}
+
+"Compile" is `go build` (with a warm `GOCACHE`, the standard library for `wasip1` is not
+compiled again); "precompile" is Cranelift compiling the module to native code — skipped
+when the code cache holds that module for this engine (the same module bytes: a repeat, a
+revert, or a source whose change does not change the module, such as a comment).
+
+**A new Function** (the Goless sample, warm cache): `kubectl apply` → build Job
 started {seconds(apply.get("build_started", 0))} → built {seconds(apply["built"])} → pod Ready
 {seconds(apply["pod_ready"])} → **first 200 through the Service {seconds(apply["first_200"])}**.
-The build is Go compiling the standard library and the handler for `wasip1` with an empty
-cache, once per source; every later pod starts from the published module.
+Every later pod starts from the published module.
 
 **A new pod of an already-built Function** (a rollout, a scale-out, a rescheduled pod): the
 pod is deleted and the time runs from then; the phases are cumulative, then their own share.
@@ -299,16 +398,14 @@ pod is deleted and the time runs from then; the phases are cumulative, then thei
 The kubelet reports the pod IP and the started container in one status update, a little
 after the container really started, so the table cannot split those two. The runtime's own
 measure of loading the module (`wasmless_module_load_seconds`) is
-**{seconds(pod.get("module_load", float("nan")))}**: compiling 5.7 MB of Go WebAssembly with
-Cranelift, on a node whose two cores also run the cluster's own processes. That is nearly all
-of a new pod's time.
+**{seconds(pod.get("module_load", float("nan")))}**: reading the builder's compiled code, no
+Cranelift in the pod.
 
 A new Wasmless pod answers **{goless["first_200"] / pod["first_200"]:.0f}× sooner** than Goless's
 ({seconds(pod["first_200"])} against {seconds(goless["first_200"])}). Images are already on the
 node in both (imported, never pulled). In Goless's pod the time after the sandbox is `go build`
-in the init container; in ours it is the runtime starting and compiling the module with
-Cranelift into its empty compiled-code cache (a new pod's emptyDir), which is what the
-compiled-code issue removes."""
+in the init container (an empty `GOCACHE`, as every new Goless pod has); in ours the runtime
+starting and loading the module's compiled code."""
 
 
 if __name__ == "__main__":

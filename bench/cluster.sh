@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start-up figures on the test cluster (scripts/cluster.sh): `kubectl apply` of a new Goless
-# sample to its first 200, and a new pod of a built Function against Goless's own way (an
-# init container running `go build`), phase by phase. Writes its section of
+# sample to its first 200 with the node's build cache emptied and then warm, an edit and a
+# revert to their new answer (each with the builder's phases), and a new pod of a built
+# Function against Goless's own way (an init container running `go build`), phase by phase. Writes its section of
 # docs/benchmarks.md (between the bench/cluster.sh markers; bench/run.sh keeps it).
 #   bench/cluster.sh [REPS]     (default 3; takes the cluster down again if it started it)
 set -euo pipefail

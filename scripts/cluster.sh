@@ -35,6 +35,9 @@ CACHE=$WASMLESS_CACHE
 KUBE_BIN=$CACHE/kube/v$KUBE_VERSION/bin
 ETCD=$CACHE/kube/etcd-v$ETCD_VERSION/etcd
 CLUSTER_DIR=${WASMLESS_CLUSTER_DIR:-/var/lib/wasmless-cluster}
+# The operator's default build cache (--build-cache hostPath:…): prepared on `up` as a node
+# admin would (the builder's uid, 0700), removed on `down`, so each cluster starts cold.
+BUILD_CACHE=/var/lib/wasmless/build-cache
 NODE=wasmless-node
 BRIDGE=wasmless0
 POD_CIDR=10.244.0.0/24
@@ -570,6 +573,7 @@ up() {
   build_pause
   build_metrics_server
   mkdir -p "$CLUSTER_DIR"
+  install -d -o 65532 -g 65532 -m 0700 "$BUILD_CACHE"
   setup_host
   make_pki
   start_etcd
@@ -646,7 +650,7 @@ down() {
   [[ -f $host/ip_forward ]] && sysctl -qw net.ipv4.ip_forward="$(cat "$host/ip_forward")"
   [[ -f $host/bridge_nf_call_iptables ]] && sysctl -qw net.bridge.bridge-nf-call-iptables="$(cat "$host/bridge_nf_call_iptables")" || true
   [[ -f $host/root_propagation ]] && [[ $(cat "$host/root_propagation") == private ]] && mount --make-rprivate /
-  rm -rf "$CLUSTER_DIR"
+  rm -rf "$CLUSTER_DIR" "$BUILD_CACHE"
   check_clean
   say "down: no process, container, mount or network of the cluster is left"
 }

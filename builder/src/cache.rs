@@ -1,38 +1,194 @@
-//! Built modules by source digest: the same source never compiles twice.
+//! The builder's own cache: built modules by source digest, and their compiled code by
+//! module digest, engine compatibility hash and target, so that the same source (a repeat,
+//! or a revert to an earlier one) neither compiles nor precompiles twice.
+//!
+//! Every entry starts with a header line naming the sha256 and length of what follows, and
+//! a read checks both: an entry torn by a crash, truncated by a full disk or altered on the
+//! node is logged, removed and rebuilt, never used. The digest guards against accidents,
+//! not against someone who can write the directory (they can write a matching header too):
+//! that is what the directory's owner and mode are for (0700, the builder's uid, mounted
+//! only into build Jobs; docs/architecture.md, "The build cache"). Entries are written to a
+//! temporary file of their own and renamed into place, so concurrent builds — threads or
+//! Jobs on one node sharing the directory — each see a whole entry or none.
 
 use crate::BuildError;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use wasmless_artifact::Digest;
+
+/// The first bytes of every entry; a new layout gets a new version (and misses).
+const MAGIC: &str = "wasmless-cache 1";
 
 pub struct BuildCache {
     dir: PathBuf,
 }
 
+/// What a look-up found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    Hit(Vec<u8>),
+    Miss,
+    /// An entry that failed its check (and was removed): why, for the build's report.
+    Corrupt(String),
+}
+
+impl Lookup {
+    /// `hit`, `miss` or `corrupt`, as the build result reports it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Hit(_) => "hit",
+            Self::Miss => "miss",
+            Self::Corrupt(_) => "corrupt",
+        }
+    }
+}
+
 impl BuildCache {
     pub fn new(cache_dir: &Path) -> Self {
         Self {
-            dir: cache_dir.join("modules"),
+            dir: cache_dir.to_owned(),
         }
     }
 
-    fn path(&self, source_digest: &Digest) -> PathBuf {
-        self.dir.join(format!("{}.wasm", source_digest.hex()))
+    fn module_path(&self, source_digest: &Digest) -> PathBuf {
+        self.dir.join("modules").join(format!("{}.wasm", source_digest.hex()))
     }
 
-    pub fn get(&self, source_digest: &Digest) -> Option<Vec<u8>> {
-        std::fs::read(self.path(source_digest)).ok()
-    }
-
-    pub fn put(&self, source_digest: &Digest, wasm: &[u8]) -> Result<(), BuildError> {
-        let path = self.path(source_digest);
-        let error = |source| BuildError::Cache {
-            path: path.clone(),
-            source,
+    fn code_path(&self, module_digest: &Digest, engine: &str, target: &str) -> PathBuf {
+        let clean = |text: &str| -> String {
+            text.chars()
+                .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+                .collect()
         };
-        std::fs::create_dir_all(&self.dir).map_err(error)?;
-        // Renamed into place, so a reader never sees half a module.
-        let staging = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&staging, wasm).map_err(error)?;
-        std::fs::rename(&staging, &path).map_err(error)
+        self.dir.join("code").join(format!(
+            "{}-{}-{}.cwasm.lz4",
+            module_digest.hex(),
+            clean(engine),
+            clean(target)
+        ))
     }
+
+    /// The module built from `source_digest`.
+    pub fn get_module(&self, source_digest: &Digest) -> Lookup {
+        read_entry(&self.module_path(source_digest))
+    }
+
+    pub fn put_module(&self, source_digest: &Digest, wasm: &[u8]) -> Result<(), BuildError> {
+        write_entry(&self.module_path(source_digest), wasm)
+    }
+
+    /// The compiled code artifact of `module_digest` for this engine and target.
+    pub fn get_code(&self, module_digest: &Digest, engine: &str, target: &str) -> Lookup {
+        read_entry(&self.code_path(module_digest, engine, target))
+    }
+
+    pub fn put_code(
+        &self,
+        module_digest: &Digest,
+        engine: &str,
+        target: &str,
+        artifact: &[u8],
+    ) -> Result<(), BuildError> {
+        write_entry(&self.code_path(module_digest, engine, target), artifact)
+    }
+}
+
+fn header(bytes: &[u8]) -> String {
+    format!("{MAGIC} {} {}\n", Digest::of(bytes), bytes.len())
+}
+
+fn read_entry(path: &Path) -> Lookup {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Lookup::Miss,
+        Err(error) => return corrupt(path, format!("cannot read it: {error}")),
+    };
+    let Some(end) = bytes.iter().position(|b| *b == b'\n') else {
+        return corrupt(path, "no header line".into());
+    };
+    let (line, payload) = (String::from_utf8_lossy(&bytes[..=end]), &bytes[end + 1..]);
+    let expected = header(payload);
+    if line != expected {
+        return corrupt(
+            path,
+            format!(
+                "header {:?} does not match its {} bytes ({:?})",
+                line.trim_end(),
+                payload.len(),
+                expected.trim_end()
+            ),
+        );
+    }
+    Lookup::Hit(payload.to_vec())
+}
+
+/// Removes an entry that failed its check, so the rebuild replaces it, and says why.
+fn corrupt(path: &Path, why: String) -> Lookup {
+    let removed = std::fs::remove_file(path);
+    tracing::warn!(
+        entry = %path.display(),
+        removed = removed.is_ok(),
+        "build cache entry failed its check and is rebuilt: {why}"
+    );
+    Lookup::Corrupt(format!("{}: {why}", path.display()))
+}
+
+fn write_entry(path: &Path, bytes: &[u8]) -> Result<(), BuildError> {
+    let error = |source| BuildError::Cache {
+        path: path.to_owned(),
+        source,
+    };
+    let dir = path.parent().expect("an entry is in a directory");
+    make_private_dir(dir).map_err(error)?;
+    // A temporary file of this writer's own (not one named by the process id, which two
+    // threads share), renamed into place: a reader never sees half an entry.
+    let mut staging = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(dir)
+        .map_err(error)?;
+    staging.write_all(header(bytes).as_bytes()).map_err(error)?;
+    staging.write_all(bytes).map_err(error)?;
+    staging.persist(path).map_err(|e| error(e.error))?;
+    Ok(())
+}
+
+/// The cache's directories are the builder's alone (0700): compiled code is read from them.
+pub fn make_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+/// Whether `dir` can hold this builder's cache: it exists or can be made, this process can
+/// write it, and no other user can (a directory of ours is made 0700; one of another owner,
+/// such as a volume's root that only its group may write, must not be writable by all).
+/// The reason it cannot, in words that say what to do.
+pub fn check_usable(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let fix = "make it a directory of the builder's uid (65532) with mode 0700, e.g. `install -d -o 65532 -g 65532 -m 0700 DIR` on the node, or give build Jobs a PersistentVolumeClaim";
+    make_private_dir(dir).map_err(|e| format!("{} cannot be made ({e}): {fix}", dir.display()))?;
+    // A file this process made is owned by its uid: no call to the C library needed.
+    let probe = tempfile::Builder::new()
+        .prefix(".probe-")
+        .tempfile_in(dir)
+        .map_err(|e| format!("{} is not writable by this builder ({e}): {fix}", dir.display()))?;
+    let uid = probe
+        .as_file()
+        .metadata()
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .uid();
+    drop(probe);
+    let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if meta.uid() == uid {
+        if meta.mode() & 0o077 != 0 {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| format!("{} cannot be made private ({e}): {fix}", dir.display()))?;
+        }
+    } else if meta.mode() & 0o002 != 0 {
+        return Err(format!(
+            "{} is owned by uid {} and writable by every user, so its compiled code could be anyone's: {fix}",
+            dir.display(),
+            meta.uid()
+        ));
+    }
+    Ok(())
 }

@@ -29,6 +29,11 @@ pub struct BuildArgs {
     /// Built modules and compiler caches [default: ~/.cache/wasmless/builder].
     #[arg(long, env = "WASMLESS_BUILD_CACHE")]
     pub cache_dir: Option<PathBuf>,
+    /// Keep the compilers' caches (Go's GOCACHE, Cargo's home) in the cache directory too,
+    /// whatever GOCACHE and HOME say: a build Job's persistent cache, where an edit
+    /// compiles only what changed.
+    #[arg(long, env = "WASMLESS_COMPILER_CACHES_IN_CACHE_DIR")]
+    pub compiler_caches_in_cache_dir: bool,
     /// Build Rust handlers offline from this `wasmless-builder vendor` directory.
     #[arg(long, env = "WASMLESS_VENDOR_DIR")]
     pub vendor_dir: Option<PathBuf>,
@@ -91,11 +96,23 @@ impl From<BuildError> for Failure {
 
 /// Returns the JSON result line, or why the build failed.
 async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<String, Failure> {
+    let started = std::time::Instant::now();
     let source = Source::read(args.language, &args.source).map_err(|e| Failure::from(BuildError::Source(e)))?;
+    // A cache directory that cannot be used costs a cold build, never the build: the
+    // result says why.
+    let wanted = args.cache_dir.unwrap_or_else(default_cache_dir);
+    let (cache_dir, cache_unusable) = match crate::cache::check_usable(&wanted) {
+        Ok(()) => (wanted.clone(), None),
+        Err(why) => {
+            tracing::warn!(cache = %wanted.display(), "build cache unusable, building cold: {why}");
+            (std::env::temp_dir().join("wasmless-cold-cache"), Some(why))
+        }
+    };
     let options = BuildOptions {
-        cache_dir: args.cache_dir.unwrap_or_else(default_cache_dir),
+        cache_dir: cache_dir.clone(),
         vendor_dir: args.vendor_dir,
         go_proxy: args.go_proxy.filter(|p| !p.trim().is_empty()),
+        compiler_caches_in_cache_dir: args.compiler_caches_in_cache_dir,
     };
     let language = args.language;
     let built =
@@ -110,7 +127,8 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<Stri
         progress(&crate::Step::Precompiling.describe(language));
         // A module that validated and does not compile is this builder's failure, not the
         // source's: retried like any other.
-        let code = tokio::task::block_in_place(|| crate::precompile(&built)).map_err(Failure::transient)?;
+        let code =
+            tokio::task::block_in_place(|| crate::precompile_cached(&built, &cache_dir)).map_err(Failure::transient)?;
         let path = args
             .code_output
             .clone()
@@ -121,6 +139,7 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<Stri
         Some((code, path))
     };
     let source_digest = args.source_digest.unwrap_or(built.source_digest);
+    let publish_started = std::time::Instant::now();
     let published = match &args.publish {
         Some(destination) => {
             progress("publishing");
@@ -132,6 +151,8 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<Stri
         }
         None => None,
     };
+    let publish_seconds = publish_started.elapsed().as_secs_f64();
+    let millis = |seconds: f64| (seconds * 1000.0).round() / 1000.0;
     let mut result = serde_json::json!({
         "digest": built.digest.to_string(),
         "size": built.wasm.len(),
@@ -146,7 +167,7 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<Stri
             "memoryBytes": snapshot.memory_bytes,
             "dataSegments": snapshot.segments_kept,
             "dataSegmentsBeforeMerging": snapshot.segments_written,
-            "seconds": (snapshot.seconds * 1000.0).round() / 1000.0,
+            "seconds": millis(snapshot.seconds),
         });
     }
     if let Some((code, path)) = &code {
@@ -156,9 +177,31 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<Stri
             "moduleDigest": code.module_digest.to_string(),
             "engine": code.engine,
             "target": code.target,
-            "seconds": (code.seconds * 1000.0).round() / 1000.0,
+            "seconds": millis(code.seconds),
             "output": path,
         });
+    }
+    // Where the build's time went, phase by phase; a phase that did not run took 0.
+    result["phases"] = serde_json::json!({
+        "check": millis(built.phases.check),
+        "compile": millis(built.phases.compile),
+        "snapshot": millis(built.phases.snapshot),
+        "precompile": millis(code.as_ref().map_or(0.0, |(code, _)| code.seconds)),
+        "publish": millis(publish_seconds),
+        "total": millis(started.elapsed().as_secs_f64()),
+    });
+    let problems: Vec<&str> = [cache_unusable.as_deref(), built.cache_problem.as_deref()]
+        .into_iter()
+        .chain(code.iter().map(|(code, _)| code.cache_problem.as_deref()))
+        .flatten()
+        .collect();
+    result["cache"] = serde_json::json!({
+        "dir": cache_dir,
+        "module": built.cache,
+        "code": code.as_ref().map(|(code, _)| code.cache),
+    });
+    if !problems.is_empty() {
+        result["cache"]["problems"] = serde_json::json!(problems);
     }
     if let Some(published) = published {
         if !published.config_maps.is_empty() {

@@ -6,7 +6,8 @@
 //! the [`cache`], compile with the language's toolchain ([`toolchain`]), [`validate`]
 //! the output for the ABI the runtime needs, snapshot a Go reactor after its
 //! initialisation (`wasmless_runtime::snapshot`), and [`precompile`] it to native code
-//! once, so that no pod compiles it. [`publish`] ships the result.
+//! once, so that no pod compiles it (the code is cached too: [`precompile_cached`]).
+//! [`publish`] ships the result.
 
 pub mod cache;
 pub mod command;
@@ -90,6 +91,10 @@ pub struct BuildOptions {
     /// The `GOPROXY` of Go handlers with a `go.mod` that requires modules; without it
     /// they do not build (and a Go handler without a `go.mod` never needs one).
     pub go_proxy: Option<String>,
+    /// Keep the compilers' own caches (Go's `GOCACHE`, Cargo's home with its registry) in
+    /// `cache_dir` too, whatever the environment says: a build Job's persistent cache,
+    /// where an edit compiles only what changed. Off, they are the user's own.
+    pub compiler_caches_in_cache_dir: bool,
 }
 
 impl BuildOptions {
@@ -98,6 +103,7 @@ impl BuildOptions {
             cache_dir: cache_dir.into(),
             vendor_dir: None,
             go_proxy: None,
+            compiler_caches_in_cache_dir: false,
         }
     }
 
@@ -143,6 +149,24 @@ pub struct Built {
     pub cached: bool,
     /// For a Go reactor built now: its snapshot (none when taken from the cache).
     pub snapshot: Option<SnapshotReport>,
+    /// The module cache's answer: `hit`, `miss`, or `corrupt` (then rebuilt).
+    pub cache: &'static str,
+    /// Why the cached entry was not used, when it failed its check.
+    pub cache_problem: Option<String>,
+    /// Seconds of the phases that ran.
+    pub phases: Phases,
+}
+
+/// Seconds each phase of a build took; zero for one that did not run (a cache hit
+/// compiles nothing).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Phases {
+    /// Reading the source's checks and the cache.
+    pub check: f64,
+    /// The toolchain: the compiler and validating what it wrote.
+    pub compile: f64,
+    /// Initialising a Go reactor and snapshotting it.
+    pub snapshot: f64,
 }
 
 /// What snapshotting a Go reactor made, and what it took.
@@ -169,53 +193,108 @@ pub struct CompiledCode {
     pub engine: String,
     /// The CPU feature level it needs.
     pub target: &'static str,
-    /// Time the compilation took.
+    /// Time the compilation took (zero when taken from the cache).
     pub seconds: f64,
+    /// The code cache's answer: `hit`, `miss`, `corrupt` (then compiled again), or `off`
+    /// for [`precompile`], which does not look.
+    pub cache: &'static str,
+    /// Why the cached entry was not used, when it failed its check.
+    pub cache_problem: Option<String>,
 }
 
 /// Compiles a built module with the runtime's engine configuration for the portable
-/// target. Not cached: compiled code is native code, and a cache directory anyone can
-/// write is no place to take it from unchecked.
+/// target, without looking in a cache.
 pub fn precompile(built: &Built) -> Result<CompiledCode, BuildError> {
+    precompile_with(built, None)
+}
+
+/// [`precompile`], through the code cache in `cache_dir`: keyed by the module's digest,
+/// the engine compatibility hash and the target, so a module compiled once by this engine
+/// is never compiled again. Native code is only taken from an entry whose digest checks
+/// (see [`cache`]), in a directory only build Jobs mount.
+pub fn precompile_cached(built: &Built, cache_dir: &std::path::Path) -> Result<CompiledCode, BuildError> {
+    precompile_with(built, Some(&cache::BuildCache::new(cache_dir)))
+}
+
+fn precompile_with(built: &Built, cache: Option<&cache::BuildCache>) -> Result<CompiledCode, BuildError> {
     let started = std::time::Instant::now();
-    let abi = wasmless_runtime::abi::detect(&built.wasm).map_err(|e| BuildError::Precompile(e.to_string()))?;
     let engine =
         wasmless_runtime::precompiled::precompile_engine().map_err(|e| BuildError::Precompile(format!("{e:#}")))?;
-    let artifact = wasmless_runtime::precompiled::precompile(&engine, abi, &built.wasm, built.digest)
-        .map_err(|e| BuildError::Precompile(format!("{e:#}")))?;
-    Ok(CompiledCode {
+    let engine_hash = wasmless_runtime::engine::engine_hash(&engine);
+    let target = wasmless_runtime::engine::PORTABLE_TARGET;
+    let code = |artifact: Vec<u8>, cache, cache_problem| CompiledCode {
         digest: Digest::of(&artifact),
         artifact,
         module_digest: built.digest,
-        engine: wasmless_runtime::engine::engine_hash(&engine),
-        target: wasmless_runtime::engine::PORTABLE_TARGET,
+        engine: engine_hash.clone(),
+        target,
         seconds: started.elapsed().as_secs_f64(),
-    })
+        cache,
+        cache_problem,
+    };
+    let lookup = cache.map_or(cache::Lookup::Miss, |c| c.get_code(&built.digest, &engine_hash, target));
+    let cache_problem = match lookup {
+        cache::Lookup::Hit(artifact) => return Ok(code(artifact, "hit", None)),
+        cache::Lookup::Corrupt(why) => Some(why),
+        cache::Lookup::Miss => None,
+    };
+    let abi = wasmless_runtime::abi::detect(&built.wasm).map_err(|e| BuildError::Precompile(e.to_string()))?;
+    let artifact = wasmless_runtime::precompiled::precompile(&engine, abi, &built.wasm, built.digest)
+        .map_err(|e| BuildError::Precompile(format!("{e:#}")))?;
+    let answer = match (cache, &cache_problem) {
+        (None, _) => "off",
+        (Some(_), Some(_)) => "corrupt",
+        (Some(_), None) => "miss",
+    };
+    if let Some(cache) = cache {
+        cache.put_code(&built.digest, &engine_hash, target, &artifact)?;
+    }
+    Ok(code(artifact, answer, cache_problem))
 }
 
 pub fn build(source: &Source, options: &BuildOptions, progress: &dyn Fn(Step)) -> Result<Built, BuildError> {
+    let mut phases = Phases::default();
+    let mut clock = std::time::Instant::now();
+    let mut lap = move || {
+        let now = std::time::Instant::now();
+        let seconds = (now - clock).as_secs_f64();
+        clock = now;
+        seconds
+    };
     progress(Step::Checking);
     source.check()?;
     let source_digest = source.digest(BUILDER_VERSION);
     let cache = cache::BuildCache::new(&options.cache_dir);
-    if let Some(wasm) = cache.get(&source_digest) {
-        // Cached modules were validated before they were stored; check again anyway,
-        // since a cache directory can be written by anyone with access to it.
-        if validate::validate(source.language, &wasm).is_ok() {
-            let digest = Digest::of(&wasm);
-            return Ok(Built {
-                wasm,
-                digest,
-                source_digest,
-                cached: true,
-                snapshot: None,
-            });
-        }
+    let mut cache_problem = None;
+    match cache.get_module(&source_digest) {
+        // Cached modules were validated before they were stored; check again anyway: it
+        // costs milliseconds, and a module that no longer validates is not served.
+        cache::Lookup::Hit(wasm) => match validate::validate(source.language, &wasm) {
+            Ok(_) => {
+                phases.check = lap();
+                let digest = Digest::of(&wasm);
+                return Ok(Built {
+                    wasm,
+                    digest,
+                    source_digest,
+                    cached: true,
+                    snapshot: None,
+                    cache: "hit",
+                    cache_problem: None,
+                    phases,
+                });
+            }
+            Err(error) => cache_problem = Some(format!("the cached module does not validate: {error}")),
+        },
+        cache::Lookup::Corrupt(why) => cache_problem = Some(why),
+        cache::Lookup::Miss => {}
     }
+    phases.check = lap();
     progress(Step::Compiling);
     let mut wasm = toolchain::compile(source, options)?;
     progress(Step::Validating);
     let abi = validate::validate(source.language, &wasm)?;
+    phases.compile = lap();
     let mut snapshot = None;
     if abi == wasmless_runtime::abi::Abi::GoReactor {
         progress(Step::Snapshotting);
@@ -228,8 +307,9 @@ pub fn build(source: &Source, options: &BuildOptions, progress: &dyn Fn(Step)) -
             seconds: made.seconds,
         });
         wasm = made.wasm;
+        phases.snapshot = lap();
     }
-    cache.put(&source_digest, &wasm)?;
+    cache.put_module(&source_digest, &wasm)?;
     let digest = Digest::of(&wasm);
     Ok(Built {
         wasm,
@@ -237,5 +317,8 @@ pub fn build(source: &Source, options: &BuildOptions, progress: &dyn Fn(Step)) -
         source_digest,
         cached: false,
         snapshot,
+        cache: if cache_problem.is_some() { "corrupt" } else { "miss" },
+        cache_problem,
+        phases,
     })
 }

@@ -28,6 +28,13 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // Warnings (a cache entry that failed its check, a cache that cannot be used) on
+    // stderr, which is the Job's log.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .init();
     match Cli::parse().command {
         Command::Build(args) => {
             stop_on_sigterm(&args.termination_log)?;

@@ -594,3 +594,141 @@ fn go_modules_without_a_proxy_fail_with_the_setting_to_set() {
         "{stderr}"
     );
 }
+
+/// The cache entries of one build: the module's and its compiled code's.
+fn cache_entries(cache: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let only = |dir: &str| {
+        let entries: Vec<_> = std::fs::read_dir(cache.join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with('.'))
+            .collect();
+        assert_eq!(entries.len(), 1, "one entry in {dir}: {entries:?}");
+        entries[0].clone()
+    };
+    (only("modules"), only("code"))
+}
+
+#[test]
+fn a_repeated_or_reverted_source_compiles_and_precompiles_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let (a, b) = (dir.path().join("a.wat"), dir.path().join("b.wat"));
+    std::fs::write(&a, WAT_MODULE).unwrap();
+    std::fs::write(&b, WAT_MODULE.replace("1)", "2)")).unwrap();
+    let build_of = |source: &Path| result(&build("wat", source, &dir.path().join("out.wasm"), &cache, &[]));
+
+    let first = build_of(&a);
+    assert_eq!(first["cached"], false);
+    assert_eq!(first["cache"]["module"], "miss");
+    assert_eq!(first["cache"]["code"], "miss");
+    let code = std::fs::read(dir.path().join("out.cwasm.lz4")).unwrap();
+    // Another source in between, then the first again: a revert.
+    assert_eq!(build_of(&b)["cache"]["code"], "miss");
+    let again = build_of(&a);
+    assert_eq!(again["cached"], true, "{again}");
+    assert_eq!(again["cache"]["module"], "hit", "{again}");
+    assert_eq!(
+        again["cache"]["code"], "hit",
+        "the compiled code comes from the cache: {again}"
+    );
+    assert_eq!(again["phases"]["compile"], 0.0, "nothing compiled: {again}");
+    assert_eq!(again["phases"]["snapshot"], 0.0, "{again}");
+    assert_eq!(again["code"]["digest"], first["code"]["digest"]);
+    assert_eq!(again["digest"], first["digest"]);
+    assert_eq!(std::fs::read(dir.path().join("out.cwasm.lz4")).unwrap(), code);
+    assert!(again.get("cache").unwrap().get("problems").is_none(), "{again}");
+    for phase in ["check", "compile", "snapshot", "precompile", "publish", "total"] {
+        assert!(again["phases"][phase].is_f64(), "{phase} is reported: {again}");
+    }
+}
+
+#[test]
+fn a_corrupt_cache_entry_is_detected_and_rebuilt_never_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let source = dir.path().join("module.wat");
+    std::fs::write(&source, WAT_MODULE).unwrap();
+    let output = dir.path().join("out.wasm");
+    let first = result(&build("wat", &source, &output, &cache, &[]));
+    let (module, code) = cache_entries(&cache);
+
+    // A torn module (half of it) and compiled code with one byte changed.
+    let bytes = std::fs::read(&module).unwrap();
+    std::fs::write(&module, &bytes[..bytes.len() / 2]).unwrap();
+    let mut bytes = std::fs::read(&code).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&code, &bytes).unwrap();
+
+    let rebuilt = build("wat", &source, &output, &cache, &[]);
+    let second = result(&rebuilt);
+    assert_eq!(second["cached"], false, "{second}");
+    assert_eq!(second["cache"]["module"], "corrupt", "{second}");
+    assert_eq!(second["cache"]["code"], "corrupt", "{second}");
+    assert_eq!(second["cache"]["problems"].as_array().unwrap().len(), 2, "{second}");
+    assert_eq!(second["digest"], first["digest"]);
+    assert_eq!(
+        second["code"]["digest"], first["code"]["digest"],
+        "the code served is compiled anew"
+    );
+    let log = String::from_utf8_lossy(&rebuilt.stderr);
+    assert!(log.contains("failed its check"), "the Job's log says so: {log}");
+
+    // The rebuilt entries replaced the corrupt ones.
+    let third = result(&build("wat", &source, &output, &cache, &[]));
+    assert_eq!(
+        (third["cache"]["module"].as_str(), third["cache"]["code"].as_str()),
+        (Some("hit"), Some("hit"))
+    );
+}
+
+#[test]
+fn concurrent_builds_of_one_source_share_the_cache_without_corrupting_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let source = dir.path().join("module.wat");
+    std::fs::write(&source, WAT_MODULE).unwrap();
+    let builds: Vec<_> = (0..6)
+        .map(|i| {
+            build_command("wat", &source, &dir.path().join(format!("out{i}.wasm")), &cache)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let results: Vec<Value> = builds
+        .into_iter()
+        .map(|child| result(&child.wait_with_output().unwrap()))
+        .collect();
+    for built in &results {
+        assert_eq!(built["digest"], results[0]["digest"]);
+        assert_eq!(built["code"]["digest"], results[0]["code"]["digest"]);
+        assert!(
+            built["cache"].get("problems").is_none(),
+            "no build saw a torn entry: {built}"
+        );
+    }
+    let after = result(&build("wat", &source, &dir.path().join("out.wasm"), &cache, &[]));
+    assert_eq!(
+        (after["cache"]["module"].as_str(), after["cache"]["code"].as_str()),
+        (Some("hit"), Some("hit"))
+    );
+    // No temporary file is left behind.
+    cache_entries(&cache);
+}
+
+#[test]
+fn a_cache_directory_that_cannot_be_used_builds_cold_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("module.wat");
+    std::fs::write(&source, WAT_MODULE).unwrap();
+    // A file where the directory should be, as a node path made wrong would be.
+    let cache = dir.path().join("cache");
+    std::fs::write(&cache, "not a directory").unwrap();
+    let built = result(&build("wat", &source, &dir.path().join("out.wasm"), &cache, &[]));
+    assert_ne!(built["cache"]["dir"], cache.to_str().unwrap(), "{built}");
+    let problems = built["cache"]["problems"].to_string();
+    assert!(problems.contains("install -d -o 65532"), "says what to do: {problems}");
+}

@@ -132,3 +132,32 @@ failover() {
   phase_is hello Ready || fail "phase $(fn_field hello .status.phase) after the failover"
   ok
 }
+
+build_cache_hit() {
+  step "the warm builder: hello's build reports its phases; the same source built again compiles and precompiles nothing"
+  # The phases arrive with the builder's end, which can come just after the module is seen.
+  has_phases() { [[ $(fn_field "$1" '.status.conditions[?(@.type=="Built")].message') == *"build phases:"* ]]; }
+  wait_until 60 "hello's build phases on status" has_phases hello
+  local message
+  message=$(fn_field hello '.status.conditions[?(@.type=="Built")].message')
+  echo "hello Built: $message"
+  # hello-again has hello's source (v2) byte for byte: a build Job of its own (modules are
+  # published per Function), whose builder finds the module and its code in the node's cache.
+  python3 -c 'import json,sys; print(json.dumps({"apiVersion": "wasmless.io/v1alpha1", "kind": "Function",
+    "metadata": {"name": "hello-again"}, "spec": {"function": sys.argv[1]}}))' "$(go_handler 'v2')" |
+    kubectl apply -n "$NS" -f - >/dev/null
+  expect_eq "$(fn_field hello-again .spec.function)" "$(fn_field hello .spec.function)" "hello-again's source"
+  kubectl wait fn/hello-again -n "$NS" --for=condition=Ready --timeout=300s >/dev/null
+  wait_until 60 "hello-again's build phases on status" has_phases hello-again
+  message=$(fn_field hello-again '.status.conditions[?(@.type=="Built")].message')
+  echo "hello-again Built: $message"
+  expect_contains "$message" "module cache hit, code cache hit" "the second build of the same source"
+  expect_contains "$message" "compile 0.00 s, snapshot 0.00 s" "what the cache hit compiled"
+  local events
+  # In the Built Event, or in BuildPhases when the builder ended after the module was seen.
+  events=$(kubectl get events -n "$NS" --field-selector involvedObject.name=hello-again -o 'jsonpath={range .items[*]}{.reason}: {.message}{"\n"}{end}')
+  expect_contains "$events" "code cache hit" "the Events of hello-again"
+  expect_eq "$(get_service hello-again)" "v2" "hello-again's answer"
+  kubectl delete fn hello-again -n "$NS" --wait=false >/dev/null
+  ok
+}

@@ -39,6 +39,15 @@ struct Args {
     /// against the handler's go.sum. Without it, handlers that need modules do not build.
     #[arg(long, env = "WASMLESS_GOPROXY")]
     go_proxy: Option<String>,
+    /// Build Jobs' persistent cache, mounted only into them: hostPath:/dir on the node (made
+    /// if missing; the builder's uid 65532 must own it to use it), pvc:<claim> (a
+    /// PersistentVolumeClaim of that name in each Function's namespace), or none (cold builds).
+    #[arg(
+        long,
+        env = "WASMLESS_BUILDER_CACHE",
+        default_value = "hostPath:/var/lib/wasmless/build-cache"
+    )]
+    build_cache: wasmless_operator::settings::BuildCache,
     /// Watch only this namespace (default: all).
     #[arg(long, env = "WASMLESS_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
@@ -94,6 +103,7 @@ async fn main() -> anyhow::Result<()> {
     settings.oci_registry = args.oci_registry.clone();
     settings.oci_plain_http = args.oci_plain_http.clone();
     settings.go_proxy = args.go_proxy.clone().filter(|proxy| !proxy.trim().is_empty());
+    settings.build_cache = args.build_cache.clone();
 
     let client = kube::Client::try_default()
         .await

@@ -22,10 +22,60 @@ pub struct Settings {
     /// go.mod from, passed to the builder as `WASMLESS_GOPROXY`; without it such handlers
     /// fail to build with a message naming this setting.
     pub go_proxy: Option<String>,
+    /// Where build Jobs keep the build cache they share across builds.
+    pub build_cache: BuildCache,
+}
+
+/// The volume of build Jobs' persistent cache (Go's and Cargo's caches, built modules and
+/// their compiled code), mounted at `/cache` in build Jobs and nowhere else.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BuildCache {
+    /// A directory on the node (`hostPath`, created if missing): warm on every node a build
+    /// has run on. The builder's uid must own it (see docs/operator.md, "The build cache").
+    HostPath(String),
+    /// A PersistentVolumeClaim of this name in the Function's namespace.
+    Claim(String),
+    /// None: every build starts cold, in the Job's emptyDir.
+    None,
+}
+
+/// The node directory build Jobs use when the operator is not told otherwise.
+pub const DEFAULT_BUILD_CACHE_PATH: &str = "/var/lib/wasmless/build-cache";
+
+impl std::str::FromStr for BuildCache {
+    type Err = String;
+
+    /// `hostPath:/abs/dir`, `pvc:<claim>` or `none`.
+    fn from_str(value: &str) -> Result<Self, String> {
+        let usage = "write hostPath:/absolute/dir, pvc:<claim name> or none";
+        match value.split_once(':') {
+            _ if value == "none" => Ok(Self::None),
+            Some(("hostPath", path)) if path.starts_with('/') && !path.split('/').any(|p| p == "..") => {
+                Ok(Self::HostPath(path.into()))
+            }
+            Some(("hostPath", path)) => Err(format!(
+                "build cache hostPath {path:?} is not an absolute path: {usage}"
+            )),
+            Some(("pvc", claim))
+                if !claim.is_empty()
+                    && claim.len() <= 253
+                    && claim
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.') =>
+            {
+                Ok(Self::Claim(claim.into()))
+            }
+            Some(("pvc", claim)) => Err(format!(
+                "build cache claim {claim:?} is not a PersistentVolumeClaim name: {usage}"
+            )),
+            _ => Err(format!("build cache {value:?}: {usage}")),
+        }
+    }
 }
 
 impl Settings {
-    /// Settings with the given images, ConfigMap storage and no registry.
+    /// Settings with the given images, ConfigMap storage, no registry, and the build cache
+    /// in [`DEFAULT_BUILD_CACHE_PATH`] on the node.
     pub fn new(runtime_image: impl Into<String>, builder_image: impl Into<String>) -> Self {
         let builder_image = builder_image.into();
         Self {
@@ -36,6 +86,7 @@ impl Settings {
             oci_registry: None,
             oci_plain_http: None,
             go_proxy: None,
+            build_cache: BuildCache::HostPath(DEFAULT_BUILD_CACHE_PATH.into()),
         }
     }
 }

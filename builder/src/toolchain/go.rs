@@ -279,8 +279,11 @@ fn go_command(options: &BuildOptions) -> Command {
         ("GOTOOLCHAIN", "local"),
         ("GOWORK", "off"),
     ]);
-    // A build pod has a read-only root and no home: keep Go's caches in ours.
-    if std::env::var_os("GOCACHE").is_none() && std::env::var_os("HOME").is_none() {
+    // A build pod has a read-only root and no home: keep Go's caches in ours. In a build
+    // Job with a persistent cache, always: that is what makes an edit compile only itself.
+    if options.compiler_caches_in_cache_dir
+        || (std::env::var_os("GOCACHE").is_none() && std::env::var_os("HOME").is_none())
+    {
         command.env("GOCACHE", options.cache_dir.join("go-build"));
     }
     if std::env::var_os("GOPATH").is_none() && std::env::var_os("HOME").is_none() {

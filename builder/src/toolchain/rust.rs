@@ -62,6 +62,10 @@ pub fn build(source: &Source, options: &BuildOptions) -> Result<Vec<u8>, BuildEr
     if options.vendor_dir.is_some() {
         command.arg("--offline");
     }
+    // Registry downloads and their index, kept with the build cache (a persistent one in a Job).
+    if options.compiler_caches_in_cache_dir {
+        command.env("CARGO_HOME", options.cache_dir.join("cargo-home"));
+    }
     let names: Vec<String> = source.files.iter().map(|f| f.name.clone()).collect();
     run_compiler("cargo", &mut command, |text| trim_cargo_output(text, &names))?;
     let module = target_dir.join(format!("wasm32-wasip2/release/{CRATE_NAME}.wasm"));

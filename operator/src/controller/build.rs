@@ -249,3 +249,59 @@ async fn ensure_builder_rbac(ctx: &Context, ns: &str) -> Result<(), Error> {
     apply_if_changed(&Api::<RoleBinding>::namespaced(ctx.client.clone(), ns), &binding).await?;
     Ok(())
 }
+
+/// What the build of `digest` took, phase by phase, for the `Built` condition and its
+/// Event: the wait from the Job's creation to the builder's start (the Kubernetes
+/// timestamps, whole seconds), then the builder's own phases and cache answers from its
+/// result line. None when the Job or its result is gone (an operator that found the module
+/// already built).
+pub(super) async fn build_report(ctx: &Context, ns: &str, name: &str, digest: &Digest) -> Option<String> {
+    let job_name = objects::job_name(name, digest);
+    let job = Api::<Job>::namespaced(ctx.client.clone(), ns)
+        .get_opt(&job_name)
+        .await
+        .ok()
+        .flatten()?;
+    let terminated = last_termination(ctx, ns, &job_name).await.ok().flatten()?;
+    let waited = match (&job.metadata.creation_timestamp, &terminated.started_at) {
+        (Some(created), Some(started)) => Some((started.0.as_second() - created.0.as_second()).max(0)),
+        _ => None,
+    };
+    describe_result(terminated.message.as_deref()?, waited)
+}
+
+/// The builder's phases (`"phases"`) and cache answers (`"cache"`) in words; `waited` is
+/// the Job's scheduling and start, in seconds.
+pub fn describe_result(message: &str, waited: Option<i64>) -> Option<String> {
+    let line = message.lines().rev().find(|l| l.trim_start().starts_with('{'))?;
+    let result: serde_json::Value = serde_json::from_str(line).ok()?;
+    let phases = result.get("phases")?;
+    let seconds = |key: &str| phases.get(key).and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+    let cache = |key: &str| {
+        result
+            .pointer(&format!("/cache/{key}"))
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("none")
+            .to_string()
+    };
+    let mut text = String::from("build phases:");
+    if let Some(waited) = waited {
+        text.push_str(&format!(" Job created → builder started {waited} s,"));
+    }
+    text.push_str(&format!(
+        " check {:.2} s, compile {:.2} s, snapshot {:.2} s, precompile {:.2} s, publish {:.2} s (builder total {:.2} s); module cache {}, code cache {}",
+        seconds("check"),
+        seconds("compile"),
+        seconds("snapshot"),
+        seconds("precompile"),
+        seconds("publish"),
+        seconds("total"),
+        cache("module"),
+        cache("code"),
+    ));
+    if let Some(problems) = result.pointer("/cache/problems").and_then(serde_json::Value::as_array) {
+        let problems: Vec<&str> = problems.iter().filter_map(serde_json::Value::as_str).collect();
+        text.push_str(&format!(" ({})", problems.join("; ")));
+    }
+    Some(text)
+}

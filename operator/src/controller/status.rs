@@ -37,8 +37,13 @@ pub(super) async fn update(
     missing: Option<&str>,
 ) -> Result<FunctionStatus, StepError> {
     let (name, ns) = (func.name_any(), func.namespace().unwrap_or_default());
-    let status = status_for(func, build, source_digest, serving, deployment, missing);
+    let mut status = status_for(func, build, source_digest, serving, deployment, missing);
     let old = func.status.clone().unwrap_or_default();
+    if let (Build::Done(_), Some(digest)) = (build, source_digest)
+        && func.spec.module.is_none()
+    {
+        add_build_report(ctx, func, &digest, &old, &mut status).await;
+    }
     let status = keep_transition_times(status, &old);
     publish_transitions(ctx, func, &old, &status).await;
     if status != old {
@@ -57,6 +62,49 @@ pub(super) async fn update(
         ctx.metrics.build_ended(&uid, &build, &name, &ns, result);
     }
     Ok(status)
+}
+
+/// Adds where the build's time went to the `Built` condition's message (and so to its
+/// Event). The chunks can be seen before the builder's pod has ended (it publishes, then
+/// exits): then the `Built` Event goes out without them, and a later reconcile (the Job's
+/// completion wakes one) adds them with an Event `BuildPhases` of their own. Once read,
+/// later reconciles keep them.
+async fn add_build_report(
+    ctx: &Context,
+    func: &Function,
+    digest: &Digest,
+    old: &FunctionStatus,
+    status: &mut FunctionStatus,
+) {
+    let Some(built) = status.conditions.iter_mut().find(|c| c.type_ == CONDITION_BUILT) else {
+        return;
+    };
+    let before = old.conditions.iter().find(|c| c.type_ == CONDITION_BUILT);
+    let same_build = before.is_some_and(|b| b.reason == built.reason) && old.source_digest == status.source_digest;
+    if let Some(before) = before.filter(|_| same_build)
+        && before.message.starts_with(&built.message)
+        && before.message != built.message
+    {
+        built.message = before.message.clone();
+        return;
+    }
+    let (name, ns) = (func.name_any(), func.namespace().unwrap_or_default());
+    let Some(report) = super::build::build_report(ctx, &ns, &name, digest).await else {
+        return;
+    };
+    built.message = format!("{}; {report}", built.message);
+    if same_build {
+        let event = Event {
+            type_: EventType::Normal,
+            reason: "BuildPhases".into(),
+            note: Some(event_note(&report)),
+            action: CONDITION_BUILT.into(),
+            secondary: None,
+        };
+        if let Err(error) = ctx.recorder.publish(&event, &func.object_ref(&())).await {
+            tracing::warn!(function = %name, %error, "could not publish event");
+        }
+    }
 }
 
 async fn write_status(ctx: &Context, func: &Function, status: &FunctionStatus) -> Result<(), Error> {

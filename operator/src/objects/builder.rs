@@ -3,14 +3,14 @@
 use super::pod::{empty_dir, mount, oci_plain_http_env, restricted_container_security, restricted_pod_security};
 use super::{MANAGED_BY_LABEL, MANAGER, SOURCE_KEY, job_name, labels_for, meta, source_configmap_name};
 use crate::crd::{Function, Storage};
-use crate::settings::Settings;
+use crate::settings::{BuildCache, Settings};
 use k8s_openapi::api::batch::v1::{
     Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyOnPodConditionsPattern,
     PodFailurePolicyRule,
 };
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, EnvVar, KeyToPath, PodSpec, PodTemplateSpec, ResourceRequirements,
-    ServiceAccount, Volume,
+    ConfigMapVolumeSource, Container, EnvVar, HostPathVolumeSource, KeyToPath, PersistentVolumeClaimVolumeSource,
+    PodSpec, PodTemplateSpec, ResourceRequirements, ServiceAccount, Volume,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -71,11 +71,16 @@ pub fn build_job(func: &Function, settings: &Settings, digest: &Digest, publish:
                     enable_service_links: Some(false),
                     security_context: Some(restricted_pod_security()),
                     containers: vec![builder_container(func, settings, digest, publish)],
-                    volumes: Some(vec![
-                        source_volume(&source_configmap_name(&name, digest), source_file, func),
-                        empty_dir("work", "1Gi"),
-                        empty_dir("tmp", "4Gi"),
-                    ]),
+                    volumes: Some(
+                        [
+                            source_volume(&source_configmap_name(&name, digest), source_file, func),
+                            empty_dir("work", "1Gi"),
+                            empty_dir("tmp", "4Gi"),
+                        ]
+                        .into_iter()
+                        .chain(cache_volume(&settings.build_cache))
+                        .collect(),
+                    ),
                     ..Default::default()
                 }),
             },
@@ -112,7 +117,7 @@ fn builder_container(func: &Function, settings: &Settings, digest: &Digest, publ
     ];
     // Only where set, so a build Job without it is the same object it always was.
     let go_proxy = settings.go_proxy.clone().map(|proxy| env("WASMLESS_GOPROXY", proxy));
-    let env = [
+    let fixed_env = [
         // The builder labels the chunks with the operator's digest (over language,
         // builder version and source), which it cannot compute itself.
         env("WASMLESS_SOURCE_DIGEST", digest.to_string()),
@@ -120,15 +125,27 @@ fn builder_container(func: &Function, settings: &Settings, digest: &Digest, publ
         // it, even from a build that failed half-way or outlived its Function.
         env("WASMLESS_FUNCTION_UID", func.uid().unwrap_or_default()),
         env("HOME", "/tmp".into()),
-        env("GOCACHE", "/tmp/go-cache".into()),
-        env("CARGO_TARGET_DIR", "/tmp/target".into()),
     ];
+    // With a persistent cache the builder keeps every cache in it; without, in the emptyDir.
+    let cache_env = match settings.build_cache {
+        BuildCache::None => vec![
+            env("GOCACHE", "/tmp/go-cache".into()),
+            env("CARGO_TARGET_DIR", "/tmp/target".into()),
+        ],
+        _ => vec![
+            env("WASMLESS_BUILD_CACHE", BUILD_CACHE_MOUNT.into()),
+            env("WASMLESS_COMPILER_CACHES_IN_CACHE_DIR", "true".into()),
+        ],
+    };
+    let cache_mount = (settings.build_cache != BuildCache::None).then(|| mount(CACHE_VOLUME, BUILD_CACHE_MOUNT, false));
     Container {
         name: "builder".into(),
         image: Some(settings.builder_image.clone()),
         args: Some(args.map(String::from).to_vec()),
         env: Some(
-            env.into_iter()
+            fixed_env
+                .into_iter()
+                .chain(cache_env)
                 .chain(go_proxy)
                 .chain(oci_plain_http_env(settings))
                 .collect(),
@@ -137,11 +154,16 @@ fn builder_container(func: &Function, settings: &Settings, digest: &Digest, publ
         // The compiler's output reaches status even if the builder dies before writing
         // /dev/termination-log.
         termination_message_policy: Some("FallbackToLogsOnError".into()),
-        volume_mounts: Some(vec![
-            mount("source", "/src", true),
-            mount("work", "/work", false),
-            mount("tmp", "/tmp", false),
-        ]),
+        volume_mounts: Some(
+            [
+                mount("source", "/src", true),
+                mount("work", "/work", false),
+                mount("tmp", "/tmp", false),
+            ]
+            .into_iter()
+            .chain(cache_mount)
+            .collect(),
+        ),
         resources: Some(ResourceRequirements {
             requests: Some(BTreeMap::from([
                 ("cpu".into(), Quantity("500m".into())),
@@ -154,6 +176,36 @@ fn builder_container(func: &Function, settings: &Settings, digest: &Digest, publ
             ..Default::default()
         }),
         ..Default::default()
+    }
+}
+
+/// Where build Jobs mount the persistent build cache.
+pub const BUILD_CACHE_MOUNT: &str = "/cache";
+const CACHE_VOLUME: &str = "build-cache";
+
+/// The persistent build cache's volume: only build Jobs get it (function pods never), so
+/// only the builder writes the compiled code it keeps.
+fn cache_volume(cache: &BuildCache) -> Option<Volume> {
+    let volume = |volume: Volume| Volume {
+        name: CACHE_VOLUME.into(),
+        ..volume
+    };
+    match cache {
+        BuildCache::None => None,
+        BuildCache::HostPath(path) => Some(volume(Volume {
+            host_path: Some(HostPathVolumeSource {
+                path: path.clone(),
+                type_: Some("DirectoryOrCreate".into()),
+            }),
+            ..Default::default()
+        })),
+        BuildCache::Claim(claim) => Some(volume(Volume {
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim.clone(),
+                read_only: None,
+            }),
+            ..Default::default()
+        })),
     }
 }
 

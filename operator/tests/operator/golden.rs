@@ -9,6 +9,7 @@ use wasmless_artifact::Digest;
 use wasmless_operator::Settings;
 use wasmless_operator::crd::{Function, Storage};
 use wasmless_operator::module::{Code, Module, ModuleLocation};
+use wasmless_operator::settings::BuildCache;
 use wasmless_operator::{objects, references};
 
 fn function(spec: serde_json::Value) -> Function {
@@ -137,6 +138,8 @@ fn golden_rust_function_in_oci() {
     let mut settings = Settings::new("wasmless/runtime:1.2.3", "wasmless/builder:1.2.3");
     settings.default_storage = Storage::Oci;
     settings.oci_registry = Some("registry.local:5000/functions/".into());
+    // The persistent build cache on a PersistentVolumeClaim (the others: a node directory, none).
+    settings.build_cache = BuildCache::Claim("wasmless-build-cache".into());
     let source_digest = objects::source_digest(
         func.spec.language,
         &settings.builder_version,
@@ -167,7 +170,9 @@ fn golden_prebuilt_and_codeless_modules() {
         "module": {"image": format!("registry.example.com/fns/hello@{}", digest("prebuilt manifest")), "digest": prebuilt_digest.to_string()},
         "replicas": 0,
     }));
-    let settings = Settings::new("wasmless/runtime:1.2.3", "wasmless/builder:1.2.3");
+    let mut settings = Settings::new("wasmless/runtime:1.2.3", "wasmless/builder:1.2.3");
+    // No persistent build cache: the build Job is the one operators wrote before it.
+    settings.build_cache = BuildCache::None;
     let module = Module {
         digest: prebuilt_digest,
         size: None,
@@ -283,4 +288,36 @@ fn golden_go_function_with_modules() {
         }),
     };
     check("go-modules", &render(&func, &settings, &module, Storage::ConfigMap));
+}
+
+/// `--build-cache`: a node directory, a claim, or none; anything else is refused with the
+/// forms it takes.
+#[test]
+fn the_build_cache_setting_takes_a_node_directory_a_claim_or_none() {
+    let parse = |value: &str| value.parse::<BuildCache>();
+    assert_eq!(
+        parse("hostPath:/var/cache/wl"),
+        Ok(BuildCache::HostPath("/var/cache/wl".into()))
+    );
+    assert_eq!(parse("pvc:build-cache"), Ok(BuildCache::Claim("build-cache".into())));
+    assert_eq!(parse("none"), Ok(BuildCache::None));
+    for bad in [
+        "hostPath:relative/dir",
+        "hostPath:/a/../etc",
+        "pvc:Not_A_Name",
+        "pvc:",
+        "/var/cache",
+        "",
+    ] {
+        let error = parse(bad).expect_err(bad);
+        assert!(
+            error.contains("hostPath:/absolute/dir, pvc:<claim name> or none"),
+            "{bad}: {error}"
+        );
+    }
+    assert_eq!(
+        Settings::new("r", "b").build_cache,
+        BuildCache::HostPath(wasmless_operator::settings::DEFAULT_BUILD_CACHE_PATH.into()),
+        "a warm cache on the node by default"
+    );
 }
