@@ -48,12 +48,25 @@ pub enum BuildError {
     /// The module proxy could not be reached or failed: not the source's fault.
     #[error("the Go module proxy failed (a retry may succeed):\n{0}")]
     ModuleProxy(String),
+    /// The handler's Cargo.toml has dependencies and no crates registry is configured.
+    #[error(
+        "Cargo.toml depends on {crates}, and no crates registry is configured for builds: set {CARGO_REGISTRY_ENV} to a sparse index (sparse+https://…/) for `wasmless build`, `wasmless dev`, or the builder's --cargo-registry; on a cluster, the operator's --cargo-registry flag (WASMLESS_CARGO_REGISTRY in its environment, Helm value builder.cargoRegistry)"
+    )]
+    NoCratesRegistry { crates: String },
+    /// The crates registry could not be reached or failed: not the source's fault.
+    #[error("the crates registry failed (a retry may succeed):\n{0}")]
+    CratesRegistry(String),
 }
 
 /// The builder's setting naming the Go module proxy (a `GOPROXY` value), read by
 /// `wasmless-builder build`, `wasmless build` and `wasmless dev`, and set on build Jobs by
 /// the operator.
 pub const GO_PROXY_ENV: &str = "WASMLESS_GOPROXY";
+
+/// The builder's setting naming the crates registry (a sparse index URL) that Rust handlers
+/// with dependencies in their Cargo.toml build through, in place of crates.io; read and set
+/// as [`GO_PROXY_ENV`] is.
+pub const CARGO_REGISTRY_ENV: &str = "WASMLESS_CARGO_REGISTRY";
 
 impl BuildError {
     /// The message an operator puts on the Function's status: the compiler's own words
@@ -71,11 +84,19 @@ impl BuildError {
     pub fn is_the_sources_fault(&self) -> bool {
         match self {
             Self::Source(source::SourceError::Read { .. }) => false,
-            Self::Source(_) | Self::Compile { .. } | Self::Invalid(_) | Self::NoModuleProxy { .. } => true,
+            Self::Source(_)
+            | Self::Compile { .. }
+            | Self::Invalid(_)
+            | Self::NoModuleProxy { .. }
+            | Self::NoCratesRegistry { .. } => true,
             // Initialisers that fail or never finish do so on every build.
             Self::Snapshot(wasmless_runtime::snapshot::SnapshotError::Initialize(_)) => true,
             Self::Snapshot(_) => false,
-            Self::Toolchain(_) | Self::Cache { .. } | Self::Precompile(_) | Self::ModuleProxy(_) => false,
+            Self::Toolchain(_)
+            | Self::Cache { .. }
+            | Self::Precompile(_)
+            | Self::ModuleProxy(_)
+            | Self::CratesRegistry(_) => false,
         }
     }
 }
@@ -90,6 +111,9 @@ pub struct BuildOptions {
     /// The `GOPROXY` of Go handlers with a `go.mod` that requires modules; without it
     /// they do not build (and a Go handler without a `go.mod` never needs one).
     pub go_proxy: Option<String>,
+    /// The sparse index that Rust handlers whose Cargo.toml has dependencies build through
+    /// (crates.io replaced by it); without it they do not build.
+    pub cargo_registry: Option<String>,
 }
 
 impl BuildOptions {
@@ -98,12 +122,19 @@ impl BuildOptions {
             cache_dir: cache_dir.into(),
             vendor_dir: None,
             go_proxy: None,
+            cargo_registry: None,
         }
     }
 
     /// With the module proxy [`GO_PROXY_ENV`] names, when set and not empty.
     pub fn with_go_proxy_from_env(mut self) -> Self {
         self.go_proxy = std::env::var(GO_PROXY_ENV).ok().filter(|p| !p.trim().is_empty());
+        self
+    }
+
+    /// With the crates registry [`CARGO_REGISTRY_ENV`] names, when set and not empty.
+    pub fn with_cargo_registry_from_env(mut self) -> Self {
+        self.cargo_registry = std::env::var(CARGO_REGISTRY_ENV).ok().filter(|r| !r.trim().is_empty());
         self
     }
 }

@@ -27,8 +27,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let work = std::env::temp_dir().join(format!("wasmless-dev-{}-{}", function.name, std::process::id()));
     std::fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
     let module = work.join("module.wasm");
-    // WASMLESS_GOPROXY names the module proxy of a handler with a go.mod, as for `wasmless build`.
-    let options = BuildOptions::with_cache_dir(wasmless_builder::command::default_cache_dir()).with_go_proxy_from_env();
+    // WASMLESS_GOPROXY names the module proxy of a handler with a go.mod, and
+    // WASMLESS_CARGO_REGISTRY the crates registry of one with a Cargo.toml, as for `wasmless build`.
+    let options = BuildOptions::with_cache_dir(wasmless_builder::command::default_cache_dir())
+        .with_go_proxy_from_env()
+        .with_cargo_registry_from_env();
 
     let built = build_with_progress(&function, &options)
         .await
