@@ -458,3 +458,174 @@ pub fn vendor(dir: &Path) -> Result<(), BuildError> {
         .arg(dir);
     run_compiler("cargo", &mut command, str::to_string)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Language;
+    use wasmless_formats::source::SourceFile;
+
+    fn with_manifest(text: &str) -> Source {
+        Source::from_files(
+            Language::Rust,
+            vec![
+                SourceFile {
+                    name: "lib.rs".into(),
+                    bytes: b"pub fn handler(r: Request) -> Response { r }".to_vec(),
+                },
+                SourceFile {
+                    name: "Cargo.toml".into(),
+                    bytes: text.into(),
+                },
+            ],
+        )
+    }
+
+    fn refusal(text: &str) -> String {
+        match manifest(&with_manifest(text)) {
+            Err(BuildError::Compile { message, .. }) => message,
+            Err(other) => panic!("not the source's fault: {other}"),
+            Ok(made) => panic!("accepted:\n{}", made.text),
+        }
+    }
+
+    #[test]
+    fn the_users_dependencies_go_into_the_builders_crate() {
+        let made = manifest(&with_manifest(
+            r#"
+[package]
+name = "orders"
+version = "1.2.0"
+edition = "2021"
+build = false
+description = "kept out"
+
+[lib]
+crate-type = ["rlib"]
+
+[dependencies]
+serde = { version = "1", features = ["derive"] }
+json = { package = "serde_json", version = "1.0.100", optional = true }
+wasmless-sdk = { path = "../../sdk/rust" }
+
+[target.'cfg(target_os = "wasi")'.dependencies]
+itoa = "1"
+
+[dev-dependencies]
+pretty_assertions = { path = "../pa" }
+
+[features]
+default = ["json"]
+
+[profile.release]
+opt-level = 0
+
+[workspace]
+members = ["x"]
+"#,
+        ))
+        .unwrap();
+        assert_eq!(made.crates, ["serde_json 1.0.100", "serde 1", "itoa 1"]);
+        let table: toml::Table = made.text.parse().unwrap();
+        assert_eq!(
+            table["package"]["name"].as_str(),
+            Some("orders"),
+            "a Cargo.lock names it"
+        );
+        assert_eq!(table["package"]["version"].as_str(), Some("1.2.0"));
+        assert_eq!(table["package"]["edition"].as_str(), Some("2021"));
+        assert!(table["package"].get("description").is_none());
+        assert_eq!(table["lib"]["name"].as_str(), Some(CRATE_NAME));
+        assert_eq!(table["lib"]["crate-type"][0].as_str(), Some("cdylib"));
+        let deps = &table["dependencies"];
+        assert_eq!(
+            deps[SDK_NAME]["path"].as_str(),
+            Some("wasmless-sdk"),
+            "the builder's SDK"
+        );
+        assert_eq!(deps["json"]["package"].as_str(), Some("serde_json"));
+        assert_eq!(deps["serde"]["features"][0].as_str(), Some("derive"));
+        assert_eq!(
+            table["target"][r#"cfg(target_os = "wasi")"#]["dependencies"]["itoa"].as_str(),
+            Some("1")
+        );
+        assert_eq!(table["features"]["default"][0].as_str(), Some("json"));
+        assert!(table.get("dev-dependencies").is_none(), "tests are not built");
+        assert_eq!(table["profile"]["release"]["opt-level"].as_str(), Some("s"));
+        assert!(table["workspace"].as_table().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_cargo_toml_without_dependencies_needs_no_registry() {
+        let made = manifest(&with_manifest(
+            "[package]\nname = \"plain\"\n\n[dependencies]\nwasmless-sdk = \"0.1\"\n",
+        ))
+        .unwrap();
+        assert!(made.crates.is_empty());
+        let table: toml::Table = made.text.parse().unwrap();
+        assert_eq!(
+            table["package"]["edition"].as_str(),
+            Some("2024"),
+            "the builder's default"
+        );
+    }
+
+    #[test]
+    fn what_cannot_work_is_refused_with_what_to_do() {
+        for (text, expected) in [
+            (
+                "[package]\nname = \"f\"\nbuild = \"build.rs\"\n",
+                "build scripts are not supported",
+            ),
+            (
+                "[package]\nname = \"f\"\nlinks = \"z\"\n",
+                "cannot link a native library",
+            ),
+            ("[lib]\nproc-macro = true\n", "not a procedural macro"),
+            (
+                "[package]\nversion.workspace = true\n",
+                "package.version is inherited from a workspace",
+            ),
+            (
+                "[dependencies]\nserde = { workspace = true }\n",
+                "serde is inherited from a workspace",
+            ),
+            (
+                "[dependencies]\nx = { version = \"1\", registry = \"corp\" }\n",
+                "x comes from another registry",
+            ),
+            (
+                "[target.'cfg(unix)'.dependencies]\ny = { git = \"https://e.com/y\" }\n",
+                "target.cfg(unix): dependency y comes from a git repository",
+            ),
+            (
+                "[replace]\n\"foo:0.1.0\" = { path = \"x\" }\n",
+                "[replace] is not supported",
+            ),
+            ("[dependencies\n", "TOML parse error"),
+        ] {
+            let message = refusal(text);
+            assert!(message.starts_with("Cargo.toml: "), "{message}");
+            assert!(message.contains(expected), "{expected}: {message}");
+        }
+    }
+
+    #[test]
+    fn the_registry_setting_is_a_sparse_index() {
+        assert_eq!(
+            sparse_index("https://crates.example.com/index").unwrap(),
+            "sparse+https://crates.example.com/index/"
+        );
+        assert_eq!(
+            sparse_index("sparse+http://10.0.0.1:8080/index/").unwrap(),
+            "sparse+http://10.0.0.1:8080/index/"
+        );
+        for bad in ["git://x", "sparse+http://x/\"\n[source]", "crates.example.com"] {
+            let error = sparse_index(bad).unwrap_err().to_string();
+            assert!(
+                error.contains("WASMLESS_CARGO_REGISTRY") && error.contains("sparse+https://"),
+                "{error}"
+            );
+        }
+    }
+}
