@@ -176,8 +176,11 @@ async fn rebuild_on_change(watched: PathBuf, module: PathBuf, options: BuildOpti
                 .and_then(|m| m.modified())
                 .unwrap_or(SystemTime::UNIX_EPOCH)
         };
-        // A module's directory: the latest change of any file in it (go.mod, go.sum, the handler's).
-        let files = std::fs::read_dir(path).into_iter().flatten().flatten();
+        // A module's directory: the latest change of any file in it (go.mod, go.sum, the
+        // handler's), and in its src/ (a Cargo package's modules).
+        let files = [path.to_path_buf(), path.join("src")]
+            .into_iter()
+            .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten());
         files.map(|entry| of(&entry.path())).fold(of(path), SystemTime::max)
     };
     let mut last = modified(&watched);
