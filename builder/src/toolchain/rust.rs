@@ -14,6 +14,7 @@
 use super::{run_compiler, tool};
 use crate::{BuildError, BuildOptions, Source};
 use std::path::Path;
+use wasmless_formats::cargo_manifest::handler_manifest;
 
 const SDK_FILES: [(&str, &str); 5] = [
     ("Cargo.toml", include_str!("../../../sdk/rust/Cargo.toml")),
@@ -24,7 +25,6 @@ const SDK_FILES: [(&str, &str); 5] = [
 ];
 
 const CRATE_NAME: &str = "wasmless_handler";
-const SDK_NAME: &str = "wasmless-sdk";
 
 const CARGO_TOML: &str = r#"[package]
 name = "wasmless-handler"
@@ -191,9 +191,9 @@ fn with_hint(message: String) -> String {
     format!("{message}{hint}")
 }
 
-/// The manifest of the generated crate: the builder's own without a Cargo.toml, else what
-/// the user's keeps (see the module's comment) around the builder's settings. A setting
-/// that cannot work here is refused with the reason, as the source's fault.
+/// The manifest of the generated crate: the builder's own without a Cargo.toml, else the
+/// user's combined with it (`wasmless_formats::cargo_manifest`). A setting that cannot work
+/// here is refused with the reason, as the source's fault.
 fn manifest(source: &Source) -> Result<Manifest, BuildError> {
     let Some(file) = source.module_file("Cargo.toml") else {
         return Ok(Manifest {
@@ -201,168 +201,16 @@ fn manifest(source: &Source) -> Result<Manifest, BuildError> {
             crates: Vec::new(),
         });
     };
-    let refuse = |why: String| BuildError::Compile {
-        tool: "cargo",
-        message: format!("Cargo.toml: {why}"),
-    };
-    let text = String::from_utf8_lossy(&file.bytes);
-    let user: toml::Table = text.parse().map_err(|e: toml::de::Error| refuse(e.to_string()))?;
-    for key in ["patch", "replace"] {
-        if user.contains_key(key) {
-            return Err(refuse(format!(
-                "[{key}] is not supported: dependencies come from the configured crates registry as published; depend on a published version instead"
-            )));
+    let made = handler_manifest(&String::from_utf8_lossy(&file.bytes), CARGO_TOML, CRATE_NAME).map_err(|why| {
+        BuildError::Compile {
+            tool: "cargo",
+            message: format!("Cargo.toml: {why}"),
         }
-    }
-    let empty = toml::Table::new();
-    let package = match user.get("package") {
-        Some(toml::Value::Table(package)) => package,
-        None => &empty,
-        Some(_) => return Err(refuse("`package` is not a table".into())),
-    };
-    if let Some((key, _)) = package.iter().find(|(_, v)| inherits(v)) {
-        return Err(refuse(format!(
-            "package.{key} is inherited from a workspace: the handler is built alone, so write the value out"
-        )));
-    }
-    if package.get("build").is_some_and(|b| b.as_bool() != Some(false)) {
-        return Err(refuse(
-            "package.build: build scripts are not supported (the handler is built for wasm32-wasip2 with no native code); remove it".into(),
-        ));
-    }
-    if package.contains_key("links") {
-        return Err(refuse(
-            "package.links: a handler cannot link a native library (it is built for wasm32-wasip2); remove it".into(),
-        ));
-    }
-    if user
-        .get("lib")
-        .and_then(|lib| lib.get("proc-macro").or_else(|| lib.get("proc_macro")))
-        .and_then(toml::Value::as_bool)
-        == Some(true)
-    {
-        return Err(refuse(
-            "lib.proc-macro: a handler is the library the runtime calls, not a procedural macro; depend on proc-macro crates instead".into(),
-        ));
-    }
-
-    let mut crates = Vec::new();
-    let mut out_package = toml::Table::new();
-    let keep = |key: &str, default: &str| {
-        package
-            .get(key)
-            .cloned()
-            .unwrap_or_else(|| toml::Value::String(default.into()))
-    };
-    out_package.insert("name".into(), keep("name", "wasmless-handler"));
-    out_package.insert("version".into(), keep("version", "0.1.0"));
-    out_package.insert("edition".into(), keep("edition", "2024"));
-    if let Some(rust_version) = package.get("rust-version") {
-        out_package.insert("rust-version".into(), rust_version.clone());
-    }
-    out_package.insert("publish".into(), false.into());
-    // Only the library is built: the user's files are its modules, nothing is discovered.
-    out_package.insert("build".into(), false.into());
-    for auto in ["autobins", "autoexamples", "autotests", "autobenches"] {
-        out_package.insert(auto.into(), false.into());
-    }
-
-    let mut normal = dependencies(user.get("dependencies"), &mut crates).map_err(&refuse)?;
-    normal.insert(
-        SDK_NAME.into(),
-        toml::Value::Table(toml::Table::from_iter([("path".to_string(), "wasmless-sdk".into())])),
-    );
-    let mut targets = toml::Table::new();
-    if let Some(user_targets) = user.get("target").and_then(toml::Value::as_table) {
-        for (cfg, tables) in user_targets {
-            let deps = dependencies(tables.get("dependencies"), &mut crates)
-                .map_err(|why| refuse(format!("target.{cfg}: {why}")))?;
-            if !deps.is_empty() {
-                let table = toml::Table::from_iter([("dependencies".to_string(), toml::Value::Table(deps))]);
-                targets.insert(cfg.clone(), toml::Value::Table(table));
-            }
-        }
-    }
-
-    let mut out = toml::Table::new();
-    out.insert("package".into(), toml::Value::Table(out_package));
-    let lib = [
-        ("name", toml::Value::from(CRATE_NAME)),
-        ("path", "src/lib.rs".into()),
-        ("crate-type", toml::Value::Array(vec!["cdylib".into()])),
-    ];
-    out.insert(
-        "lib".into(),
-        toml::Value::Table(lib.into_iter().map(|(k, v)| (k.to_string(), v)).collect()),
-    );
-    out.insert("dependencies".into(), toml::Value::Table(normal));
-    if !targets.is_empty() {
-        out.insert("target".into(), toml::Value::Table(targets));
-    }
-    if let Some(features) = user.get("features") {
-        out.insert("features".into(), features.clone());
-    }
-    let builder_rest: toml::Table = CARGO_TOML
-        .parse()
-        .map_err(|e| BuildError::Toolchain(format!("the builder's own Cargo.toml: {e}")))?;
-    for key in ["profile", "workspace"] {
-        out.insert(key.into(), builder_rest[key].clone());
-    }
-    let text = toml::to_string(&out).map_err(|e| BuildError::Toolchain(format!("cannot write Cargo.toml: {e}")))?;
+    })?;
     Ok(Manifest {
-        text: format!("# Generated by wasmless-builder from the handler's Cargo.toml.\n{text}"),
-        crates,
+        text: made.text,
+        crates: made.crates,
     })
-}
-
-/// Whether a manifest value is `{ workspace = true }` (also written `key.workspace = true`).
-fn inherits(value: &toml::Value) -> bool {
-    value.get("workspace").is_some()
-}
-
-/// The registry dependencies of a `[dependencies]` table, the SDK left out (the builder adds
-/// its own); appends `name requirement` of each to `crates`. A dependency that is not a
-/// crate from the registry is refused.
-fn dependencies(table: Option<&toml::Value>, crates: &mut Vec<String>) -> Result<toml::Table, String> {
-    let mut out = toml::Table::new();
-    let Some(table) = table else { return Ok(out) };
-    let table = table.as_table().ok_or("`dependencies` is not a table")?;
-    for (name, spec) in table {
-        let package = spec.get("package").and_then(toml::Value::as_str).unwrap_or(name);
-        if package == SDK_NAME {
-            continue;
-        }
-        let requirement = match spec {
-            toml::Value::String(version) => version.clone(),
-            toml::Value::Table(spec) => {
-                if inherits(&toml::Value::Table(spec.clone())) {
-                    return Err(format!(
-                        "dependency {name} is inherited from a workspace: the handler is built alone, so write its version out"
-                    ));
-                }
-                for (key, what) in [
-                    ("path", "a directory"),
-                    ("git", "a git repository"),
-                    ("registry", "another registry"),
-                    ("registry-index", "another registry"),
-                ] {
-                    if spec.contains_key(key) {
-                        return Err(format!(
-                            "dependency {name} comes from {what}: only crates from the configured crates registry are built; depend on a published version, or put the code in the handler's files"
-                        ));
-                    }
-                }
-                spec.get("version")
-                    .and_then(toml::Value::as_str)
-                    .unwrap_or("*")
-                    .to_string()
-            }
-            _ => return Err(format!("dependency {name} is neither a version nor a table")),
-        };
-        crates.push(format!("{package} {requirement}"));
-        out.insert(name.clone(), spec.clone());
-    }
-    Ok(out)
 }
 
 /// Writes the generated crate. Without a source it is the SDK's dependencies alone,
@@ -462,153 +310,6 @@ pub fn vendor(dir: &Path) -> Result<(), BuildError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Language;
-    use wasmless_formats::source::SourceFile;
-
-    fn with_manifest(text: &str) -> Source {
-        Source::from_files(
-            Language::Rust,
-            vec![
-                SourceFile {
-                    name: "lib.rs".into(),
-                    bytes: b"pub fn handler(r: Request) -> Response { r }".to_vec(),
-                },
-                SourceFile {
-                    name: "Cargo.toml".into(),
-                    bytes: text.into(),
-                },
-            ],
-        )
-    }
-
-    fn refusal(text: &str) -> String {
-        match manifest(&with_manifest(text)) {
-            Err(BuildError::Compile { message, .. }) => message,
-            Err(other) => panic!("not the source's fault: {other}"),
-            Ok(made) => panic!("accepted:\n{}", made.text),
-        }
-    }
-
-    #[test]
-    fn the_users_dependencies_go_into_the_builders_crate() {
-        let made = manifest(&with_manifest(
-            r#"
-[package]
-name = "orders"
-version = "1.2.0"
-edition = "2021"
-build = false
-description = "kept out"
-
-[lib]
-crate-type = ["rlib"]
-
-[dependencies]
-serde = { version = "1", features = ["derive"] }
-json = { package = "serde_json", version = "1.0.100", optional = true }
-wasmless-sdk = { path = "../../sdk/rust" }
-
-[target.'cfg(target_os = "wasi")'.dependencies]
-itoa = "1"
-
-[dev-dependencies]
-pretty_assertions = { path = "../pa" }
-
-[features]
-default = ["json"]
-
-[profile.release]
-opt-level = 0
-
-[workspace]
-members = ["x"]
-"#,
-        ))
-        .unwrap();
-        assert_eq!(made.crates, ["serde_json 1.0.100", "serde 1", "itoa 1"]);
-        let table: toml::Table = made.text.parse().unwrap();
-        assert_eq!(
-            table["package"]["name"].as_str(),
-            Some("orders"),
-            "a Cargo.lock names it"
-        );
-        assert_eq!(table["package"]["version"].as_str(), Some("1.2.0"));
-        assert_eq!(table["package"]["edition"].as_str(), Some("2021"));
-        assert!(table["package"].get("description").is_none());
-        assert_eq!(table["lib"]["name"].as_str(), Some(CRATE_NAME));
-        assert_eq!(table["lib"]["crate-type"][0].as_str(), Some("cdylib"));
-        let deps = &table["dependencies"];
-        assert_eq!(
-            deps[SDK_NAME]["path"].as_str(),
-            Some("wasmless-sdk"),
-            "the builder's SDK"
-        );
-        assert_eq!(deps["json"]["package"].as_str(), Some("serde_json"));
-        assert_eq!(deps["serde"]["features"][0].as_str(), Some("derive"));
-        assert_eq!(
-            table["target"][r#"cfg(target_os = "wasi")"#]["dependencies"]["itoa"].as_str(),
-            Some("1")
-        );
-        assert_eq!(table["features"]["default"][0].as_str(), Some("json"));
-        assert!(table.get("dev-dependencies").is_none(), "tests are not built");
-        assert_eq!(table["profile"]["release"]["opt-level"].as_str(), Some("s"));
-        assert!(table["workspace"].as_table().unwrap().is_empty());
-    }
-
-    #[test]
-    fn a_cargo_toml_without_dependencies_needs_no_registry() {
-        let made = manifest(&with_manifest(
-            "[package]\nname = \"plain\"\n\n[dependencies]\nwasmless-sdk = \"0.1\"\n",
-        ))
-        .unwrap();
-        assert!(made.crates.is_empty());
-        let table: toml::Table = made.text.parse().unwrap();
-        assert_eq!(
-            table["package"]["edition"].as_str(),
-            Some("2024"),
-            "the builder's default"
-        );
-    }
-
-    #[test]
-    fn what_cannot_work_is_refused_with_what_to_do() {
-        for (text, expected) in [
-            (
-                "[package]\nname = \"f\"\nbuild = \"build.rs\"\n",
-                "build scripts are not supported",
-            ),
-            (
-                "[package]\nname = \"f\"\nlinks = \"z\"\n",
-                "cannot link a native library",
-            ),
-            ("[lib]\nproc-macro = true\n", "not a procedural macro"),
-            (
-                "[package]\nversion.workspace = true\n",
-                "package.version is inherited from a workspace",
-            ),
-            (
-                "[dependencies]\nserde = { workspace = true }\n",
-                "serde is inherited from a workspace",
-            ),
-            (
-                "[dependencies]\nx = { version = \"1\", registry = \"corp\" }\n",
-                "x comes from another registry",
-            ),
-            (
-                "[target.'cfg(unix)'.dependencies]\ny = { git = \"https://e.com/y\" }\n",
-                "target.cfg(unix): dependency y comes from a git repository",
-            ),
-            (
-                "[replace]\n\"foo:0.1.0\" = { path = \"x\" }\n",
-                "[replace] is not supported",
-            ),
-            ("[dependencies\n", "TOML parse error"),
-        ] {
-            let message = refusal(text);
-            assert!(message.starts_with("Cargo.toml: "), "{message}");
-            assert!(message.contains(expected), "{expected}: {message}");
-        }
-    }
 
     #[test]
     fn the_registry_setting_is_a_sparse_index() {
