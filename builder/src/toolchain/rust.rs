@@ -142,21 +142,32 @@ fn sparse_index(registry: &str) -> Result<String, BuildError> {
     Ok(if url.ends_with('/') { url } else { format!("{url}/") })
 }
 
-/// The `CARGO_HOME` of builds through a registry: its configuration replaces crates.io
-/// with `registry` and nothing else; its `registry/` keeps the index and the downloaded
-/// crates for the next build.
+/// The `CARGO_HOME` of builds through a registry: its configuration ([`cargo_config`]) and
+/// its `registry/`, which keeps the index and the downloaded crates for the next build.
 fn write_cargo_home(cargo_home: &Path, registry: &str) -> std::io::Result<()> {
     std::fs::create_dir_all(cargo_home)?;
-    let config = format!(
-        "# Written by wasmless-builder: every crate comes from the configured registry.\n\
-         [source.crates-io]\nreplace-with = \"wasmless-registry\"\n\n\
-         [source.wasmless-registry]\nregistry = {registry:?}\n"
-    );
+    let config = cargo_config(registry);
     let path = cargo_home.join("config.toml");
     if std::fs::read_to_string(&path).ok().as_deref() != Some(config.as_str()) {
         std::fs::write(path, config)?;
     }
     Ok(())
+}
+
+/// crates.io's own sparse index, which cargo refuses as a replacement of itself.
+const CRATES_IO_INDEX: &str = "sparse+https://index.crates.io/";
+
+/// Cargo's configuration replacing crates.io with `registry`, and nothing else: no user or
+/// machine configuration applies in a `CARGO_HOME` of the builder's.
+fn cargo_config(registry: &str) -> String {
+    if registry == CRATES_IO_INDEX {
+        return "# Written by wasmless-builder: crates come from crates.io, as configured.\n".into();
+    }
+    format!(
+        "# Written by wasmless-builder: every crate comes from the configured registry.\n\
+         [source.crates-io]\nreplace-with = \"wasmless-registry\"\n\n\
+         [source.wasmless-registry]\nregistry = {registry:?}\n"
+    )
 }
 
 /// Whether cargo's output says the registry could not be reached or failed, rather than
@@ -328,5 +339,20 @@ mod tests {
                 "{error}"
             );
         }
+    }
+
+    #[test]
+    fn crates_io_itself_is_no_replacement() {
+        let mirror = cargo_config("sparse+http://10.0.0.1:8080/index/");
+        assert!(
+            mirror.contains("replace-with = \"wasmless-registry\"")
+                && mirror.contains("registry = \"sparse+http://10.0.0.1:8080/index/\""),
+            "{mirror}"
+        );
+        let itself = cargo_config(&sparse_index("https://index.crates.io").unwrap());
+        assert!(
+            !itself.contains("replace-with"),
+            "cargo refuses crates.io replacing itself: {itself}"
+        );
     }
 }

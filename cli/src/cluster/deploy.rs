@@ -467,7 +467,7 @@ mod tests {
                 .iter()
                 .map(|(name, text)| (name.as_str(), text.as_str().unwrap().as_bytes())),
         );
-        let local = crate::function_file::LocalFunction::load(&package).unwrap();
+        let local = wasmless::function_file::LocalFunction::load(&package).unwrap();
         assert_eq!(
             wasmless_formats::source::files_digest("rust", "1", &files),
             local.source.digest("1"),
