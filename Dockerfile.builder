@@ -1,7 +1,8 @@
 # The builder image: `wasmless-builder` with the compilers it drives, all offline.
 #   - Go (GOOS=wasip1) for Goless handlers, with the Go SDK (standard library only);
 #   - Rust with wasm32-wasip2, with wasmless-sdk and its dependencies vendored, so a
-#     build Job never reaches a registry.
+#     build Job reaches no registry unless the handler has dependencies of its own (then
+#     the operator's WASMLESS_CARGO_REGISTRY or WASMLESS_GOPROXY, set on the Job).
 #   buildah bud -f Dockerfile.builder -t wasmless/builder:0.1.0 .
 # Not built in this repository's CI (it needs base images from a container registry).
 

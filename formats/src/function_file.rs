@@ -111,6 +111,21 @@ impl LocalFunction {
                 }
                 return Ok(function);
             }
+            // A Rust handler laid out as a Cargo package: Cargo.toml, src/lib.rs and more.
+            if path.join("Cargo.toml").is_file() && path.join("src/lib.rs").is_file() {
+                let name = path
+                    .canonicalize()
+                    .ok()
+                    .and_then(|dir| dir.file_name().map(|n| n.to_string_lossy().into_owned()))
+                    .unwrap_or_else(|| "function".into());
+                return Ok(Self {
+                    name,
+                    source: Source::read(Language::Rust, path)?,
+                    env: Vec::new(),
+                    limits: Limits::default(),
+                    watched: path.to_path_buf(),
+                });
+            }
             let sources: Vec<PathBuf> = ["handler.go", "handler.rs", "handler.wat", "lib.rs"]
                 .iter()
                 .map(|name| path.join(name))

@@ -31,12 +31,12 @@ impl Language {
     }
 
     /// The files beside the handler's source that say how to build it (Go's module and
-    /// its checksums, Cargo's manifest): read from a source directory with the handler's
-    /// files, and allowed by name in a Function's `spec.files`.
+    /// its checksums, Cargo's manifest and lock): read from a source directory with the
+    /// handler's files, and allowed by name in a Function's `spec.files`.
     pub fn module_file_names(self) -> &'static [&'static str] {
         match self {
             Self::Go => &["go.mod", "go.sum"],
-            Self::Rust => &["Cargo.toml"],
+            Self::Rust => &["Cargo.lock", "Cargo.toml"],
             Self::Wat | Self::Wasm => &[],
         }
     }
@@ -107,10 +107,12 @@ pub enum SourceError {
     FileName(String),
     #[error("go.sum without go.mod: give the go.mod it goes with, or neither")]
     GoSumWithoutGoMod,
+    #[error("Cargo.lock without Cargo.toml: give the Cargo.toml it goes with, or neither")]
+    CargoLockWithoutCargoToml,
     #[error(
-        "Cargo.toml: dependencies of Rust handlers are not supported yet (the builder builds Rust handlers against the Rust SDK's own dependencies only); put the code in the handler's files, or build the component yourself and deploy it as language wasm"
+        "{0}: a Function's files are flat, so the handler's modules are files directly in src/ (src/lib.rs and src/<module>.rs), not in directories below it"
     )]
-    CargoDependencies,
+    NestedModule(PathBuf),
 }
 
 /// [`Source::digest`] of files by name (in any order), for a language by its name: what the
@@ -162,7 +164,7 @@ pub fn file_name_problem(language: Language, name: &str) -> Option<String> {
     }
     let allowed = match language {
         Language::Go => "go.mod, go.sum or a .go file (not _test.go)",
-        Language::Rust => "Cargo.toml or a .rs file",
+        Language::Rust => "Cargo.toml, Cargo.lock or a .rs file",
         Language::Wat | Language::Wasm => {
             return Some(format!(
                 "file {name:?}: language {} takes no files beside its source",
@@ -203,6 +205,9 @@ impl Source {
             })
         };
         let files = if path.is_dir() {
+            if let Some(source) = Self::read_cargo_package(language, path)? {
+                return Ok(source);
+            }
             let entries = std::fs::read_dir(path).map_err(|source| SourceError::Read {
                 path: path.to_path_buf(),
                 source,
@@ -240,6 +245,41 @@ impl Source {
             files,
             module_files: Vec::new(),
         })
+    }
+
+    /// A Rust handler laid out as a Cargo package — `Cargo.toml` (and `Cargo.lock`) beside
+    /// `src/lib.rs` — as the flat files a Function holds: the `.rs` files of `src/` by their
+    /// names, and the module files. `None` for any other directory.
+    fn read_cargo_package(language: Language, dir: &Path) -> Result<Option<Self>, SourceError> {
+        let src = dir.join("src");
+        if language != Language::Rust || !dir.join("Cargo.toml").is_file() || !src.join("lib.rs").is_file() {
+            return Ok(None);
+        }
+        let entries = std::fs::read_dir(&src).map_err(|source| SourceError::Read {
+            path: src.clone(),
+            source,
+        })?;
+        let mut files = Self::module_files_in(language, dir)?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if path.is_dir() {
+                // src/bin and the like hold no module of the library; a module directory does.
+                if std::fs::read_dir(&path)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|e| e.path().extension().is_some_and(|x| x == "rs"))
+                    && name != "bin"
+                {
+                    return Err(SourceError::NestedModule(path));
+                }
+            } else if path.extension().is_some_and(|x| x == "rs") && !name.starts_with('.') {
+                let bytes = std::fs::read(&path).map_err(|source| SourceError::Read { path, source })?;
+                files.push(SourceFile { name, bytes });
+            }
+        }
+        Ok(Some(Self::from_files(language, files)))
     }
 
     /// The language's [`Language::module_file_names`] found in `dir`, sorted by name.
@@ -330,8 +370,8 @@ impl Source {
         if self.module_file("go.sum").is_some() && self.module_file("go.mod").is_none() {
             return Err(SourceError::GoSumWithoutGoMod);
         }
-        if self.module_file("Cargo.toml").is_some() {
-            return Err(SourceError::CargoDependencies);
+        if self.module_file("Cargo.lock").is_some() && self.module_file("Cargo.toml").is_none() {
+            return Err(SourceError::CargoLockWithoutCargoToml);
         }
         if self.files.iter().all(|f| f.bytes.iter().all(u8::is_ascii_whitespace)) {
             return Err(SourceError::Empty);
@@ -518,18 +558,22 @@ mod tests {
         );
         let no_mod = Source::from_files(Language::Go, vec![file("handler.go", GOLESS), file("go.sum", sum)]);
         assert!(matches!(no_mod.check(), Err(SourceError::GoSumWithoutGoMod)));
-        let cargo = Source::from_files(
-            Language::Rust,
-            vec![
-                file("lib.rs", "pub fn handler(r: Request) -> Response {}"),
-                file("Cargo.toml", "[dependencies]\n"),
-            ],
+        let cargo = |files: &[&str]| {
+            let mut all = vec![file("lib.rs", "pub fn handler(r: Request) -> Response {}")];
+            all.extend(files.iter().map(|name| file(name, "[dependencies]\n")));
+            Source::from_files(Language::Rust, all)
+        };
+        let with_lock = cargo(&["Cargo.toml", "Cargo.lock"]);
+        with_lock.check().unwrap();
+        assert_eq!(
+            with_lock.module_files.len(),
+            2,
+            "Cargo.toml and Cargo.lock are module files"
         );
-        let error = cargo.check().unwrap_err().to_string();
-        assert!(
-            error.contains("not supported yet") && error.contains("language wasm"),
-            "{error}"
-        );
+        assert!(matches!(
+            cargo(&["Cargo.lock"]).check(),
+            Err(SourceError::CargoLockWithoutCargoToml)
+        ));
     }
 
     #[test]
@@ -538,6 +582,7 @@ mod tests {
             assert_eq!(file_name_problem(Language::Go, name), None, "{name}");
         }
         assert_eq!(file_name_problem(Language::Rust, "Cargo.toml"), None);
+        assert_eq!(file_name_problem(Language::Rust, "Cargo.lock"), None);
         assert_eq!(file_name_problem(Language::Rust, "util.rs"), None);
         for name in [
             "../handler.go",
@@ -580,5 +625,41 @@ mod tests {
         assert_eq!(source.module_files.len(), 1);
         assert_eq!(source.module_files[0].name, "go.mod");
         source.check().unwrap();
+    }
+
+    #[test]
+    fn a_cargo_package_is_read_as_flat_files() {
+        let dir = tempfile_dir("cargo");
+        std::fs::create_dir_all(dir.join("src/bin")).unwrap();
+        std::fs::write(dir.join("Cargo.toml"), "[package]\nname = \"f\"\n").unwrap();
+        std::fs::write(dir.join("Cargo.lock"), "version = 4\n").unwrap();
+        std::fs::write(
+            dir.join("src/lib.rs"),
+            "mod util;\npub fn handler(r: Request) -> Response {}\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("src/util.rs"), "pub fn f() {}\n").unwrap();
+        std::fs::write(dir.join("src/bin/local.rs"), "fn main() {}\n").unwrap();
+        std::fs::write(dir.join("README.md"), "not built").unwrap();
+        let source = Source::read(Language::Rust, &dir).unwrap();
+        let names = |files: &[SourceFile]| files.iter().map(|f| f.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&source.files), ["lib.rs", "util.rs"]);
+        assert_eq!(names(&source.module_files), ["Cargo.lock", "Cargo.toml"]);
+        source.check().unwrap();
+
+        std::fs::create_dir_all(dir.join("src/routes")).unwrap();
+        std::fs::write(dir.join("src/routes/mod.rs"), "").unwrap();
+        let error = Source::read(Language::Rust, &dir).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            error.contains("src/routes") && error.contains("files directly in src/"),
+            "{error}"
+        );
+    }
+
+    fn tempfile_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("wasmless-source-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
     }
 }

@@ -95,8 +95,9 @@ pub struct FunctionSpec {
 
     /// More files of the source, by file name: Go's `go.mod` and `go.sum` (the handler is
     /// then built as that module, its dependencies through the operator's module proxy and
-    /// checked against `go.sum`), more `.go` files of `package handlers`; for Rust, `.rs`
-    /// files. A name is a plain file name (no `/`, no `..`); `source` with every file is at
+    /// checked against `go.sum`), more `.go` files of `package handlers`; for Rust, more `.rs`
+    /// files, and `Cargo.toml` (its dependencies built through the operator's crates registry)
+    /// with, optionally, the `Cargo.lock` the build is then held to. A name is a plain file name (no `/`, no `..`); `source` with every file is at
     /// most 512 KiB, and a change to any file builds again.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 16), extend("additionalProperties" = {"type": "string", "maxLength": 524288}))]
@@ -620,8 +621,8 @@ impl FunctionSpec {
         if self.files.contains_key("go.sum") && !self.files.contains_key("go.mod") {
             problems.push(SourceError::GoSumWithoutGoMod.to_string());
         }
-        if language == SourceLanguage::Rust && self.files.contains_key("Cargo.toml") {
-            problems.push(SourceError::CargoDependencies.to_string());
+        if self.files.contains_key("Cargo.lock") && !self.files.contains_key("Cargo.toml") {
+            problems.push(SourceError::CargoLockWithoutCargoToml.to_string());
         }
         problems
     }

@@ -48,6 +48,12 @@ struct Args {
         default_value = "hostPath:/var/lib/wasmless/build-cache"
     )]
     build_cache: wasmless_operator::settings::BuildCache,
+    /// The crates registry build Jobs fetch the dependencies of a Rust handler's Cargo.toml
+    /// from, in place of crates.io: a sparse index (sparse+https://host/path/, a crates.io
+    /// mirror that also serves the Rust SDK's dependencies). Without it, Rust handlers with
+    /// dependencies do not build.
+    #[arg(long, env = "WASMLESS_CARGO_REGISTRY")]
+    cargo_registry: Option<String>,
     /// Watch only this namespace (default: all).
     #[arg(long, env = "WASMLESS_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
@@ -104,6 +110,10 @@ async fn main() -> anyhow::Result<()> {
     settings.oci_plain_http = args.oci_plain_http.clone();
     settings.go_proxy = args.go_proxy.clone().filter(|proxy| !proxy.trim().is_empty());
     settings.build_cache = args.build_cache.clone();
+    settings.cargo_registry = args
+        .cargo_registry
+        .clone()
+        .filter(|registry| !registry.trim().is_empty());
 
     let client = kube::Client::try_default()
         .await

@@ -22,6 +22,10 @@ pub struct Settings {
     /// go.mod from, passed to the builder as `WASMLESS_GOPROXY`; without it such handlers
     /// fail to build with a message naming this setting.
     pub go_proxy: Option<String>,
+    /// The crates registry (a sparse index URL) build Jobs fetch the dependencies of a Rust
+    /// handler's Cargo.toml from, passed to the builder as `WASMLESS_CARGO_REGISTRY`; without
+    /// it such handlers fail to build with a message naming this setting.
+    pub cargo_registry: Option<String>,
     /// Where build Jobs keep the build cache they share across builds.
     pub build_cache: BuildCache,
 }
@@ -87,6 +91,7 @@ impl Settings {
             oci_plain_http: None,
             go_proxy: None,
             build_cache: BuildCache::HostPath(DEFAULT_BUILD_CACHE_PATH.into()),
+            cargo_registry: None,
         }
     }
 }

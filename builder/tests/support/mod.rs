@@ -80,6 +80,7 @@ pub fn builder() -> Command {
     command
         .env_remove("WASMLESS_SOURCE_DIGEST")
         .env_remove("WASMLESS_GOPROXY")
+        .env_remove("WASMLESS_CARGO_REGISTRY")
         .env("WASMLESS_TERMINATION_LOG", "/nonexistent/termination-log");
     command
 }
@@ -234,7 +235,17 @@ impl GoProxy {
 }
 
 /// One `GET /<path>` per connection (`Connection: close`), from `root`.
-fn serve_file(mut stream: std::net::TcpStream, root: &Path, requests: &std::sync::atomic::AtomicUsize) {
+fn serve_file(stream: std::net::TcpStream, root: &Path, requests: &std::sync::atomic::AtomicUsize) {
+    serve_file_or(stream, root, requests, &|_| None);
+}
+
+/// [`serve_file`], answering with `answer(path)` where it gives an answer.
+fn serve_file_or(
+    mut stream: std::net::TcpStream,
+    root: &Path,
+    requests: &std::sync::atomic::AtomicUsize,
+    answer: &dyn Fn(&str) -> Option<Vec<u8>>,
+) {
     use std::io::{BufRead, Write};
     let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
     let mut request_line = String::new();
@@ -249,8 +260,9 @@ fn serve_file(mut stream: std::net::TcpStream, root: &Path, requests: &std::sync
     let path = request_line.split_whitespace().nth(1).unwrap_or("/");
     let file = root.join(path.trim_start_matches('/'));
     let body = (!path.contains("..")).then(|| std::fs::read(&file).ok()).flatten();
-    let (status, body) = match body {
-        Some(body) if file.is_file() => ("200 OK", body),
+    let (status, body) = match (answer(path), body) {
+        (Some(answer), _) => ("200 OK", answer),
+        (None, Some(body)) if file.is_file() => ("200 OK", body),
         _ => ("404 Not Found", b"not found\n".to_vec()),
     };
     let head = format!(
@@ -258,6 +270,98 @@ fn serve_file(mut stream: std::net::TcpStream, root: &Path, requests: &std::sync
         body.len()
     );
     let _ = stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(&body));
+}
+
+/// A crates registry the test serves itself on 127.0.0.1: the static sparse index and
+/// `.crate` files scripts/cargo-registry.sh wrote once for the handlers in
+/// builder/tests/crates/, with the index's `config.json` naming this server. Records the
+/// paths it was asked for.
+pub struct CratesRegistry {
+    /// The sparse index URL, `sparse+http://127.0.0.1:<port>/index/`.
+    pub index: String,
+    paths: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl CratesRegistry {
+    pub fn start() -> Self {
+        let root = cargo_registry_dir();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let config = format!(r#"{{"dl":"{base}/crates/{{crate}}/{{crate}}-{{version}}.crate"}}"#).into_bytes();
+        let paths = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recorded = paths.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let (root, config, recorded) = (root.clone(), config.clone(), recorded.clone());
+                std::thread::spawn(move || {
+                    let answer = |path: &str| {
+                        recorded.lock().unwrap().push(path.to_string());
+                        (path == "/index/config.json").then(|| config.clone())
+                    };
+                    serve_file_or(stream, &root, &std::sync::atomic::AtomicUsize::new(0), &answer)
+                });
+            }
+        });
+        Self {
+            index: format!("sparse+{base}/index/"),
+            paths,
+        }
+    }
+
+    /// The `.crate` files downloaded so far, by file name.
+    pub fn downloads(&self) -> Vec<String> {
+        let paths = self.paths.lock().unwrap();
+        paths
+            .iter()
+            .filter(|p| p.starts_with("/crates/"))
+            .map(|p| p.rsplit('/').next().unwrap().to_string())
+            .collect()
+    }
+}
+
+/// The directory scripts/cargo-registry.sh filled: keyed, as there, by the fixtures' Cargo.lock files.
+pub fn cargo_registry_dir() -> PathBuf {
+    let crates = workspace_root().join("builder/tests/crates");
+    let mut names: Vec<_> = std::fs::read_dir(&crates)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("Cargo.lock").exists())
+        .collect();
+    names.sort();
+    let locks: Vec<u8> = names
+        .iter()
+        .flat_map(|p| std::fs::read(p.join("Cargo.lock")).unwrap())
+        .collect();
+    let key = wasmless_artifact::Digest::of(&locks).hex()[..10].to_string();
+    let registry = wasmless_cache().join("cargo-registry").join(key);
+    assert!(
+        registry.join("filled").exists(),
+        "no crates for the tests in {}: run scripts/cargo-registry.sh (scripts/setup.sh does), which downloads them once",
+        registry.display()
+    );
+    registry
+}
+
+/// A Rust handler of builder/tests/crates/ (a Cargo package) copied into `dir`, to change.
+pub fn crate_handler(name: &str, dir: &Path) -> PathBuf {
+    let from = workspace_root().join("builder/tests/crates").join(name);
+    let to = dir.join(name);
+    for sub in ["", "src"] {
+        std::fs::create_dir_all(to.join(sub)).unwrap();
+        for entry in std::fs::read_dir(from.join(sub)).unwrap().flatten() {
+            if entry.path().is_file() {
+                std::fs::copy(entry.path(), to.join(sub).join(entry.file_name())).unwrap();
+            }
+        }
+    }
+    to
+}
+
+fn wasmless_cache() -> PathBuf {
+    std::env::var_os("WASMLESS_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(&std::env::var_os("HOME").unwrap()).join(".cache/wasmless"))
 }
 
 /// The directory scripts/goproxy.sh filled: keyed, as there, by the fixtures' go.sum files.

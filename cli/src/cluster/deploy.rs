@@ -222,6 +222,9 @@ fn files_json(files: &[wasmless_formats::source::SourceFile]) -> anyhow::Result<
 /// A Function around a handler file, or the one handler file of a directory, named after
 /// its directory.
 fn from_handler(path: &Path) -> anyhow::Result<Value> {
+    if path.is_dir() && path.join("Cargo.toml").is_file() && path.join("src/lib.rs").is_file() {
+        return from_cargo_package(path);
+    }
     let file = if path.is_dir() {
         let found: Vec<PathBuf> = ["handler.go", "handler.rs", "handler.wat", "lib.rs"]
             .iter()
@@ -287,6 +290,31 @@ fn from_handler(path: &Path) -> anyhow::Result<Value> {
         function["spec"]["files"] = files_json(&others)?;
     }
     Ok(function)
+}
+
+/// A Function around a Rust handler laid out as a Cargo package (Cargo.toml, src/lib.rs):
+/// src/lib.rs is the source, the other files of src/, Cargo.toml and Cargo.lock its `files`,
+/// which is how `wasmless dev` builds the directory, so both compute one digest.
+fn from_cargo_package(dir: &Path) -> anyhow::Result<Value> {
+    let language = wasmless_formats::source::Language::Rust;
+    let all = wasmless_formats::source::Source::read(language, dir)?;
+    let (entry, others): (Vec<_>, Vec<_>) = all
+        .all_files()
+        .cloned()
+        .partition(|f| f.name == language.inline_file_name());
+    let source = String::from_utf8(entry[0].bytes.clone())
+        .map_err(|_| anyhow::anyhow!("{}/src/lib.rs is not UTF-8 text", dir.display()))?;
+    let directory = dir
+        .canonicalize()
+        .ok()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    Ok(json!({
+        "apiVersion": "wasmless.io/v1alpha1",
+        "kind": "Function",
+        "metadata": {"name": dns_label(&directory)},
+        "spec": {"language": "rust", "source": source, "files": files_json(&others)?},
+    }))
 }
 
 /// A directory's name as a Function name: lower case, other characters as `-`.
@@ -417,5 +445,33 @@ mod tests {
         std::fs::remove_file(project.join("go.mod")).unwrap();
         let error = format!("{:#}", manifest(&project, None).unwrap_err());
         assert!(error.contains("go.sum without go.mod"), "{error}");
+    }
+
+    #[test]
+    fn a_cargo_package_is_deployed_as_its_files_with_the_digest_dev_builds() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let package = root.join("builder/tests/crates/orders");
+        let function = manifest(&package, None).unwrap();
+        assert_eq!(function["metadata"]["name"], "orders");
+        assert_eq!(function["spec"]["language"], "rust");
+        let read = |name: &str| std::fs::read_to_string(package.join(name)).unwrap();
+        assert_eq!(function["spec"]["source"], read("src/lib.rs"));
+        assert_eq!(
+            function["spec"]["files"],
+            json!({"Cargo.lock": read("Cargo.lock"), "Cargo.toml": read("Cargo.toml"), "money.rs": read("src/money.rs")})
+        );
+        let mut files: Vec<(&str, &[u8])> = vec![("lib.rs", function["spec"]["source"].as_str().unwrap().as_bytes())];
+        let spec_files = function["spec"]["files"].as_object().unwrap();
+        files.extend(
+            spec_files
+                .iter()
+                .map(|(name, text)| (name.as_str(), text.as_str().unwrap().as_bytes())),
+        );
+        let local = wasmless::function_file::LocalFunction::load(&package).unwrap();
+        assert_eq!(
+            wasmless_formats::source::files_digest("rust", "1", &files),
+            local.source.digest("1"),
+            "`wasmless dev` builds what the cluster builds"
+        );
     }
 }

@@ -117,6 +117,10 @@ fn builder_container(func: &Function, settings: &Settings, digest: &Digest, publ
     ];
     // Only where set, so a build Job without it is the same object it always was.
     let go_proxy = settings.go_proxy.clone().map(|proxy| env("WASMLESS_GOPROXY", proxy));
+    let cargo_registry = settings
+        .cargo_registry
+        .clone()
+        .map(|registry| env("WASMLESS_CARGO_REGISTRY", registry));
     let fixed_env = [
         // The builder labels the chunks with the operator's digest (over language,
         // builder version and source), which it cannot compute itself.
@@ -147,6 +151,7 @@ fn builder_container(func: &Function, settings: &Settings, digest: &Digest, publ
                 .into_iter()
                 .chain(cache_env)
                 .chain(go_proxy)
+                .chain(cargo_registry)
                 .chain(oci_plain_http_env(settings))
                 .collect(),
         ),

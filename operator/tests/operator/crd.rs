@@ -444,10 +444,18 @@ fn files_go_beside_an_inline_source_with_plain_names() {
     assert!(sum_alone[0].contains("go.sum without go.mod"), "{sum_alone:?}");
     let cargo = problems(
         "rust",
-        json!({"Cargo.toml": "[dependencies]\nserde = \"1\"\n", "util.rs": ""}),
+        json!({"Cargo.toml": "[dependencies]\nserde = \"1\"\n", "Cargo.lock": "version = 4\n", "util.rs": ""}),
     );
-    assert_eq!(cargo.len(), 1, "{cargo:?}");
-    assert!(cargo[0].contains("not supported yet"), "{cargo:?}");
+    assert_eq!(
+        cargo,
+        Vec::<String>::new(),
+        "Rust handlers take a Cargo.toml and its Cargo.lock"
+    );
+    let lock_alone = problems("rust", json!({"Cargo.lock": "version = 4\n"}));
+    assert!(
+        lock_alone[0].contains("Cargo.lock without Cargo.toml"),
+        "{lock_alone:?}"
+    );
     let many: serde_json::Map<String, Value> = (0..17)
         .map(|i| (format!("f{i}.go"), json!("package handlers\n")))
         .collect();

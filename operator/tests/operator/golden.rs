@@ -321,3 +321,42 @@ fn the_build_cache_setting_takes_a_node_directory_a_claim_or_none() {
         "a warm cache on the node by default"
     );
 }
+
+/// A Rust function with its own Cargo.toml and Cargo.lock, and an operator with a crates
+/// registry: both files in the source ConfigMap and mounted in the build Job, which builds
+/// the directory with the registry named.
+#[test]
+fn golden_rust_function_with_crates() {
+    let func = function(json!({
+        "language": "rust",
+        "source": "use wasmless_sdk::{Request, Response};\n\npub fn handler(r: Request) -> Response {\n    let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap_or_default();\n    Response::new(v.to_string().into_bytes())\n}\n",
+        "files": {
+            "Cargo.toml": "[package]\nname = \"echo-json\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n[dependencies]\nserde_json = \"1\"\n",
+            "Cargo.lock": "version = 4\n",
+        },
+    }));
+    let mut settings = Settings::new("wasmless/runtime:1.2.3", "wasmless/builder:1.2.3");
+    settings.cargo_registry = Some("sparse+http://crates.wasmless-system.svc:8080/index/".into());
+    let source_digest = objects::spec_source_digest(&func, &settings.builder_version);
+    let files = [
+        ("lib.rs", func.spec.source.as_deref().unwrap().as_bytes()),
+        ("Cargo.toml", func.spec.files["Cargo.toml"].as_bytes()),
+        ("Cargo.lock", func.spec.files["Cargo.lock"].as_bytes()),
+    ];
+    assert_eq!(
+        source_digest,
+        wasmless_formats::source::files_digest("rust", &settings.builder_version, &files),
+        "the digest the builder computes over the directory the Job mounts"
+    );
+    let module = Module {
+        digest: digest("crates module"),
+        size: Some(181_234),
+        source_digest,
+        location: ModuleLocation::ConfigMaps { count: 1 },
+        code: Some(Code {
+            digest: digest("crates code"),
+            chunks: 1,
+        }),
+    };
+    check("rust-crates", &render(&func, &settings, &module, Storage::ConfigMap));
+}
