@@ -55,11 +55,7 @@ pub struct GuestCalls {
 
 enum Slot {
     /// Started without a body: sent by `http_finish`.
-    Ready {
-        admitted: Admitted,
-        request: http::Request<ClientBody>,
-        deadlines: Deadlines,
-    },
+    Ready(Box<(Admitted, http::Request<ClientBody>, Deadlines)>),
     /// Started with a body: on its way (a task sends it) while the guest writes the body.
     Sending {
         body: mpsc::Sender<Piece>,
@@ -246,11 +242,7 @@ pub fn add_to_linker<T: Send + 'static>(
                         done: done_seen,
                     }
                 } else {
-                    Slot::Ready {
-                        admitted,
-                        request: request_of(head, super::empty_body())?,
-                        deadlines,
-                    }
+                    Slot::Ready(Box::new((admitted, request_of(head, super::empty_body())?, deadlines)))
                 };
                 let handle = calls(caller.data_mut()).insert(slot);
                 write_pair(&mut caller, out, handle, 0)?;
@@ -297,17 +289,14 @@ pub fn add_to_linker<T: Send + 'static>(
                 let (outbound, log) = (state.outbound.clone(), state.log.clone());
                 let mut unsent = None;
                 let slot = match state.slot(handle) {
-                    Some(slot @ (Slot::Ready { .. } | Slot::Sending { .. })) => {
-                        std::mem::replace(slot, Slot::Finishing)
-                    }
+                    Some(slot @ (Slot::Ready(_) | Slot::Sending { .. })) => std::mem::replace(slot, Slot::Finishing),
                     _ => return Ok(ERRNO_BAD_HANDLE),
                 };
                 let result = match slot {
-                    Slot::Ready {
-                        admitted,
-                        request,
-                        deadlines,
-                    } => outbound.send(admitted, request, deadlines, log).await,
+                    Slot::Ready(ready) => {
+                        let (admitted, request, deadlines) = *ready;
+                        outbound.send(admitted, request, deadlines, log).await
+                    }
                     Slot::Sending {
                         body,
                         mut call,

@@ -17,6 +17,8 @@ type Seen = Arc<Mutex<Vec<HeaderMap>>>;
 struct Upstream {
     address: SocketAddr,
     seen: Seen,
+    /// What `/sink` said of each body it read.
+    sunk: Arc<Mutex<Vec<String>>>,
 }
 
 async fn record(
@@ -31,6 +33,7 @@ async fn record(
 impl Upstream {
     async fn start() -> Self {
         let seen = Seen::default();
+        let sunk = Arc::new(Mutex::new(Vec::new()));
         let router = Router::new()
             .route("/hello", routing::get(|| async { "hello from upstream" }))
             .route(
@@ -46,12 +49,22 @@ impl Upstream {
                 }),
             )
             .route("/big", routing::get(|| async { "x".repeat(64 << 10) }))
-            .route("/sink", routing::put(sink))
+            .route(
+                "/sink",
+                routing::put({
+                    let sunk = sunk.clone();
+                    move |request: axum::extract::Request| async move {
+                        let said = sink(request).await;
+                        sunk.lock().unwrap().push(said.clone());
+                        said
+                    }
+                }),
+            )
             .layer(axum::middleware::from_fn_with_state(seen.clone(), record));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, router).await });
-        Self { address, seen }
+        Self { address, seen, sunk }
     }
 
     fn url(&self, path: &str) -> String {
@@ -652,4 +665,27 @@ async fn request_bodies_stream_to_the_upstream_whatever_their_size() {
         let sys: u64 = words[5].strip_prefix("sys=").unwrap().parse().unwrap();
         assert!(sys < 32 << 20, "the handler's memory grew with the body: {sys} bytes");
     }
+
+    // A body whose reader fails half-way is abandoned: the handler gets the reader's error,
+    // and the upstream sees the body cut off, never a shorter body as if it were whole.
+    upstream.sunk.lock().unwrap().clear();
+    let url = format!(
+        "{}&mib=4&length=unknown&fail-at={}",
+        upstream.via(&runtime, "/upload", "/sink"),
+        1 << 20
+    );
+    let (_, body) = get(url).await;
+    assert!(
+        body.starts_with("error: ") && body.contains("the body's reader failed"),
+        "{body}"
+    );
+    let waited = Instant::now();
+    while upstream.sunk.lock().unwrap().is_empty() && waited.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sunk = upstream.sunk.lock().unwrap().clone();
+    assert!(
+        sunk.len() == 1 && sunk[0].starts_with("cut off"),
+        "the upstream took a cut body as whole: {sunk:?}"
+    );
 }

@@ -62,6 +62,7 @@ func Handler(w http.ResponseWriter, r *http.Request) {
 		// not grow with it.
 		mib, _ := strconv.Atoi(r.URL.Query().Get("mib"))
 		body := &generated{left: int64(mib) << 20, sum: sha256.New()}
+		body.failAt, _ = strconv.ParseInt(r.URL.Query().Get("fail-at"), 10, 64)
 		req, _ := http.NewRequest(http.MethodPut, target, body)
 		if r.URL.Query().Get("length") == "known" {
 			req.ContentLength = int64(mib) << 20
@@ -122,14 +123,19 @@ func Handler(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, "%d %s", resp.StatusCode, body)
 }
 
-// generated is a body of left bytes made as they are read, hashed on the way.
+// generated is a body of left bytes made as they are read, hashed on the way; with
+// failAt, its reader fails there.
 type generated struct {
-	left int64
-	at   int64
-	sum  hash.Hash
+	left   int64
+	at     int64
+	failAt int64
+	sum    hash.Hash
 }
 
 func (g *generated) Read(p []byte) (int, error) {
+	if g.failAt > 0 && g.at >= g.failAt {
+		return 0, errors.New("the body's reader failed")
+	}
 	if g.left == 0 {
 		return 0, io.EOF
 	}
