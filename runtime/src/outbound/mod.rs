@@ -688,7 +688,7 @@ fn tls_reason(authority: &str, error: &rustls::Error) -> String {
             | CertificateError::BadSignature
             | CertificateError::UnhandledCriticalExtension,
         ) => format!(
-            "the certificate of {authority} is not trusted: no certificate authority this runtime trusts signed it (Mozilla's roots, and those of the runtime setting --outbound-ca / WASMLESS_OUTBOUND_CA); for a cluster's internal CA, add its certificate there ({error})"
+            "the certificate of {authority} is not trusted: no certificate authority this runtime trusts signed it (Mozilla's roots, and those of spec.outbound.caBundle, runtime flag --outbound-ca); for a cluster's internal CA, add its certificate there ({error})"
         ),
         rustls::Error::InvalidCertificate(
             CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
