@@ -1,46 +1,62 @@
 //! The outbound half of the guest ABI (the `wasmless` import module, documented in
-//! sdk/go/outbound/outbound.go): the request a guest asks the host to send, in the same
-//! little-endian, length-prefixed encoding as the reactor's request and response, and
-//! the response head the host hands back. The request is bytes a guest wrote, so it is
-//! parsed here, apart from the runtime, where the fuzz target `outbound_request` feeds it.
+//! runtime/src/outbound/guest.rs and used by sdk/go/outbound/outbound.go): the head of the
+//! request a guest asks the host to send, in the same little-endian, length-prefixed
+//! encoding as the reactor's request and response, and the response head the host hands
+//! back. The body is not in the head: it streams through `http_write_body` in pieces.
+//! The head is bytes a guest wrote, so it is parsed here, apart from the runtime, where
+//! the fuzz target `outbound_request` feeds it.
 
 use crate::reactor_response::Reader;
-use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, header};
 
-/// The import module of the host functions (`http_send`, `http_read_head`,
-/// `http_read_body`, `http_close`).
+/// The import module of the host functions.
 pub const IMPORT_MODULE: &str = "wasmless";
-pub const HTTP_SEND: &str = "http_send";
+/// Starts a call from its head: the policy is checked and a slot taken.
+pub const HTTP_START: &str = "http_start";
+/// The next piece of the request body, taken when the upstream takes it (backpressure).
+pub const HTTP_WRITE_BODY: &str = "http_write_body";
+/// The end of the request body (or of a call without one): waits for the response head.
+pub const HTTP_FINISH: &str = "http_finish";
 pub const HTTP_READ_HEAD: &str = "http_read_head";
 pub const HTTP_READ_BODY: &str = "http_read_body";
 pub const HTTP_CLOSE: &str = "http_close";
 /// The errno of an import that cannot work here (while a snapshot is taken).
 pub const ERRNO_UNAVAILABLE: u32 = 8;
-/// The errno of a handle that names no open call.
+/// The errno of a handle that names no open call (or none in the state the import needs).
 pub const ERRNO_BAD_HANDLE: u32 = 11;
+/// `http_write_body`: the call ended before its body did (the upstream answered early, or
+/// the call failed); stop writing, `http_finish` tells which.
+pub const ERRNO_CALL_ENDED: u32 = 12;
 
 /// Headers one outgoing request may carry; more is a malformed request, not a slow one.
 pub const MAX_HEADERS: u32 = 256;
+
+/// The head's flag that a body follows, through `http_write_body`, until `http_finish`.
+pub const FLAG_BODY: u32 = 1;
 
 /// Why a guest's outgoing request cannot be sent as it is.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{0}")]
 pub struct BadRequest(String);
 
-/// An outgoing request as a guest encoded it: an absolute `http` or `https` URL.
+/// The head of an outgoing request as a guest encoded it: an absolute `http` or `https`
+/// URL, and whether a body follows.
 #[derive(Debug)]
 pub struct OutboundRequest {
     pub method: Method,
     pub uri: Uri,
     pub headers: HeaderMap,
-    pub body: Bytes,
+    /// A body follows (`FLAG_BODY`).
+    pub has_body: bool,
+    /// The `Content-Length` the guest declared, which the body is held to; none: a body
+    /// of unknown length (sent chunked on HTTP/1.1), or no body.
+    pub content_length: Option<u64>,
 }
 
-/// Reads `method, url, u32 count, count × (name, value), body`.
+/// Reads `method, url, u32 count, count × (name, value), u32 flags`.
 pub fn parse_request(encoded: &[u8]) -> Result<OutboundRequest, BadRequest> {
     let bad = |why: String| BadRequest(why);
-    let truncated = || BadRequest("the request is truncated".into());
+    let truncated = || BadRequest("the request head is truncated".into());
     let mut reader = Reader(encoded);
     let method = reader.bytes().ok_or_else(truncated)?;
     let method = Method::from_bytes(method)
@@ -68,16 +84,46 @@ pub fn parse_request(encoded: &[u8]) -> Result<OutboundRequest, BadRequest> {
             HeaderValue::from_bytes(value).map_err(|_| bad(format!("the value of {name} is not a header value")))?;
         headers.append(name, value);
     }
-    let body = reader.bytes().ok_or_else(truncated)?;
+    let flags = reader.u32().ok_or_else(truncated)?;
+    if flags & !FLAG_BODY != 0 {
+        return Err(bad(format!("unknown flags {flags:#x} in the request head")));
+    }
     if !reader.0.is_empty() {
-        return Err(bad("bytes follow the body".into()));
+        return Err(bad("bytes follow the request head".into()));
+    }
+    let has_body = flags & FLAG_BODY != 0;
+    let content_length = content_length(&headers).map_err(bad)?;
+    if !has_body && content_length.is_some_and(|length| length > 0) {
+        return Err(bad(format!(
+            "Content-Length {} with no body",
+            content_length.unwrap_or_default()
+        )));
     }
     Ok(OutboundRequest {
         method,
         uri,
         headers,
-        body: Bytes::copy_from_slice(body),
+        has_body,
+        content_length,
     })
+}
+
+/// The one `Content-Length` of `headers` (repeats must agree), if any.
+pub fn content_length(headers: &HeaderMap) -> Result<Option<u64>, String> {
+    let mut length = None;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        let parsed = value
+            .to_str()
+            .ok()
+            .filter(|text| !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|text| text.parse::<u64>().ok())
+            .ok_or_else(|| format!("Content-Length {value:?} is not a length"))?;
+        if length.is_some_and(|seen| seen != parsed) {
+            return Err("Content-Length is given twice, differently".into());
+        }
+        length = Some(parsed);
+    }
+    Ok(length)
 }
 
 /// Writes a response head for the guest: `u32 status, u32 count, count × (name, value)`,
@@ -95,8 +141,8 @@ pub fn encode_response_head(status: u16, headers: &HeaderMap) -> Vec<u8> {
     out
 }
 
-/// Writes a request as a guest does (the SDK's side, for tests and the fuzz corpus).
-pub fn encode_request(method: &str, url: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+/// Writes a request head as a guest does (the SDK's side, for tests and the fuzz corpus).
+pub fn encode_request(method: &str, url: &str, headers: &[(&str, &str)], has_body: bool) -> Vec<u8> {
     let mut out = Vec::new();
     let mut put = |bytes: &[u8]| {
         out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
@@ -111,8 +157,8 @@ pub fn encode_request(method: &str, url: &str, headers: &[(&str, &str)], body: &
             out.extend_from_slice(bytes);
         }
     }
-    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    out.extend_from_slice(body);
+    let flags = if has_body { FLAG_BODY } else { 0 };
+    out.extend_from_slice(&flags.to_le_bytes());
     out
 }
 
@@ -121,45 +167,76 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_request_reads_back() {
+    fn a_request_head_reads_back() {
         let encoded = encode_request(
             "POST",
             "https://api.example.com:8443/v1?x=1",
-            &[("x-a", "1"), ("x-a", "2")],
-            b"{}",
+            &[("x-a", "1"), ("x-a", "2"), ("content-length", "2")],
+            true,
         );
         let request = parse_request(&encoded).unwrap();
         assert_eq!(request.method, Method::POST);
         assert_eq!(request.uri.host(), Some("api.example.com"));
         assert_eq!(request.uri.port_u16(), Some(8443));
         assert_eq!(request.headers.get_all("x-a").iter().count(), 2);
-        assert_eq!(&request.body[..], b"{}");
+        assert!(request.has_body);
+        assert_eq!(request.content_length, Some(2));
+        let streamed = parse_request(&encode_request("PUT", "http://h/", &[], true)).unwrap();
+        assert_eq!((streamed.has_body, streamed.content_length), (true, None));
+        let empty = parse_request(&encode_request("POST", "http://h/", &[("content-length", "0")], false)).unwrap();
+        assert_eq!((empty.has_body, empty.content_length), (false, Some(0)));
     }
 
     #[test]
     fn malformed_requests_say_why() {
-        let cases: [(Vec<u8>, &str); 6] = [
-            (encode_request("GET", "/relative", &[], b""), "absolute"),
-            (encode_request("GET", "ftp://h/", &[], b""), "absolute"),
-            (encode_request("G ET", "http://h/", &[], b""), "method"),
+        let cases: [(Vec<u8>, &str); 10] = [
+            (encode_request("GET", "/relative", &[], false), "absolute"),
+            (encode_request("GET", "ftp://h/", &[], false), "absolute"),
+            (encode_request("G ET", "http://h/", &[], false), "method"),
             (
-                encode_request("GET", "http://h/", &[("bad name", "x")], b""),
+                encode_request("GET", "http://h/", &[("bad name", "x")], false),
                 "header name",
             ),
             (
-                encode_request("GET", "http://h/", &[], b"body")[..20].to_vec(),
+                encode_request("GET", "http://h/", &[], true)[..20].to_vec(),
                 "truncated",
             ),
             (
-                [encode_request("GET", "http://h/", &[], b""), b"x".to_vec()].concat(),
+                [encode_request("GET", "http://h/", &[], false), b"x".to_vec()].concat(),
                 "follow",
+            ),
+            (
+                encode_request("POST", "http://h/", &[("content-length", "5")], false),
+                "no body",
+            ),
+            (
+                encode_request("POST", "http://h/", &[("content-length", "-1")], true),
+                "not a length",
+            ),
+            (
+                encode_request(
+                    "POST",
+                    "http://h/",
+                    &[("content-length", "1"), ("content-length", "2")],
+                    true,
+                ),
+                "twice",
+            ),
+            (
+                {
+                    let mut head = encode_request("GET", "http://h/", &[], false);
+                    let at = head.len() - 4;
+                    head[at..].copy_from_slice(&2u32.to_le_bytes());
+                    head
+                },
+                "flags",
             ),
         ];
         for (encoded, why) in cases {
             let error = parse_request(&encoded).unwrap_err().to_string();
             assert!(error.contains(why), "{error:?} should say {why:?}");
         }
-        let mut many = encode_request("GET", "http://h/", &[], b"");
+        let mut many = encode_request("GET", "http://h/", &[], false);
         let count_at = 4 + 3 + 4 + 9;
         many[count_at..count_at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(parse_request(&many).unwrap_err().to_string().contains("at most"));

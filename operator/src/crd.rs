@@ -334,6 +334,27 @@ pub struct Outbound {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub headers: Vec<OutboundHeader>,
+    /// Certificate authorities HTTPS calls trust besides Mozilla's roots, such as a
+    /// cluster's internal CA: PEM certificates in a key of a ConfigMap. A change to it rolls
+    /// the pods; a missing one is a condition on the Function.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<CaBundle>,
+}
+
+/// Where the PEM certificates of `outbound.caBundle` are.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CaBundle {
+    pub config_map_key_ref: ConfigMapKeyRef,
+}
+
+/// One key of a ConfigMap, in the Function's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct ConfigMapKeyRef {
+    #[schemars(length(min = 1, max = 253), regex(pattern = OBJECT_NAME_PATTERN))]
+    pub name: String,
+    #[schemars(length(min = 1, max = 253), regex(pattern = DATA_KEY_PATTERN))]
+    pub key: String,
 }
 
 /// A header the runtime adds to every call to `url`, its value read from a Secret.

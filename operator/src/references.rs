@@ -88,6 +88,15 @@ pub fn references(spec: &FunctionSpec) -> Vec<Reference> {
             format!("outbound header {} for {}", header.name, header.url),
         );
     }
+    if let Some(bundle) = spec.outbound.as_ref().and_then(|outbound| outbound.ca_bundle.as_ref()) {
+        // Calls to the services it signs would fail without it: never optional.
+        add(
+            ConfigKind::ConfigMap,
+            &bundle.config_map_key_ref.name,
+            Some(false),
+            "outbound caBundle".into(),
+        );
+    }
     found.into_values().collect()
 }
 
@@ -121,7 +130,7 @@ pub fn missing_message(missing: &[&Reference], namespace: &str) -> String {
         .collect();
     format!(
         "{} not found in namespace {namespace}: create it, or mark the reference optional: true \
-         (outbound headers cannot be); the runtime pods keep their previous configuration until then",
+         (outbound headers and caBundle cannot be); the runtime pods keep their previous configuration until then",
         each.join("; ")
     )
 }
@@ -177,7 +186,8 @@ mod tests {
                 "envFrom": [{"secretRef": {"name": "more", "optional": true}}, {"configMapRef": {"name": "cfg", "optional": true}}],
                 "outbound": {"allow": ["https://api.example.com"], "headers": [
                     {"url": "https://api.example.com", "name": "Authorization",
-                     "valueFrom": {"secretKeyRef": {"name": "more", "key": "bearer"}}}]},
+                     "valueFrom": {"secretKeyRef": {"name": "more", "key": "bearer"}}}],
+                    "caBundle": {"configMapKeyRef": {"name": "cfg", "key": "ca.crt"}}},
             }),
         )
     }
@@ -197,7 +207,8 @@ mod tests {
                 (ConfigKind::Secret, "more", false, 2),
                 // A ConfigMap named like a Secret is another object.
                 (ConfigKind::ConfigMap, "api", false, 1),
-                (ConfigKind::ConfigMap, "cfg", true, 2),
+                // optional in env and envFrom, but the CA bundle needs it.
+                (ConfigKind::ConfigMap, "cfg", false, 3),
             ]
         );
         assert!(references(&function("shop", "plain", json!({"env": [{"name": "A", "value": "1"}]})).spec).is_empty());

@@ -112,8 +112,9 @@ pub struct Config {
     #[arg(long, env = "WASMLESS_OUTBOUND_MAX_RESPONSE_BODY", default_value = "10Mi", value_parser = parse_bytes)]
     pub outbound_max_response_body: u64,
 
-    /// Outbound calls in flight at once, across all requests; more wait (within their
-    /// timeout).
+    /// Outbound calls in flight at once, across all requests (a call holds its slot until
+    /// its response body is read or closed); more wait for a slot, and fail with the limit
+    /// named only when their deadline passes first.
     #[arg(long, env = "WASMLESS_OUTBOUND_MAX_CONCURRENCY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub outbound_max_concurrency: u32,
 
@@ -122,6 +123,12 @@ pub struct Config {
     /// environment variable ENV_VAR (the operator fills it from a Secret). Repeatable.
     #[arg(long = "outbound-header")]
     pub outbound_header: Vec<String>,
+
+    /// A file of PEM certificates: certificate authorities outbound HTTPS calls trust
+    /// besides Mozilla's roots (a cluster's internal CA). Read at start: a file that is not
+    /// PEM certificates stops the runtime.
+    #[arg(long, env = "WASMLESS_OUTBOUND_CA")]
+    pub outbound_ca: Option<PathBuf>,
 
     /// This pod's address (the downward API's status.podIP): outbound calls to it on the
     /// admin port are refused, as on loopback.
@@ -225,6 +232,10 @@ impl Config {
             headers,
             admin_port: self.admin_port,
             pod_ip: self.pod_ip,
+            extra_roots: match &self.outbound_ca {
+                Some(path) => crate::outbound::read_ca_file(path)?,
+                None => Vec::new(),
+            },
         })
     }
 

@@ -134,11 +134,16 @@ fn snapshot_here(wasm: &[u8]) -> Result<Snapshot, SnapshotError> {
 /// out fails the build with the SDK's error for it.
 fn refuse_outbound_calls(linker: &mut Linker<InitState>) -> wasmtime::Result<()> {
     use wasmless_formats::outbound::{
-        ERRNO_UNAVAILABLE, HTTP_CLOSE, HTTP_READ_BODY, HTTP_READ_HEAD, HTTP_SEND, IMPORT_MODULE,
+        ERRNO_UNAVAILABLE, HTTP_CLOSE, HTTP_FINISH, HTTP_READ_BODY, HTTP_READ_HEAD, HTTP_START, HTTP_WRITE_BODY,
+        IMPORT_MODULE,
     };
-    linker.func_wrap(IMPORT_MODULE, HTTP_SEND, |_: u32, _: u32, _: u32, _: u32| {
+    linker.func_wrap(IMPORT_MODULE, HTTP_START, |_: u32, _: u32, _: u32, _: u32| {
         ERRNO_UNAVAILABLE
     })?;
+    linker.func_wrap(IMPORT_MODULE, HTTP_WRITE_BODY, |_: u32, _: u32, _: u32| {
+        ERRNO_UNAVAILABLE
+    })?;
+    linker.func_wrap(IMPORT_MODULE, HTTP_FINISH, |_: u32, _: u32| ERRNO_UNAVAILABLE)?;
     linker.func_wrap(IMPORT_MODULE, HTTP_READ_HEAD, |_: u32, _: u32, _: u32| {
         ERRNO_UNAVAILABLE
     })?;

@@ -2,6 +2,7 @@
 //! around the user's source.
 
 mod go;
+mod go_overlay;
 mod rust;
 
 use crate::{BuildError, BuildOptions, Language, Source};

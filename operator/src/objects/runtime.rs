@@ -9,9 +9,9 @@ use crate::references::CONFIG_HASH_ANNOTATION;
 use crate::settings::Settings;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    ConfigMapEnvSource, ConfigMapKeySelector, ConfigMapProjection, Container, ContainerPort, EnvFromSource, EnvVar,
-    EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe,
-    ProjectedVolumeSource, SecretEnvSource, SecretKeySelector, Volume, VolumeProjection,
+    ConfigMapEnvSource, ConfigMapKeySelector, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort,
+    EnvFromSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSpec, PodTemplateSpec,
+    Probe, ProjectedVolumeSource, SecretEnvSource, SecretKeySelector, Volume, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -32,6 +32,15 @@ pub const TERMINATION_GRACE_PERIOD_SECONDS: i64 = DRAIN_DELAY_SECONDS + SHUTDOWN
 const MODULE_DIR: &str = "/module";
 /// The runtime's compiled-code cache, an emptyDir.
 const CACHE_DIR: &str = "/cache";
+/// Where `outbound.caBundle`'s key is mounted, as [`OUTBOUND_CA_FILE`]: the runtime's
+/// `--outbound-ca`.
+const OUTBOUND_CA_DIR: &str = "/etc/wasmless/outbound-ca";
+const OUTBOUND_CA_FILE: &str = "ca.pem";
+
+/// The Function's `outbound.caBundle`, if any.
+fn outbound_ca(func: &Function) -> Option<&crate::crd::CaBundle> {
+    func.spec.outbound.as_ref()?.ca_bundle.as_ref()
+}
 
 /// The runtime Deployment serving `module`. Everything in the pod template is a function
 /// of the spec, the module digest and `config_hash` (over the versions of the Secrets and
@@ -50,6 +59,23 @@ pub fn deployment(func: &Function, settings: &Settings, module: &Module, config_
     if let Some(chunks) = chunk_volume(func, module) {
         volumes.push(chunks);
         mounts.push(mount("module", MODULE_DIR, true));
+    }
+    if let Some(bundle) = outbound_ca(func) {
+        volumes.push(Volume {
+            name: "outbound-ca".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: bundle.config_map_key_ref.name.clone(),
+                items: Some(vec![KeyToPath {
+                    key: bundle.config_map_key_ref.key.clone(),
+                    path: OUTBOUND_CA_FILE.into(),
+                    ..Default::default()
+                }]),
+                optional: Some(false),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(mount("outbound-ca", OUTBOUND_CA_DIR, true));
     }
     let container = Container {
         volume_mounts: Some(mounts),
@@ -174,6 +200,9 @@ pub fn runtime_args(func: &Function, module: &Module) -> Vec<String> {
             "--outbound-max-concurrency".into(),
             outbound.max_concurrency.to_string(),
         ]);
+        if outbound.ca_bundle.is_some() {
+            args.extend(["--outbound-ca".into(), format!("{OUTBOUND_CA_DIR}/{OUTBOUND_CA_FILE}")]);
+        }
         for (index, header) in outbound.headers.iter().enumerate() {
             // The value is in the environment variable the runtime reads; the argument
             // names it, so no Secret value is ever written into the Deployment.

@@ -257,6 +257,7 @@ fn crd_accepts_secrets_config_and_outbound_as_kubernetes_users_write_them() {
             "maxConcurrency": 8,
             "headers": [{"url": "https://api.example.com", "name": "Authorization",
                          "valueFrom": {"secretKeyRef": {"name": "api", "key": "bearer"}}}],
+            "caBundle": {"configMapKeyRef": {"name": "internal-ca", "key": "ca.crt"}},
         },
     });
     assert_eq!(refused(spec.clone()), Vec::<String>::new());

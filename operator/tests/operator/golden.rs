@@ -208,7 +208,8 @@ fn golden_prebuilt_and_codeless_modules() {
 }
 
 /// A Go function whose environment comes from Secrets and ConfigMaps (a literal value with
-/// `$` in it too), and that may call out, with a header from a Secret.
+/// `$` in it too), and that may call out, with a header from a Secret and an internal CA
+/// from a ConfigMap.
 #[test]
 fn golden_go_function_with_secrets_and_outbound() {
     let func = function(json!({
@@ -224,6 +225,7 @@ fn golden_go_function_with_secrets_and_outbound() {
             "timeout": "2s",
             "headers": [{"url": "https://api.example.com", "name": "Authorization",
                          "valueFrom": {"secretKeyRef": {"name": "api", "key": "bearer"}}}],
+            "caBundle": {"configMapKeyRef": {"name": "internal-ca", "key": "ca.crt"}},
         },
     }));
     let settings = Settings::new("wasmless/runtime:1.2.3", "wasmless/builder:1.2.3");

@@ -3,33 +3,49 @@
 //! each is checked against its memory, and a range outside it traps that request.
 //!
 //! ```text
-//! http_send(request, request_len, timeout_ms, out) -> errno
-//!     request: wasmless_formats::outbound's encoding. timeout_ms 0: none of its own.
-//!     out: two u32s, a handle and the length of what http_read_head gives for it: the
-//!     response head (errno 0), or the error's message (errno != 0; no handle if 0 long).
+//! http_start(head, head_len, timeout_ms, out) -> errno
+//!     head: wasmless_formats::outbound's encoding (no body). timeout_ms 0: none of its own.
+//!     The policy is checked and a call slot taken (waiting for one within the call's
+//!     deadline). out: two u32s, a handle and a length: errno 0, the call's handle (the
+//!     length 0); errno != 0, the error's message, read with http_read_head (no handle
+//!     if 0 long).
+//! http_write_body(handle, buffer, buffer_len) -> errno
+//!     With the head's body flag: the next piece of the request body, all of it, taken
+//!     once the upstream has room for it (the guest waits meanwhile: backpressure).
+//!     errno 12: the call ended first (the upstream answered early, or the call failed):
+//!     stop writing, http_finish tells which. errno 2: the deadline passed.
+//! http_finish(handle, out) -> errno
+//!     The body's end (or, without a body, the call's send), then the response head: out
+//!     is the length of what http_read_head gives for the handle, the head (errno 0) or
+//!     the error's message (errno != 0).
 //! http_read_head(handle, buffer, buffer_len) -> errno
 //! http_read_body(handle, buffer, buffer_len, out_n) -> errno
 //!     out_n: bytes written; 0 at the body's end. On errno != 0 the bytes written are
 //!     the error's message.
 //! http_close(handle) -> errno
+//!     Frees the handle; a call whose body was not finished is abandoned (the upstream
+//!     sees it fail, never a body cut short as if it were whole).
 //! ```
 
-use super::{CallLog, OpenResponse, Outbound, OutboundError};
+use super::{Admitted, CallLog, ClientBody, Deadlines, OpenResponse, Outbound, OutboundError, Piece};
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use wasmless_formats::outbound::{
-    self as abi, ERRNO_BAD_HANDLE, HTTP_CLOSE, HTTP_READ_BODY, HTTP_READ_HEAD, HTTP_SEND, IMPORT_MODULE,
+    self as abi, ERRNO_BAD_HANDLE, ERRNO_CALL_ENDED, HTTP_CLOSE, HTTP_FINISH, HTTP_READ_BODY, HTTP_READ_HEAD,
+    HTTP_START, HTTP_WRITE_BODY, IMPORT_MODULE,
 };
 use wasmtime::{Caller, Extern, Linker, Memory};
 
-/// Largest encoded request a guest may hand over (body included).
-const MAX_REQUEST: usize = 16 << 20;
+/// Largest encoded request head a guest may hand over.
+const MAX_HEAD: usize = 1 << 20;
 /// Calls one request may have open at once.
 const MAX_OPEN: usize = 64;
 
 /// One request's outbound calls: the Function's client, the request's deadline, and the
-/// responses the guest has open.
+/// calls the guest has open.
 pub struct GuestCalls {
     outbound: Arc<Outbound>,
     log: Arc<CallLog>,
@@ -38,13 +54,48 @@ pub struct GuestCalls {
 }
 
 enum Slot {
+    /// Started without a body: sent by `http_finish`.
+    Ready(Box<(Admitted, http::Request<ClientBody>, Deadlines)>),
+    /// Started with a body: on its way (a task sends it) while the guest writes the body.
+    Sending {
+        body: mpsc::Sender<Piece>,
+        call: Call,
+        deadlines: Deadlines,
+        /// True once the call has its outcome (the response head, or a failure).
+        done: watch::Receiver<bool>,
+    },
+    /// Between `http_finish` and its answer.
+    Finishing,
     Response {
         head: Vec<u8>,
         response: Box<OpenResponse>,
         pending: Bytes,
         finished: bool,
+        /// The rest of a body the upstream answered before taking: left open (neither
+        /// ended short nor failed, which would cut the response) until the handle goes.
+        _unsent: Option<mpsc::Sender<Piece>>,
     },
     Failed(Vec<u8>),
+}
+
+/// The task sending a call with a body, aborted when its handle goes (closed, or the
+/// request's store dropped): nothing outlives the request.
+struct Call(JoinHandle<Result<OpenResponse, OutboundError>>);
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Call {
+    async fn outcome(&mut self) -> Result<OpenResponse, OutboundError> {
+        (&mut self.0).await.unwrap_or_else(|error| {
+            Err(OutboundError::BadRequest(format!(
+                "the outbound call's task ended: {error}"
+            )))
+        })
+    }
 }
 
 impl GuestCalls {
@@ -114,6 +165,26 @@ fn request_timeout() -> wasmtime::Error {
     wasmtime::Error::new(wasmtime::Trap::Interrupt)
 }
 
+/// The request a started call sends: the guest's head, and the body it will write.
+fn request_of(head: abi::OutboundRequest, body: ClientBody) -> wasmtime::Result<http::Request<ClientBody>> {
+    let mut request = http::Request::builder()
+        .method(head.method)
+        .uri(head.uri)
+        .body(body)
+        .map_err(|e| wasmtime::Error::msg(e.to_string()))?;
+    *request.headers_mut() = head.headers;
+    Ok(request)
+}
+
+/// Hands `piece` to the body's channel once it has room; false if the call got its outcome
+/// first (or the channel closed), as a call may be answered before its body is taken.
+async fn put(body: &mpsc::Sender<Piece>, piece: Piece, mut done: watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        sent = body.send(piece) => sent.is_ok(),
+        _ = done.wait_for(|done| *done) => false,
+    }
+}
+
 /// Adds the `wasmless` imports to a linker whose store data holds a [`GuestCalls`].
 pub fn add_to_linker<T: Send + 'static>(
     linker: &mut Linker<T>,
@@ -121,8 +192,8 @@ pub fn add_to_linker<T: Send + 'static>(
 ) -> wasmtime::Result<()> {
     linker.func_wrap_async(
         IMPORT_MODULE,
-        HTTP_SEND,
-        move |mut caller: Caller<'_, T>, (request, length, timeout_ms, out): (u32, u32, u32, u32)| {
+        HTTP_START,
+        move |mut caller: Caller<'_, T>, (head, length, timeout_ms, out): (u32, u32, u32, u32)| {
             Box::new(async move {
                 let failed = |caller: &mut Caller<'_, T>, error: OutboundError| -> wasmtime::Result<u32> {
                     let message = error.to_string().into_bytes();
@@ -131,39 +202,144 @@ pub fn add_to_linker<T: Send + 'static>(
                     write_pair(caller, out, handle, length)?;
                     Ok(error.errno())
                 };
-                if length as usize > MAX_REQUEST {
-                    let why = format!("the request is {length} bytes, over the {MAX_REQUEST} a call may send");
+                if length as usize > MAX_HEAD {
+                    let why = format!("the request head is {length} bytes, over the {MAX_HEAD} a call may send");
                     return failed(&mut caller, OutboundError::BadRequest(why));
                 }
-                let encoded = read_guest(&mut caller, request, length)?;
+                let encoded = read_guest(&mut caller, head, length)?;
                 let state = calls(caller.data_mut());
                 if state.open_count() >= MAX_OPEN {
-                    let why = format!("{MAX_OPEN} responses are open: close (or read to the end) the ones done with");
+                    let why = format!("{MAX_OPEN} calls are open: close (or read to the end) the ones done with");
                     return failed(&mut caller, OutboundError::BadRequest(why));
                 }
-                let request = match abi::parse_request(&encoded) {
-                    Ok(request) => request,
+                let head = match abi::parse_request(&encoded) {
+                    Ok(head) => head,
                     Err(error) => return failed(&mut caller, OutboundError::BadRequest(error.to_string())),
                 };
                 let guest_timeout = (timeout_ms > 0).then(|| Duration::from_millis(u64::from(timeout_ms)));
                 let deadlines = state.outbound.deadlines(state.deadline, guest_timeout);
                 let (outbound, log) = (state.outbound.clone(), state.log.clone());
-                match outbound.send(request, deadlines, log).await {
+                let admitted = match outbound.admit(&head.uri, deadlines, &log).await {
+                    Ok(admitted) => admitted,
+                    Err(OutboundError::RequestTimeout) => return Err(request_timeout()),
+                    Err(error) => return failed(&mut caller, error),
+                };
+                let slot = if head.has_body {
+                    // Sent by a task of its own from now on, so the connection is made and
+                    // the body flows while the guest writes it.
+                    let (sender, body) = super::body_channel(head.content_length);
+                    let request = request_of(head, body)?;
+                    let (done, done_seen) = watch::channel(false);
+                    let task = tokio::spawn(async move {
+                        let outcome = outbound.send(admitted, request, deadlines, log).await;
+                        let _ = done.send(true);
+                        outcome
+                    });
+                    Slot::Sending {
+                        body: sender,
+                        call: Call(task),
+                        deadlines,
+                        done: done_seen,
+                    }
+                } else {
+                    Slot::Ready(Box::new((admitted, request_of(head, super::empty_body())?, deadlines)))
+                };
+                let handle = calls(caller.data_mut()).insert(slot);
+                write_pair(&mut caller, out, handle, 0)?;
+                Ok(0)
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        IMPORT_MODULE,
+        HTTP_WRITE_BODY,
+        move |mut caller: Caller<'_, T>, (handle, buffer, length): (u32, u32, u32)| {
+            Box::new(async move {
+                let (sender, deadlines, done) = match calls(caller.data_mut()).slot(handle) {
+                    Some(Slot::Sending {
+                        body, deadlines, done, ..
+                    }) => (body.clone(), *deadlines, done.clone()),
+                    _ => return Ok(ERRNO_BAD_HANDLE),
+                };
+                if length == 0 {
+                    return Ok(0);
+                }
+                let piece = Bytes::from(read_guest(&mut caller, buffer, length)?);
+                let sent =
+                    tokio::time::timeout_at(deadlines.earliest().into(), put(&sender, Piece::Data(piece), done)).await;
+                match sent {
+                    Ok(true) => Ok(0),
+                    // The call has its outcome (an early answer, or a failure): http_finish
+                    // says which.
+                    Ok(false) => Ok(ERRNO_CALL_ENDED),
+                    Err(_) => match deadlines.passed("") {
+                        OutboundError::RequestTimeout => Err(request_timeout()),
+                        error => Ok(error.errno()),
+                    },
+                }
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        IMPORT_MODULE,
+        HTTP_FINISH,
+        move |mut caller: Caller<'_, T>, (handle, out): (u32, u32)| {
+            Box::new(async move {
+                let state = calls(caller.data_mut());
+                let (outbound, log) = (state.outbound.clone(), state.log.clone());
+                let mut unsent = None;
+                let slot = match state.slot(handle) {
+                    Some(slot @ (Slot::Ready(_) | Slot::Sending { .. })) => std::mem::replace(slot, Slot::Finishing),
+                    _ => return Ok(ERRNO_BAD_HANDLE),
+                };
+                let result = match slot {
+                    Slot::Ready(ready) => {
+                        let (admitted, request, deadlines) = *ready;
+                        outbound.send(admitted, request, deadlines, log).await
+                    }
+                    Slot::Sending {
+                        body,
+                        mut call,
+                        deadlines,
+                        done,
+                    } => {
+                        let until = deadlines.earliest().into();
+                        match tokio::time::timeout_at(until, put(&body, Piece::End, done)).await {
+                            Ok(true) => {}
+                            // Answered before the body was taken whole: the rest stays unsent.
+                            Ok(false) => unsent = Some(body),
+                            Err(_) if deadlines.request <= deadlines.call => return Err(request_timeout()),
+                            Err(_) => {}
+                        }
+                        call.outcome().await
+                    }
+                    _ => unreachable!("matched above"),
+                };
+                let (slot, length, errno) = match result {
                     Ok(response) => {
                         let head = abi::encode_response_head(response.status, &response.headers);
                         let length = head.len() as u32;
-                        let handle = calls(caller.data_mut()).insert(Slot::Response {
+                        let slot = Slot::Response {
                             head,
                             response: Box::new(response),
                             pending: Bytes::new(),
                             finished: false,
-                        });
-                        write_pair(&mut caller, out, handle, length)?;
-                        Ok(0)
+                            _unsent: unsent,
+                        };
+                        (slot, length, 0)
                     }
-                    Err(OutboundError::RequestTimeout) => Err(request_timeout()),
-                    Err(error) => failed(&mut caller, error),
+                    Err(OutboundError::RequestTimeout) => return Err(request_timeout()),
+                    Err(error) => {
+                        let message = error.to_string().into_bytes();
+                        let length = message.len() as u32;
+                        (Slot::Failed(message), length, error.errno())
+                    }
+                };
+                if let Some(finishing) = calls(caller.data_mut()).slot(handle) {
+                    *finishing = slot;
                 }
+                write_guest(&mut caller, out, &length.to_le_bytes())?;
+                Ok(errno)
             })
         },
     )?;
@@ -175,7 +351,7 @@ pub fn add_to_linker<T: Send + 'static>(
                 Some(Slot::Response { head, .. } | Slot::Failed(head)) => {
                     head[..head.len().min(length as usize)].to_vec()
                 }
-                None => return Ok(ERRNO_BAD_HANDLE),
+                _ => return Ok(ERRNO_BAD_HANDLE),
             };
             write_guest(&mut caller, buffer, &head)?;
             Ok(0)
@@ -187,7 +363,6 @@ pub fn add_to_linker<T: Send + 'static>(
         move |mut caller: Caller<'_, T>, (handle, buffer, length, out): (u32, u32, u32, u32)| {
             Box::new(async move {
                 let result = match calls(caller.data_mut()).slot(handle) {
-                    None => return Ok(ERRNO_BAD_HANDLE),
                     Some(Slot::Failed(_)) => Ok(Bytes::new()),
                     Some(Slot::Response {
                         response,
@@ -208,6 +383,7 @@ pub fn add_to_linker<T: Send + 'static>(
                         }
                         outcome.map(|()| pending.split_to(pending.len().min(length as usize)))
                     }
+                    _ => return Ok(ERRNO_BAD_HANDLE),
                 };
                 let (bytes, errno) = match result {
                     Ok(bytes) => (bytes, 0),

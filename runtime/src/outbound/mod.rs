@@ -1,10 +1,10 @@
 //! Outbound HTTP calls of handlers: denied unless the Function's allow-list names the
 //! destination (`policy`), sent by one pooled HTTP/1.1 + HTTP/2 client per Function
 //! whose connections are opened only to checked addresses (`connect`), with headers the
-//! host adds from Secrets, a per-call timeout inside the request's own deadline, a cap on
-//! response bodies and on calls at once. Guests reach it through the `wasmless` imports
-//! (`guest`, Go and other WASI preview1 modules) or `wasi:http/outgoing-handler`
-//! (`wasi_http`, components).
+//! host adds from Secrets, a per-call timeout inside the request's own deadline (body
+//! upload included), a cap on response bodies and on calls at once, request bodies that
+//! stream. Guests reach it through the `wasmless` imports (`guest`, Go and other WASI
+//! preview1 modules) or `wasi:http/outgoing-handler` (`wasi_http`, components).
 
 mod connect;
 pub mod guest;
@@ -14,17 +14,23 @@ pub mod wasi_http;
 use crate::metrics::Metrics;
 use bytes::Bytes;
 use connect::{ConnectError, GuardedConnector};
-use http::{HeaderName, HeaderValue, Request, header};
-use http_body_util::{BodyExt, Full};
+use http::{HeaderName, HeaderValue, Request, Uri, header};
+use http_body::{Frame, SizeHint};
+use http_body_util::BodyExt;
+use http_body_util::combinators::UnsyncBoxBody;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use policy::{Destination, Pattern, Policy};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 use std::net::IpAddr;
+use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use wasmless_formats::outbound::OutboundRequest;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 /// Idle pooled connections are closed after this.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -41,6 +47,8 @@ pub struct OutboundConfig {
     pub headers: Vec<(String, String, String)>,
     pub admin_port: u16,
     pub pod_ip: Option<IpAddr>,
+    /// Certificate authorities trusted besides Mozilla's roots (`--outbound-ca`).
+    pub extra_roots: Vec<CertificateDer<'static>>,
 }
 
 /// Why the outbound flags cannot be used; the runtime does not start.
@@ -60,6 +68,36 @@ pub enum OutboundConfigError {
         name: String,
         variable: String,
     },
+    #[error(
+        "--outbound-ca {path}: {why}; give a file of PEM certificates (-----BEGIN CERTIFICATE-----), the CAs outbound calls should trust besides Mozilla's roots"
+    )]
+    Ca { path: String, why: String },
+}
+
+/// The certificates of a `--outbound-ca` file: PEM, at least one, each one rustls can
+/// use as a trust anchor. Anything else stops the runtime at start, not at a first call.
+pub fn read_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, OutboundConfigError> {
+    let error = |why: String| OutboundConfigError::Ca {
+        path: path.display().to_string(),
+        why,
+    };
+    let text = std::fs::read(path).map_err(|e| error(format!("cannot read it: {e}")))?;
+    let certificates = CertificateDer::pem_slice_iter(&text)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| error(format!("it is not PEM: {e}")))?;
+    if certificates.is_empty() {
+        return Err(error("it holds no PEM certificate".into()));
+    }
+    let mut store = rustls::RootCertStore::empty();
+    for (index, certificate) in certificates.iter().enumerate() {
+        store.add(certificate.clone()).map_err(|e| {
+            error(format!(
+                "certificate {} is not one a CA can be read from: {e}",
+                index + 1
+            ))
+        })?;
+    }
+    Ok(certificates)
 }
 
 /// `"<url> <Header-Name> <ENV_VAR>"` with the value taken from the environment.
@@ -86,7 +124,18 @@ struct InjectedHeader {
     value: HeaderValue,
 }
 
-type PooledClient = Client<hyper_rustls::HttpsConnector<GuardedConnector>, Full<Bytes>>;
+/// What an outgoing request's body is: the guest's pieces as they come.
+pub type ClientBody = UnsyncBoxBody<Bytes, BoxError>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+type PooledClient = Client<hyper_rustls::HttpsConnector<GuardedConnector>, ClientBody>;
+
+/// An empty body: a request without one.
+pub fn empty_body() -> ClientBody {
+    http_body_util::Empty::new()
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
 
 /// One Function's outbound calls.
 pub struct Outbound {
@@ -120,8 +169,14 @@ pub enum OutboundError {
     Tls { authority: String, why: String },
     #[error("wasmless: the response from {authority} is over spec.outbound.maxResponseBody ({limit} bytes)")]
     TooLarge { authority: String, limit: u64 },
-    #[error("wasmless: too many outbound calls at once: spec.outbound.maxConcurrency is {0}")]
-    Limit(u32),
+    #[error(
+        "wasmless: the call to {authority} waited {waited_ms} ms for one of the {limit} outbound calls this Function may make at once (spec.outbound.maxConcurrency, runtime flag --outbound-max-concurrency) and timed out; close response bodies when done, or raise the limit"
+    )]
+    Limit {
+        authority: String,
+        limit: u32,
+        waited_ms: u128,
+    },
     #[error("wasmless: the outbound request is malformed: {0}")]
     BadRequest(String),
     #[error("wasmless: the call to {authority} failed: {why}")]
@@ -141,7 +196,7 @@ impl OutboundError {
             Self::Connect(_) => 4,
             Self::Tls { .. } => 5,
             Self::TooLarge { .. } => 6,
-            Self::Limit(_) => 7,
+            Self::Limit { .. } => 7,
             Self::BadRequest(_) => 9,
             Self::Failed { .. } => 10,
         }
@@ -191,12 +246,12 @@ pub struct Deadlines {
 }
 
 impl Deadlines {
-    fn earliest(&self) -> Instant {
+    pub fn earliest(&self) -> Instant {
         self.call.min(self.request)
     }
 
     /// The error for a deadline that passed: the request's ends the request.
-    fn passed(&self, authority: &str) -> OutboundError {
+    pub fn passed(&self, authority: &str) -> OutboundError {
         if self.request <= self.call {
             OutboundError::RequestTimeout
         } else {
@@ -289,9 +344,21 @@ impl Outbound {
         // No allow-list, no client: every call is denied before it would be needed, and a
         // new pod does not spend its start-up loading TLS roots it never uses.
         let client = (!policy.is_empty()).then(|| {
+            // Mozilla's roots, and the operator's own CAs (read and checked at start).
+            let mut roots = rustls::RootCertStore {
+                roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+            };
+            for certificate in &config.extra_roots {
+                let _ = roots.add(certificate.clone());
+            }
+            let tls =
+                rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+                    .with_safe_default_protocol_versions()
+                    .expect("aws-lc-rs supports the default protocol versions")
+                    .with_root_certificates(roots)
+                    .with_no_client_auth();
             let tls = hyper_rustls::HttpsConnectorBuilder::new()
-                .with_provider_and_webpki_roots(rustls::crypto::aws_lc_rs::default_provider())
-                .expect("aws-lc-rs supports the default protocol versions")
+                .with_tls_config(tls)
                 .https_or_http()
                 .enable_all_versions()
                 .wrap_connector(GuardedConnector::new(policy.clone()));
@@ -322,6 +389,7 @@ impl Outbound {
             headers: Vec::new(),
             admin_port: 0,
             pod_ip: None,
+            extra_roots: Vec::new(),
         };
         Self::new(&config, metrics).expect("an empty policy is valid")
     }
@@ -335,25 +403,71 @@ impl Outbound {
         }
     }
 
-    /// Sends `request` if the policy allows it, and waits for its response head.
+    /// Checks `uri` against the policy and takes one of the Function's call slots, waiting
+    /// for one within the call's deadline: what happens before a request leaves, so a
+    /// guest learns of a refusal before it streams a body.
+    pub async fn admit(&self, uri: &Uri, deadlines: Deadlines, log: &CallLog) -> Result<Admitted, OutboundError> {
+        let started = Instant::now();
+        let destination =
+            Destination::of(uri).ok_or_else(|| OutboundError::BadRequest(format!("{uri} is not an http(s) URL")))?;
+        let authority = destination.authority();
+        let allowed = match (self.policy.allows(&destination), &self.client) {
+            (Some(allowed), Some(_)) => allowed,
+            _ => {
+                let scheme = uri.scheme_str().unwrap_or("http");
+                self.metrics.observe_outbound_denied(&destination.host);
+                log.record(started.elapsed());
+                return Err(OutboundError::Denied(format!("{scheme}://{authority}")));
+            }
+        };
+        let host_label = allowed.host_label(&destination);
+        // More calls than the cap wait for a slot, as a pooled client's requests wait for
+        // a connection: a burst is smoothed, not failed. Only a call whose deadline passes
+        // while it waits fails, with the limit named.
+        let permit =
+            match tokio::time::timeout_at(deadlines.earliest().into(), self.calls.clone().acquire_owned()).await {
+                Ok(Ok(permit)) => permit,
+                Ok(Err(_)) | Err(_) => {
+                    let elapsed = started.elapsed();
+                    log.record(elapsed);
+                    self.metrics.observe_outbound(&host_label, "error", elapsed);
+                    return Err(if deadlines.request <= deadlines.call {
+                        OutboundError::RequestTimeout
+                    } else {
+                        OutboundError::Limit {
+                            authority,
+                            limit: self.max_concurrency,
+                            waited_ms: elapsed.as_millis(),
+                        }
+                    });
+                }
+            };
+        Ok(Admitted {
+            destination,
+            host_label,
+            permit,
+            started,
+        })
+    }
+
+    /// Sends an admitted request and waits for its response head; its body (if any) is
+    /// read as the request goes, within the same deadlines.
     pub async fn send(
         &self,
-        request: OutboundRequest,
+        admitted: Admitted,
+        request: Request<ClientBody>,
         deadlines: Deadlines,
         log: Arc<CallLog>,
     ) -> Result<OpenResponse, OutboundError> {
-        let started = Instant::now();
-        let destination = Destination::of(&request.uri)
-            .ok_or_else(|| OutboundError::BadRequest(format!("{} is not an http(s) URL", request.uri)))?;
-        let authority = destination.authority();
-        let Some(allowed) = self.policy.allows(&destination) else {
-            let scheme = request.uri.scheme_str().unwrap_or("http");
-            self.metrics.observe_outbound_denied(&destination.host);
-            log.record(started.elapsed());
-            return Err(OutboundError::Denied(format!("{scheme}://{authority}")));
-        };
-        let host_label = allowed.host_label(&destination);
-        let result = self.exchange(request, &destination, deadlines, log.clone()).await;
+        let Admitted {
+            destination,
+            host_label,
+            permit,
+            started,
+        } = admitted;
+        let result = self
+            .exchange(request, &destination, permit, deadlines, log.clone())
+            .await;
         let elapsed = started.elapsed();
         log.record(elapsed);
         match &result {
@@ -369,21 +483,18 @@ impl Outbound {
 
     async fn exchange(
         &self,
-        request: OutboundRequest,
+        request: Request<ClientBody>,
         destination: &Destination,
+        permit: OwnedSemaphorePermit,
         deadlines: Deadlines,
         log: Arc<CallLog>,
     ) -> Result<OpenResponse, OutboundError> {
         let authority = destination.authority();
-        let until = deadlines.earliest().into();
-        let permit = match tokio::time::timeout_at(until, self.calls.clone().acquire_owned()).await {
-            Ok(Ok(permit)) => permit,
-            Ok(Err(_)) | Err(_) => return Err(OutboundError::Limit(self.max_concurrency)),
-        };
-        let request = self.prepare(request, destination)?;
+        let request = self.prepare(request, destination);
         let Some(client) = &self.client else {
             return Err(OutboundError::Denied(authority));
         };
+        let until = deadlines.earliest().into();
         let response = match tokio::time::timeout_at(until, client.request(request)).await {
             Err(_) => return Err(deadlines.passed(&authority)),
             Ok(Err(error)) => return Err(classify(&authority, &error)),
@@ -414,14 +525,13 @@ impl Outbound {
     }
 
     /// The request as it leaves: the Host header from the URL (a guest does not pick
-    /// another virtual host behind an allowed name), framing headers left to the client,
-    /// and the host's own headers for this destination in place of any the guest set.
-    fn prepare(
-        &self,
-        request: OutboundRequest,
-        destination: &Destination,
-    ) -> Result<Request<Full<Bytes>>, OutboundError> {
-        let mut headers = request.headers;
+    /// another virtual host behind an allowed name), framing headers left to the client
+    /// but for a Content-Length the body is held to, and the host's own headers for this
+    /// destination in place of any the guest set.
+    fn prepare(&self, request: Request<ClientBody>, destination: &Destination) -> Request<ClientBody> {
+        let (mut parts, body) = request.into_parts();
+        let headers = &mut parts.headers;
+        let length = wasmless_formats::outbound::content_length(headers).ok().flatten();
         for name in [
             header::HOST,
             header::CONTENT_LENGTH,
@@ -433,18 +543,92 @@ impl Outbound {
         ] {
             headers.remove(name);
         }
+        if let Some(length) = length {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+        }
         for injected in &self.headers {
             if injected.destination.matches(destination) {
                 headers.insert(injected.name.clone(), injected.value.clone());
             }
         }
-        let mut builder = Request::builder().method(request.method).uri(request.uri);
-        if let Some(map) = builder.headers_mut() {
-            *map = headers;
+        Request::from_parts(parts, body)
+    }
+}
+
+/// A call the policy allowed, holding one of the Function's call slots.
+pub struct Admitted {
+    destination: Destination,
+    host_label: String,
+    permit: OwnedSemaphorePermit,
+    started: Instant,
+}
+
+/// A piece of a request body on its way from the guest to the client.
+pub enum Piece {
+    Data(Bytes),
+    /// The guest finished the body.
+    End,
+}
+
+/// A request body the guest writes piece by piece ([`body_channel`]): the channel holds
+/// one piece, so the guest waits while the upstream does not read (backpressure), and
+/// guest and host hold a piece at a time, whatever the body's size. A declared
+/// Content-Length is held to; a body the guest abandons without finishing it fails the
+/// request rather than end it short.
+pub struct ChannelBody {
+    pieces: mpsc::Receiver<Piece>,
+    remaining: Option<u64>,
+    done: bool,
+}
+
+/// The guest's end of a [`ChannelBody`] and the body; `length` is the declared one.
+pub fn body_channel(length: Option<u64>) -> (mpsc::Sender<Piece>, ClientBody) {
+    let (sender, pieces) = mpsc::channel(1);
+    let body = ChannelBody {
+        pieces,
+        remaining: length,
+        done: false,
+    };
+    (sender, body.boxed_unsync())
+}
+
+impl http_body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.done {
+            return Poll::Ready(None);
         }
-        builder
-            .body(Full::new(request.body))
-            .map_err(|e| OutboundError::BadRequest(e.to_string()))
+        let piece = std::task::ready!(self.pieces.poll_recv(cx));
+        let outcome = match piece {
+            Some(Piece::Data(bytes)) => match self.remaining.map(|left| left.checked_sub(bytes.len() as u64)) {
+                Some(None) => Err("the request body is longer than its Content-Length"),
+                Some(Some(left)) => {
+                    self.remaining = Some(left);
+                    return Poll::Ready(Some(Ok(Frame::data(bytes))));
+                }
+                None => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
+            },
+            Some(Piece::End) if self.remaining.unwrap_or(0) > 0 => {
+                Err("the request body is shorter than its Content-Length")
+            }
+            Some(Piece::End) => Ok(()),
+            None => Err("the handler stopped sending the request body before its end"),
+        };
+        self.done = true;
+        match outcome {
+            Ok(()) => Poll::Ready(None),
+            Err(why) => Poll::Ready(Some(Err(why.into()))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.remaining.map_or_else(SizeHint::default, SizeHint::with_exact)
     }
 }
 
@@ -462,10 +646,10 @@ fn classify(authority: &str, error: &hyper_util::client::legacy::Error) -> Outbo
                 ConnectError::Connect { .. } => OutboundError::Connect(connect.to_string()),
             };
         }
-        if let Some(tls) = current.downcast_ref::<rustls::Error>() {
+        if let Some(tls) = rustls_error(current) {
             return OutboundError::Tls {
                 authority: authority.to_string(),
-                why: tls.to_string(),
+                why: tls_reason(authority, tls),
             };
         }
         source = current.source();
@@ -480,6 +664,41 @@ fn classify(authority: &str, error: &hyper_util::client::legacy::Error) -> Outbo
     OutboundError::Failed {
         authority: authority.to_string(),
         why,
+    }
+}
+
+/// rustls' error, where `error` is one or holds one inside io::Errors (the TLS stream
+/// wraps it in one, and hyper-rustls that in another; io::Error's source() skips both).
+fn rustls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut current = error;
+    loop {
+        if let Some(tls) = current.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        current = current.downcast_ref::<std::io::Error>()?.get_ref()?;
+    }
+}
+
+/// What a TLS failure means for the one who can fix it.
+fn tls_reason(authority: &str, error: &rustls::Error) -> String {
+    use rustls::CertificateError;
+    match error {
+        rustls::Error::InvalidCertificate(
+            CertificateError::UnknownIssuer
+            | CertificateError::BadSignature
+            | CertificateError::UnhandledCriticalExtension,
+        ) => format!(
+            "the certificate of {authority} is not trusted: no certificate authority this runtime trusts signed it (Mozilla's roots, and those of spec.outbound.caBundle, runtime flag --outbound-ca); for a cluster's internal CA, add its certificate there ({error})"
+        ),
+        rustls::Error::InvalidCertificate(
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+        ) => {
+            format!("the certificate of {authority} is not valid for that name ({error})")
+        }
+        rustls::Error::InvalidCertificate(CertificateError::Expired | CertificateError::ExpiredContext { .. }) => {
+            format!("the certificate of {authority} has expired ({error})")
+        }
+        other => other.to_string(),
     }
 }
 

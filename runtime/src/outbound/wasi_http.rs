@@ -1,17 +1,15 @@
 //! `wasi:http/outgoing-handler` for components: wasmtime-wasi-http's send-request hook,
-//! sending through the same policy, client and limits as the Go SDK's imports.
+//! sending through the same policy, client and limits as the Go SDK's imports. The
+//! request body streams as the component writes it (wasmtime-wasi-http runs this hook in a
+//! task of its own, and holds the body to its Content-Length).
 
 use super::{CallLog, OpenResponse, Outbound, OutboundError};
 use bytes::Bytes;
 use http_body::Frame;
-use http_body_util::{BodyExt, Limited, StreamBody};
+use http_body_util::{BodyExt, StreamBody};
 use std::sync::Arc;
 use std::time::Instant;
-use wasmless_formats::outbound::OutboundRequest;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
-
-/// Largest request body a component may send (it is read whole before the call).
-const MAX_REQUEST_BODY: usize = 16 << 20;
 
 /// The hooks of one request's store.
 pub struct OutboundHooks {
@@ -43,24 +41,15 @@ impl WasiHttpHooks for OutboundHooks {
         let log = self.log.clone();
         let deadline = self.deadline;
         Box::new(async move {
-            let (parts, body) = request.into_parts();
-            let body = Limited::new(body, MAX_REQUEST_BODY)
-                .collect()
-                .await
-                .map_err(|_| Error::HttpRequestBodySize(Some(MAX_REQUEST_BODY as u64)))?
-                .to_bytes();
-            let request = OutboundRequest {
-                method: parts.method,
-                uri: parts.uri,
-                headers: parts.headers,
-                body,
-            };
+            let request = request.map(|body| body.map_err(Into::into).boxed_unsync());
             let guest_timeout = options.and_then(|options| options.first_byte_timeout);
             let deadlines = outbound.deadlines(deadline, guest_timeout);
-            let response = outbound.send(request, deadlines, log).await.map_err(|error| {
+            let failed = |error: OutboundError| {
                 tracing::debug!(%error, "outbound call failed");
                 wasi_error(&error)
-            })?;
+            };
+            let admitted = outbound.admit(request.uri(), deadlines, &log).await.map_err(failed)?;
+            let response = outbound.send(admitted, request, deadlines, log).await.map_err(failed)?;
             let mut head = http::Response::builder().status(response.status);
             if let Some(headers) = head.headers_mut() {
                 *headers = response.headers.clone();
@@ -95,7 +84,7 @@ fn wasi_error(error: &OutboundError) -> Error {
         OutboundError::Connect(_) => Error::ConnectionRefused,
         OutboundError::Tls { .. } => Error::TlsProtocolError,
         OutboundError::TooLarge { limit, .. } => Error::HttpResponseBodySize(Some(*limit)),
-        OutboundError::Limit(_) => Error::ConnectionLimitReached,
+        OutboundError::Limit { .. } => Error::ConnectionLimitReached,
         OutboundError::BadRequest(_) => Error::HttpRequestUriInvalid,
         OutboundError::Failed { why, .. } => Error::InternalError(Some(why.clone())),
     }

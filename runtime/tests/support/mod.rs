@@ -129,9 +129,15 @@ pub fn go_handler(name: &str) -> PathBuf {
     output
 }
 
+/// The builder's overlay of Go's standard library, the same file.
+#[path = "../../../builder/src/toolchain/go_overlay.rs"]
+#[allow(dead_code)]
+mod go_overlay;
+
 /// A Goless handler built as wasmless-builder builds Go: a reactor (`-buildmode=c-shared`)
-/// registered with the SDK's `reactor` package, with the SDK's file added to Go's
-/// package runtime and its net/http transport hook, then snapshotted. `snapshot: false` leaves `_initialize` in (the
+/// registered with the SDK's `reactor` package, with the builder's overlay of the standard
+/// library (the SDK's file added to Go's package runtime, its net/http transport hook,
+/// package net's sockets refused), then snapshotted. `snapshot: false` leaves `_initialize` in (the
 /// runtime then runs Go's start-up per request).
 pub fn go_reactor(name: &str, snapshot: bool) -> PathBuf {
     static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
@@ -147,18 +153,7 @@ pub fn go_reactor(name: &str, snapshot: bool) -> PathBuf {
     );
     let goroot = Command::new(go_command()).args(["env", "GOROOT"]).output().unwrap();
     let goroot = String::from_utf8(goroot.stdout).unwrap();
-    let overlay = project.join("overlay.json");
-    std::fs::write(
-        &overlay,
-        serde_json::json!({ "Replace": {
-            Path::new(goroot.trim()).join("src/runtime/wasmless_reseed.go").to_string_lossy():
-                workspace_root().join("sdk/go/reactor/reseed_runtime.go.in").to_string_lossy(),
-            Path::new(goroot.trim()).join("src/net/http/roundtrip.go").to_string_lossy():
-                workspace_root().join("sdk/go/outbound/roundtrip.go.in").to_string_lossy(),
-        }})
-        .to_string(),
-    )
-    .unwrap();
+    let overlay = go_overlay::write(Path::new(goroot.trim()), &project).unwrap();
     let output = project.join("reactor.wasm");
     go_build(
         &project,

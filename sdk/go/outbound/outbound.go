@@ -14,8 +14,14 @@ import (
 	"unsafe"
 )
 
-//go:wasmimport wasmless http_send
-func httpSend(request unsafe.Pointer, requestLen uint32, timeoutMs uint32, out unsafe.Pointer) uint32
+//go:wasmimport wasmless http_start
+func httpStart(head unsafe.Pointer, headLen uint32, timeoutMs uint32, out unsafe.Pointer) uint32
+
+//go:wasmimport wasmless http_write_body
+func httpWriteBody(handle uint32, buffer unsafe.Pointer, bufferLen uint32) uint32
+
+//go:wasmimport wasmless http_finish
+func httpFinish(handle uint32, out unsafe.Pointer) uint32
 
 //go:wasmimport wasmless http_read_head
 func httpReadHead(handle uint32, buffer unsafe.Pointer, bufferLen uint32) uint32
@@ -26,15 +32,22 @@ func httpReadBody(handle uint32, buffer unsafe.Pointer, bufferLen uint32, n unsa
 //go:wasmimport wasmless http_close
 func httpClose(handle uint32) uint32
 
-// The host's errnos (runtime/src/outbound/mod.rs, OutboundError::errno).
+// The host's errnos (runtime/src/outbound/mod.rs, OutboundError::errno, and
+// wasmless_formats::outbound).
 const (
 	errDenied      = 1
 	errTimeout     = 2
+	errLimit       = 7
 	errUnavailable = 8
+	errCallEnded   = 12
 )
 
-// maxRequestBody is what the host accepts in one call, body and head together.
-const maxRequestBody = 16 << 20
+// flagBody in a request head: a body follows, through http_write_body.
+const flagBody = 1
+
+// bodyPiece is how much of a request body crosses to the host at once: the memory a call
+// with a body needs in the guest, whatever the body's size.
+const bodyPiece = 64 << 10
 
 // netHTTPRoundTrip is what (*http.Transport).RoundTrip calls in a handler the builder
 // built: its net/http overlay (roundtrip.go.in) links to this function by name.
@@ -62,22 +75,25 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Message }
 
-// Timeout reports whether the call timed out (net.Error).
-func (e *Error) Timeout() bool { return e.Code == errTimeout }
+// Timeout reports whether the call timed out (net.Error): its deadline passed, in the
+// call or while it waited for one of the Function's call slots (errors.Is ErrLimit).
+func (e *Error) Timeout() bool { return e.Code == errTimeout || e.Code == errLimit }
 
 // Temporary is false: see net.Error.
 func (e *Error) Temporary() bool { return false }
 
-// Is makes errors.Is(err, ErrDenied), (err, ErrUnavailable) and, for a timeout of a
-// context deadline, (err, context.DeadlineExceeded) true.
+// Is makes errors.Is(err, ErrDenied), (err, ErrLimit), (err, ErrUnavailable) and, for a
+// timeout of a context deadline, (err, context.DeadlineExceeded) true.
 func (e *Error) Is(target error) bool {
 	switch target {
 	case ErrDenied:
 		return e.Code == errDenied
+	case ErrLimit:
+		return e.Code == errLimit
 	case ErrUnavailable:
 		return e.Code == errUnavailable
 	case context.DeadlineExceeded:
-		return e.Code == errTimeout && e.deadline
+		return e.Timeout() && e.deadline
 	}
 	return false
 }
@@ -97,25 +113,11 @@ func roundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return nil, err
 	}
-	var body []byte
-	if req.Body != nil && req.Body != http.NoBody {
-		read, err := io.ReadAll(io.LimitReader(req.Body, maxRequestBody+1))
-		closeBody(req)
-		if err != nil {
-			return nil, err
-		}
-		if len(read) > maxRequestBody {
-			return nil, errors.New("wasmless: the request body is over the 16 MiB an outbound call may send")
-		}
-		body = read
-	}
 	method := req.Method
 	if method == "" {
 		method = http.MethodGet
 	}
-	encoded := make([]byte, 0, 256+len(body))
-	encoded = putString(encoded, method)
-	encoded = putString(encoded, req.URL.String())
+	hasBody := req.Body != nil && req.Body != http.NoBody
 	headers := req.Header.Clone()
 	if headers == nil {
 		headers = http.Header{}
@@ -126,39 +128,72 @@ func roundTrip(req *http.Request) (*http.Response, error) {
 	if req.Close {
 		headers.Set("Connection", "close")
 	}
+	// Content-Length as net/http's transport sends it: a known length, or 0 for a
+	// bodiless POST, PUT or PATCH; a body of unknown length goes chunked.
+	headers.Del("Content-Length")
+	switch {
+	case hasBody && req.ContentLength > 0:
+		headers.Set("Content-Length", strconv.FormatInt(req.ContentLength, 10))
+	case !hasBody && (method == http.MethodPost || method == http.MethodPut || method == http.MethodPatch):
+		headers.Set("Content-Length", "0")
+	}
+	head := make([]byte, 0, 256)
+	head = putString(head, method)
+	head = putString(head, req.URL.String())
 	count := 0
 	for _, values := range headers {
 		count += len(values)
 	}
-	encoded = binary.LittleEndian.AppendUint32(encoded, uint32(count))
+	head = binary.LittleEndian.AppendUint32(head, uint32(count))
 	for name, values := range headers {
 		for _, value := range values {
-			encoded = putString(encoded, name)
-			encoded = putString(encoded, value)
+			head = putString(head, name)
+			head = putString(head, value)
 		}
 	}
-	encoded = putString(encoded, string(body))
+	var flags uint32
+	if hasBody {
+		flags = flagBody
+	}
+	head = binary.LittleEndian.AppendUint32(head, flags)
 
 	var timeoutMs uint32
 	deadline, hasDeadline := ctx.Deadline()
 	if hasDeadline {
 		left := time.Until(deadline)
 		if left <= 0 {
+			closeBody(req)
 			return nil, context.DeadlineExceeded
 		}
 		timeoutMs = uint32(min(left.Milliseconds()+1, 1<<31))
 	}
 	var out [2]uint32
-	errno := httpSend(unsafe.Pointer(&encoded[0]), uint32(len(encoded)), timeoutMs, unsafe.Pointer(&out))
-	handle, headLen := out[0], out[1]
+	errno := httpStart(unsafe.Pointer(&head[0]), uint32(len(head)), timeoutMs, unsafe.Pointer(&out))
+	handle := out[0]
+	if errno != 0 {
+		closeBody(req)
+		return nil, failure(errno, handle, out[1], hasDeadline, req)
+	}
+	if hasBody {
+		err := writeBody(ctx, handle, req.Body)
+		closeBody(req)
+		if err != nil {
+			// Abandoned, not finished: the upstream sees the call fail, never a body cut
+			// short as if it were whole.
+			httpClose(handle)
+			return nil, err
+		}
+	}
+	var headLen uint32
+	errno = httpFinish(handle, unsafe.Pointer(&headLen))
 	if errno != 0 {
 		return nil, failure(errno, handle, headLen, hasDeadline, req)
 	}
-	head := make([]byte, headLen)
+	response := make([]byte, headLen)
 	if headLen > 0 {
-		httpReadHead(handle, unsafe.Pointer(&head[0]), headLen)
+		httpReadHead(handle, unsafe.Pointer(&response[0]), headLen)
 	}
-	resp, err := parseHead(head, req)
+	resp, err := parseHead(response, req)
 	if err != nil {
 		httpClose(handle)
 		return nil, err
@@ -174,6 +209,32 @@ func roundTrip(req *http.Request) (*http.Response, error) {
 		resp.Body = &responseBody{handle: handle, ctx: ctx, deadline: hasDeadline}
 	}
 	return resp, nil
+}
+
+// writeBody streams body to the host a piece at a time; the host takes each piece when
+// the upstream has room for it. It stops early, without error, when the call ended first
+// (http_finish then gives the upstream's early answer or the failure); an error is the
+// body's own (or the context's), and the call is then abandoned.
+func writeBody(ctx context.Context, handle uint32, body io.Reader) error {
+	buffer := make([]byte, bodyPiece)
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n, err := body.Read(buffer)
+		if n > 0 {
+			if errno := httpWriteBody(handle, unsafe.Pointer(&buffer[0]), uint32(n)); errno != 0 {
+				// errCallEnded, or a deadline: either way http_finish tells what happened.
+				return nil
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
 }
 
 func closeBody(req *http.Request) {
