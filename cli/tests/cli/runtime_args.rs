@@ -155,6 +155,7 @@ fn the_runtime_builds_the_outbound_policy_the_operator_writes() {
         headers,
         admin_port: config.admin_port,
         pod_ip: None,
+        extra_roots: Vec::new(),
     };
     let metrics = std::sync::Arc::new(Metrics::new("hello"));
     if let Err(error) = Outbound::new(&outbound, metrics) {
