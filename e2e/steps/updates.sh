@@ -153,10 +153,15 @@ build_cache_hit() {
   echo "hello-again Built: $message"
   expect_contains "$message" "module cache hit, code cache hit" "the second build of the same source"
   expect_contains "$message" "compile 0.00 s, snapshot 0.00 s" "what the cache hit compiled"
-  local events
-  # In the Built Event, or in BuildPhases when the builder ended after the module was seen.
-  events=$(kubectl get events -n "$NS" --field-selector involvedObject.name=hello-again -o 'jsonpath={range .items[*]}{.reason}: {.message}{"\n"}{end}')
-  expect_contains "$events" "code cache hit" "the Events of hello-again"
+  # In the Built Event, or in BuildPhases when the builder ended after the module was seen;
+  # the recorder posts Events after status is written, so they can trail it.
+  hello_again_events() {
+    kubectl get events -n "$NS" --field-selector involvedObject.name=hello-again \
+      -o 'jsonpath={range .items[*]}{.reason}: {.message}{"\n"}{end}'
+  }
+  events_say_cache_hit() { [[ $(hello_again_events) == *"code cache hit"* ]]; }
+  wait_until 30 "an Event of hello-again saying 'code cache hit'" events_say_cache_hit
+  expect_contains "$(hello_again_events)" "code cache hit" "the Events of hello-again"
   expect_eq "$(get_service hello-again)" "v2" "hello-again's answer"
   kubectl delete fn hello-again -n "$NS" --wait=false >/dev/null
   ok
