@@ -492,12 +492,7 @@ async fn go_modules_build_through_a_proxy_verified_against_go_sum() {
         &cache,
         &["--go-proxy", &proxy.url],
     );
-    let stderr = String::from_utf8_lossy(&failed.stderr);
-    assert_eq!(
-        failed.status.code(),
-        Some(wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD),
-        "{stderr}"
-    );
+    let stderr = failed_as_the_sources_fault(&failed);
     assert!(
         stderr.contains("checksum mismatch") && stderr.contains("SECURITY ERROR"),
         "{stderr}"
@@ -513,12 +508,7 @@ async fn go_modules_build_through_a_proxy_verified_against_go_sum() {
         &cache,
         &["--go-proxy", &proxy.url],
     );
-    let stderr = String::from_utf8_lossy(&failed.stderr);
-    assert_eq!(
-        failed.status.code(),
-        Some(wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD),
-        "{stderr}"
-    );
+    let stderr = failed_as_the_sources_fault(&failed);
     assert!(stderr.contains("missing go.sum entry"), "{stderr}");
     assert!(stderr.contains("handler.go:"), "the user's file is named: {stderr}");
     assert_eq!(
@@ -569,12 +559,7 @@ fn go_modules_without_a_proxy_fail_with_the_setting_to_set() {
         .env("WASMLESS_GOPROXY", "off")
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&failed.stderr);
-    assert_eq!(
-        failed.status.code(),
-        Some(wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD),
-        "{stderr}"
-    );
+    let stderr = failed_as_the_sources_fault(&failed);
     assert!(
         stderr.contains("replaces github.com/google/uuid with the directory /etc"),
         "{stderr}"
@@ -806,12 +791,7 @@ async fn rust_dependencies_build_through_a_crates_registry() {
         &cache,
         &["--cargo-registry", &registry.index],
     );
-    let stderr = String::from_utf8_lossy(&failed.stderr);
-    assert_eq!(
-        failed.status.code(),
-        Some(wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD),
-        "{stderr}"
-    );
+    let stderr = failed_as_the_sources_fault(&failed);
     assert!(stderr.contains("checksum for `serde_json"), "{stderr}");
 
     // What cannot work here is refused before anything is fetched, with what to do.
@@ -839,12 +819,7 @@ async fn rust_dependencies_build_through_a_crates_registry() {
             &cache,
             &["--cargo-registry", &registry.index],
         );
-        let stderr = String::from_utf8_lossy(&failed.stderr);
-        assert_eq!(
-            failed.status.code(),
-            Some(wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD),
-            "{stderr}"
-        );
+        let stderr = failed_as_the_sources_fault(&failed);
         assert!(stderr.contains(expected), "{expected}: {stderr}");
     }
 }

@@ -195,12 +195,7 @@ async fn serve_function(
             .min(u64::from(uploads.budget_bytes)) as u32;
         let Ok(_reserved) = uploads.budget.clone().try_acquire_many_owned(reserve) else {
             metrics.refuse(Refusal::UploadBudget);
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                [(header::RETRY_AFTER, "1")],
-                "too busy: too many request bodies are being received at once; retry\n",
-            )
-                .into_response();
+            return retry_later("too busy: too many request bodies are being received at once; retry\n".into());
         };
         match tokio::time::timeout(uploads.read_timeout, axum::body::to_bytes(body, limit)).await {
             Ok(Ok(body)) => body,
@@ -233,12 +228,9 @@ async fn serve_function(
             Ok(permit) => Some(permit),
             Err(_) => {
                 metrics.refuse(Refusal::Busy);
-                return (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    [(header::RETRY_AFTER, "1")],
-                    "too busy: the pool serving this function is running as many requests as it can; retry\n",
-                )
-                    .into_response();
+                return retry_later(
+                    "too busy: the pool serving this function is running as many requests as it can; retry\n".into(),
+                );
             }
         },
         None => None,
@@ -249,12 +241,9 @@ async fn serve_function(
         Ok(handler) => handler,
         Err(error) => {
             tracing::error!(%error, "cannot load the function's module; this request fails, and the next one tries again");
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                [(header::RETRY_AFTER, "1")],
-                "the function's module cannot be loaded now; retry (the runtime's log says why)\n",
-            )
-                .into_response();
+            return retry_later(
+                "the function's module cannot be loaded now; retry (the runtime's log says why)\n".into(),
+            );
         }
     };
     let connection = Connection { remote, local_port };
@@ -277,12 +266,14 @@ async fn serve_function(
 fn busy(tenant: &Tenant) -> Response {
     tenant.metrics().refuse(Refusal::Busy);
     let limit = tenant.loader.limits().max_concurrency;
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        [(header::RETRY_AFTER, "1")],
-        format!("too busy: this function serves at most {limit} requests at once; retry\n"),
-    )
-        .into_response()
+    retry_later(format!(
+        "too busy: this function serves at most {limit} requests at once; retry\n"
+    ))
+}
+
+/// A 503 that tells the client to come back in a second.
+fn retry_later(message: String) -> Response {
+    (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, "1")], message).into_response()
 }
 
 fn is_length_limit(error: &axum::Error) -> bool {

@@ -107,6 +107,18 @@ pub fn build(language: &str, source: &Path, output: &Path, cache: &Path, extra: 
 }
 
 /// The JSON result line of a successful build.
+/// Asserts that a build failed as the source's fault (its own exit status, so a Job does
+/// not retry it); its stderr.
+pub fn failed_as_the_sources_fault(output: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(
+        output.status.code(),
+        Some(wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD),
+        "{stderr}"
+    );
+    stderr
+}
+
 pub fn result(output: &Output) -> Value {
     assert!(
         output.status.success(),
