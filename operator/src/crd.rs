@@ -16,6 +16,9 @@ use std::collections::BTreeMap;
 /// label value (at most 63 characters).
 pub const MAX_NAME_LEN: usize = 46;
 
+/// The one DNS label a Function cannot be named: its Deployment would be the pool's.
+pub const RESERVED_NAME: &str = "wasmless-pool";
+
 /// Whether `name` can name a Function: a DNS-1035 label (it is the default Service name)
 /// of at most [`MAX_NAME_LEN`] characters.
 pub fn name_problem(name: &str) -> Option<String> {
@@ -24,12 +27,21 @@ pub fn name_problem(name: &str) -> Option<String> {
         && name
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if name == RESERVED_NAME {
+        return Some(format!(
+            "name {RESERVED_NAME:?} is the namespace's shared pool's Deployment: give the Function another name"
+        ));
+    }
     (!dns_label || name.len() > MAX_NAME_LEN).then(|| {
         format!(
             "name {name:?} must be a DNS label of at most {MAX_NAME_LEN} characters: it names the Service and the build Jobs"
         )
     })
 }
+
+/// The most linear memory a request of a Function in the shared pool may have (the pool's
+/// `--memory-limit`): a Function that asks for more is served by pods of its own.
+pub const POOL_MEMORY_LIMIT: &str = "256Mi";
 
 /// Largest inline source accepted, in bytes (a ConfigMap holds 1 MiB, and a handler
 /// bigger than this belongs in a prebuilt module).
@@ -53,6 +65,7 @@ pub const MAX_SOURCE_BYTES: usize = 512 * 1024;
     printcolumn(name = "Language", type_ = "string", json_path = ".spec.language"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(name = "Served", type_ = "string", json_path = ".status.servedBy"),
     printcolumn(name = "Digest", type_ = "string", json_path = ".status.moduleDigestShort"),
     printcolumn(name = "URL", type_ = "string", json_path = ".status.url"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
@@ -64,7 +77,9 @@ pub const MAX_SOURCE_BYTES: usize = 512 * 1024;
         label_selector_path = ".status.selector"
     ),
     validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 46")
-        .message("a Function's name must be a DNS label of at most 46 characters: it names the Service and the build Jobs (<name>-build-<10 hex>, at most 63)")
+        .message("a Function's name must be a DNS label of at most 46 characters: it names the Service and the build Jobs (<name>-build-<10 hex>, at most 63)"),
+    validation = Rule::new("self.metadata.name != 'wasmless-pool'")
+        .message("wasmless-pool is the name of the namespace's shared pool: give the Function another name")
 )]
 #[x_kube(validation = Rule::new(
     "(has(self.source) ? 1 : 0) + (has(self.__function__) ? 1 : 0) + (has(self.module) ? 1 : 0) == 1"
@@ -117,10 +132,15 @@ pub struct FunctionSpec {
     #[schemars(range(min = 1, max = 65535))]
     pub server_port: i32,
 
-    /// Runtime pods; 0 pauses the function.
+    /// Runtime pods; 0 pauses the function. With `scale`, the pods follow `scale` instead.
     #[serde(default = "default_replicas")]
     #[schemars(range(min = 0, max = 1000))]
     pub replicas: i32,
+
+    /// Scaling on demand: `min: 0` serves the Function from its namespace's shared pool
+    /// while it has no pods of its own, so an idle Function costs no pod and still answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<Scale>,
 
     /// The handler's WASI environment: literal values, and keys of Secrets and ConfigMaps.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -155,6 +175,40 @@ fn default_server_port() -> i32 {
 
 fn default_replicas() -> i32 {
     1
+}
+
+/// How many pods of its own a Function runs, and when.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.min <= self.max").message("scale.min must not be above scale.max"))]
+pub struct Scale {
+    /// Fewest pods of its own. 0: none while idle, the namespace's pool serves it.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 1000))]
+    pub min: i32,
+    /// Most pods of its own.
+    #[serde(default = "default_scale_max")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max: i32,
+    /// Requests in flight per pod that the scaler aims for: more, and pods are added.
+    #[serde(default = "default_target_concurrency")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub target_concurrency: i32,
+    /// How long a Function with pods of its own goes without requests before it is back to
+    /// `min` (and, at 0, served by the pool again).
+    #[serde(default = "default_idle_timeout")]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
+    pub idle_timeout: String,
+}
+
+fn default_scale_max() -> i32 {
+    10
+}
+fn default_target_concurrency() -> i32 {
+    10
+}
+fn default_idle_timeout() -> String {
+    "60s".into()
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -525,10 +579,28 @@ pub struct FunctionStatus {
     /// The runtime pods that exist (ready or not), for the scale subresource.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
+    /// Where requests to the Function's Service go: `pods` (its own) or `pool` (the
+    /// namespace's shared pool, while a Function with `scale.min: 0` has no ready pods).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_by: Option<ServedBy>,
+    /// When `servedBy` last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_by_since: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// The pool's port for this Function, while it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_port: Option<i32>,
     /// The label selector of the runtime pods, in its string form, for the scale
     /// subresource: a HorizontalPodAutoscaler reads the pods' metrics through it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
+}
+
+/// Where a Function's Service sends requests.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ServedBy {
+    Pods,
+    Pool,
 }
 
 impl FunctionSpec {
@@ -603,6 +675,54 @@ impl FunctionSpec {
 }
 
 impl FunctionSpec {
+    /// Whether the Function asks to be served by the pool while idle (`scale.min: 0`).
+    pub fn scales_to_zero(&self) -> bool {
+        self.scale.as_ref().is_some_and(|scale| scale.min == 0)
+    }
+
+    /// Why a Function that asks for `scale.min: 0` is served by pods of its own instead of
+    /// the pool (at least one): the pool runs many Functions in one process, so it holds
+    /// no Function's Secrets or ConfigMaps (the kubelet resolves those into a pod's
+    /// environment and volumes, one pod per Function), and it keeps no instance between
+    /// requests (`isolation: shared` keeps one per pod, on purpose).
+    pub fn pool_refusal(&self) -> Option<String> {
+        let mut reads = Vec::new();
+        if self.env.iter().any(|var| var.value_from.is_some()) {
+            reads.push("env[].valueFrom");
+        }
+        if !self.env_from.is_empty() {
+            reads.push("envFrom");
+        }
+        if let Some(outbound) = &self.outbound {
+            if !outbound.headers.is_empty() {
+                reads.push("outbound.headers");
+            }
+            if outbound.ca_bundle.is_some() {
+                reads.push("outbound.caBundle");
+            }
+        }
+        if !reads.is_empty() {
+            return Some(format!(
+                "it reads Secrets or ConfigMaps ({}), which the shared pool does not hold: it keeps one pod of its own",
+                reads.join(", ")
+            ));
+        }
+        let pool_memory = wasmless_formats::quantity::parse_bytes(POOL_MEMORY_LIMIT).expect("a quantity");
+        if wasmless_formats::quantity::parse_bytes(&self.limits.memory).is_ok_and(|memory| memory > pool_memory) {
+            return Some(format!(
+                "limits.memory {} is over the shared pool's {POOL_MEMORY_LIMIT}: it keeps one pod of its own",
+                self.limits.memory
+            ));
+        }
+        if self.limits.isolation == Isolation::Shared {
+            return Some(
+                "limits.isolation shared keeps instances between requests, which the shared pool does not: it keeps one pod of its own"
+                    .into(),
+            );
+        }
+        None
+    }
+
     /// What is wrong with `files` beside the inline `source`: names, the total size, and
     /// what the builder would refuse of them anyway.
     fn files_problems(&self, source: &str) -> Vec<String> {

@@ -26,6 +26,8 @@ pub enum Error {
     NoNamespace,
     #[error("storage oci needs the operator's --oci-registry setting")]
     NoRegistry,
+    #[error("the pool of namespace {0} has no free port left: give some of its Functions scale.min 1")]
+    PoolFull(String),
 }
 
 impl Error {
@@ -36,6 +38,7 @@ impl Error {
             Error::Serialize(_) => "serialize",
             Error::NoNamespace => "no_namespace",
             Error::NoRegistry => "no_registry",
+            Error::PoolFull(_) => "pool_full",
         }
     }
 }

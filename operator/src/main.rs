@@ -54,6 +54,10 @@ struct Args {
     /// dependencies do not build.
     #[arg(long, env = "WASMLESS_CARGO_REGISTRY")]
     cargo_registry: Option<String>,
+    /// Pods of each namespace's shared pool, which serves the Functions with `scale.min: 0`
+    /// while they have no pods of their own.
+    #[arg(long, env = "WASMLESS_POOL_REPLICAS", default_value_t = 2, value_parser = clap::value_parser!(i32).range(1..=100))]
+    pool_replicas: i32,
     /// Watch only this namespace (default: all).
     #[arg(long, env = "WASMLESS_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
@@ -110,6 +114,7 @@ async fn main() -> anyhow::Result<()> {
     settings.oci_plain_http = args.oci_plain_http.clone();
     settings.go_proxy = args.go_proxy.clone().filter(|proxy| !proxy.trim().is_empty());
     settings.build_cache = args.build_cache.clone();
+    settings.pool_replicas = args.pool_replicas;
     settings.cargo_registry = args
         .cargo_registry
         .clone()

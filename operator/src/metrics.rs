@@ -33,6 +33,20 @@ pub struct BuildLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FunctionLabels {
+    pub function: String,
+    pub function_namespace: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScaleLabels {
+    pub function: String,
+    pub function_namespace: String,
+    /// `up` or `down`.
+    pub direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReplicaLabels {
     function: String,
     function_namespace: String,
@@ -88,6 +102,10 @@ pub struct Metrics {
     pub failures: Family<ErrorLabels, Counter>,
     pub duration: Histogram,
     pub builds: Family<BuildLabels, Counter>,
+    /// The autoscaler's decisions, by Function and direction.
+    pub scale_decisions: Family<ScaleLabels, Counter>,
+    /// The requests in flight the autoscaler last measured for each scaled Function.
+    pub concurrency: Family<FunctionLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// The last build end counted for each Function (by UID): see [`Metrics::build_ended`].
     last_build_counted: Arc<Mutex<HashMap<String, String>>>,
     /// The controller's cache of Functions, read on every scrape; set once it runs.
@@ -101,6 +119,8 @@ impl Default for Metrics {
             failures: Family::default(),
             duration: Histogram::new([0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
             builds: Family::default(),
+            scale_decisions: Family::default(),
+            concurrency: Family::default(),
             last_build_counted: Arc::default(),
             functions: Arc::default(),
         }
@@ -129,6 +149,16 @@ impl Metrics {
             "Builds this operator saw end, by Function and result (succeeded, failed, deadline_exceeded, oom_killed)",
             self.builds.clone(),
         );
+        registry.register(
+            "wasmless_operator_scale_decisions",
+            "Changes of the pods a Function with scale wants, by direction (up, down)",
+            self.scale_decisions.clone(),
+        );
+        registry.register(
+            "wasmless_operator_function_concurrency",
+            "Requests in flight on average over the last tick, in a scaled Function's pods and its pool",
+            self.concurrency.clone(),
+        );
         registry.register_collector(Box::new(Replicas(self.functions.clone())));
         self
     }
@@ -146,6 +176,25 @@ impl Metrics {
             start: Instant::now(),
             duration: self.duration.clone(),
         }
+    }
+
+    pub fn concurrency(&self, function: &str, namespace: &str, value: f64) {
+        self.concurrency
+            .get_or_create(&FunctionLabels {
+                function: function.into(),
+                function_namespace: namespace.into(),
+            })
+            .set(value);
+    }
+
+    pub fn scale_decided(&self, function: &str, namespace: &str, up: bool) {
+        self.scale_decisions
+            .get_or_create(&ScaleLabels {
+                function: function.into(),
+                function_namespace: namespace.into(),
+                direction: if up { "up" } else { "down" },
+            })
+            .inc();
     }
 
     pub fn failed(&self, error: &crate::Error) {

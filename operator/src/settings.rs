@@ -28,6 +28,9 @@ pub struct Settings {
     pub cargo_registry: Option<String>,
     /// Where build Jobs keep the build cache they share across builds.
     pub build_cache: BuildCache,
+    /// Pods of each namespace's shared pool (Functions with `scale.min: 0` are served there
+    /// while idle): two, so a pool pod's restart or eviction leaves one serving.
+    pub pool_replicas: i32,
 }
 
 /// The volume of build Jobs' persistent cache (Go's and Cargo's caches, built modules and
@@ -92,6 +95,7 @@ impl Settings {
             go_proxy: None,
             build_cache: BuildCache::HostPath(DEFAULT_BUILD_CACHE_PATH.into()),
             cargo_registry: None,
+            pool_replicas: 2,
         }
     }
 }

@@ -7,10 +7,13 @@
 //! `status` writes conditions and Events.
 
 mod apply;
+mod autoscaler;
 mod build;
 mod cleanup;
 mod config;
 mod find;
+mod pool;
+mod scale;
 mod status;
 
 pub use apply::is_subset;
@@ -19,9 +22,9 @@ pub use status::{
     event_note,
 };
 
-use crate::crd::{Function, Phase, Storage};
+use crate::crd::{Function, Phase, ServedBy, Storage};
 use crate::module::Module;
-use crate::objects::{self, MANAGER};
+use crate::objects::{self, MANAGER, Route};
 use crate::references::{self, ConfigKind};
 use crate::{Error, Metrics, Settings};
 use build::Build;
@@ -52,6 +55,10 @@ pub struct Context {
     pub settings: Settings,
     /// Consecutive failures per Function, for the error policy's backoff.
     failures: Mutex<HashMap<ObjectRef<Function>, u32>>,
+    /// Held while a Function is given a port in its namespace's pool.
+    pool_ports: tokio::sync::Mutex<()>,
+    /// The scaler's decisions: the replicas each scaled Function wants.
+    pub scaler: scale::Scaler,
 }
 
 impl Context {
@@ -66,6 +73,8 @@ impl Context {
             metrics,
             settings,
             failures: Mutex::default(),
+            pool_ports: tokio::sync::Mutex::default(),
+            scaler: scale::Scaler::default(),
         }
     }
 }
@@ -162,22 +171,13 @@ async fn reconcile_steps(func: &Function, ctx: &Context) -> Result<Action, StepE
                 .doing(READY, || format!("reading the Secrets and ConfigMaps {name} uses"))?,
         ),
     };
-    let (serving, deployment) = serve(func, ctx, &ns, &build, config.as_ref()).await?;
+    let served = serve(func, ctx, &ns, &build, config.as_ref()).await?;
     let missing = match &config {
         Some(Config::Missing(message)) => Some(message.as_str()),
         _ => None,
     };
     // 5. Status and events.
-    let status = status::update(
-        ctx,
-        func,
-        &build,
-        source_digest,
-        serving.as_ref(),
-        deployment.as_ref(),
-        missing,
-    )
-    .await?;
+    let status = status::update(ctx, func, &build, source_digest, &served, missing).await?;
     // 6. Garbage: once the current module serves everywhere, older builds are.
     if let (Build::Done(module), Some(Phase::Ready)) = (&build, status.phase)
         && func.spec.module.is_none()
@@ -190,6 +190,9 @@ async fn reconcile_steps(func: &Function, ctx: &Context) -> Result<Action, StepE
     Ok(match (&build, status.phase) {
         (Build::Running { .. }, _) => Action::requeue(Duration::from_secs(15)),
         (Build::Failed { .. } | Build::Invalid(_), _) => Action::await_change(),
+        // A pool that does not serve the Function yet is a second away; a route moving
+        // between the pool and pods waits on pods starting or the route settling.
+        _ if served.pending => Action::requeue(Duration::from_secs(1)),
         (_, Some(Phase::Ready)) => Action::requeue(Duration::from_secs(600)),
         _ => Action::requeue(Duration::from_secs(30)),
     })
@@ -220,20 +223,38 @@ async fn write_source(func: &Function, ctx: &Context, ns: &str) -> Result<Digest
     Ok(digest)
 }
 
+/// What step 4 left serving: the module, the Deployment (as read when this reconcile did
+/// not change it: its status then says how the rollout stands), the replicas it asks for,
+/// and where the Service routes.
+struct Served {
+    pub module: Option<Module>,
+    pub deployment: Option<Deployment>,
+    /// The Deployment's replicas as this reconcile wrote them.
+    pub replicas: i32,
+    pub route: Option<Route>,
+    /// For a pooled Function: its port in the pool, and whether the pool serves it.
+    pub pool: Option<(u16, pool::PoolState)>,
+    /// Why a Function that asks for `scale.min: 0` is not pooled.
+    pub not_pooled: Option<String>,
+    /// A change of route or replicas is under way: reconcile again soon.
+    pub pending: bool,
+    /// The Function's port in the pool while it has an entry there.
+    pub entry_port: Option<u16>,
+}
+
 /// Step 4: the Deployment serves the new module once built, and the previous one (read
 /// back from its pod template) while a build runs or after one failed; the Service in
-/// front of it. While a Secret or ConfigMap the pods need is missing, the pod template
-/// stays as it is (pods made from the new one could not start), and only the rest of
-/// the Deployment (its replicas) follows the Function. The module served, and the
-/// Deployment as read when this reconcile did not change it (its status then says how
-/// the rollout stands).
+/// front of it, or of the namespace's pool (`scale.min: 0`). While a Secret or ConfigMap
+/// the pods need is missing, the pod template stays as it is (pods made from the new one
+/// could not start), and only the rest of the Deployment (its replicas) follows the
+/// Function.
 async fn serve(
     func: &Function,
     ctx: &Context,
     ns: &str,
     build: &Build,
     config: Option<&Config>,
-) -> Result<(Option<Module>, Option<Deployment>), StepError> {
+) -> Result<Served, StepError> {
     let name = func.name_any();
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
     let existing = deployments
@@ -244,10 +265,21 @@ async fn serve(
         Build::Done(module) => Some(module.clone()),
         _ => existing.as_ref().and_then(find::serving_module),
     };
-    let Some(module) = serving.as_ref().filter(|_| !matches!(build, Build::Invalid(_))) else {
-        return Ok((serving, existing));
+    let not_pooled = func.spec.scales_to_zero().then(|| func.spec.pool_refusal()).flatten();
+    let mut served = Served {
+        module: serving.clone(),
+        deployment: existing.clone(),
+        replicas: 0,
+        route: None,
+        pool: None,
+        not_pooled,
+        pending: false,
+        entry_port: None,
     };
-    let desired = match (config, &existing) {
+    let Some(module) = serving.as_ref().filter(|_| !matches!(build, Build::Invalid(_))) else {
+        return Ok(served);
+    };
+    let mut desired = match (config, &existing) {
         (Some(Config::Complete(hash)), _) => objects::deployment(func, &ctx.settings, module, hash.as_ref()),
         (Some(Config::Missing(_)), Some(existing)) => {
             let mut desired = objects::deployment(func, &ctx.settings, module, None);
@@ -257,18 +289,66 @@ async fn serve(
             desired
         }
         // Nothing serves yet, and nothing could start.
-        (Some(Config::Missing(_)), None) | (None, _) => return Ok((serving, existing)),
+        (Some(Config::Missing(_)), None) | (None, _) => return Ok(served),
     };
+    let pooled = func.spec.scales_to_zero() && served.not_pooled.is_none();
+    let live_replicas = existing.as_ref().and_then(|d| d.spec.as_ref()?.replicas);
+    let own_available = existing
+        .as_ref()
+        .and_then(|d| d.status.as_ref()?.available_replicas)
+        .unwrap_or(0);
+    let wanted = scale::replicas(func, ctx.scaler.wanted(func), live_replicas);
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
+    let status = func.status.as_ref();
+    let entry_port = status
+        .and_then(|status| status.pool_port)
+        .and_then(|port| u16::try_from(port).ok());
+    // A Function that leaves the pool (scale.min raised, or it now reads a Secret) stays
+    // there until a pod of its own is available, and its entry until the route has settled.
+    let leaving = !pooled && entry_port.is_some();
+    let (replicas, route) = if pooled || (leaving && own_available == 0) {
+        pool::ensure_pool(ctx, ns).await?;
+        let port = pool::write_entry(ctx, func, ns, module).await?;
+        let state = pool::pool_state(ctx, ns, &name, port).await;
+        let decision = scale::route(
+            wanted,
+            own_available,
+            live_replicas.unwrap_or(0),
+            state == pool::PoolState::Serving,
+            status,
+        );
+        served.pool = Some((port, state));
+        served.entry_port = Some(port);
+        served.pending = decision.pending;
+        (decision.replicas, decision.route(port))
+    } else {
+        if leaving {
+            if scale::settled(status, ServedBy::Pods) {
+                pool::remove_entry(ctx, func, ns).await?;
+            } else {
+                served.entry_port = entry_port;
+                served.pending = true;
+            }
+        }
+        (wanted, Route::Pods)
+    };
+    if let Some(spec) = desired.spec.as_mut() {
+        spec.replicas = Some(replicas);
+    }
     let rolled = apply::apply_if_changed_with(&deployments, existing.as_ref(), &desired)
         .await
         .doing(READY, || format!("applying the Deployment {name}"))?;
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
-    let service = objects::service(func);
+    let service = objects::service(func, route);
     apply::apply_if_changed(&services, &service)
         .await
         .doing(READY, || format!("applying the Service {}", service.name_any()))?;
     cleanup::remove_renamed_services(&services, func, &service.name_any()).await?;
-    Ok((serving, if rolled { None } else { existing }))
+    served.replicas = replicas;
+    served.route = Some(route);
+    if rolled {
+        served.deployment = None;
+    }
+    Ok(served)
 }
 
 /// Requeues a failed reconcile after 1 s, 2 s, 4 s … up to 5 minutes.
@@ -317,7 +397,14 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<O
     };
     let (secret_readers, configmap_readers) = (readers(ConfigKind::Secret), readers(ConfigKind::ConfigMap));
     let all = watcher::Config::default().any_semantic();
+    // The autoscaler's decisions come back as reconciles of the Functions they changed.
+    let (scaled, decisions) = tokio::sync::mpsc::unbounded_channel();
+    let autoscaler = tokio::spawn(autoscaler::run(ctx.clone(), controller.store(), scaled));
+    let decisions = futures::stream::unfold(decisions, |mut decisions| async move {
+        decisions.recv().await.map(|func| (func, decisions))
+    });
     controller
+        .reconcile_on(decisions)
         .watches(
             api::<PartialObjectMeta<Secret>>(&client, namespace),
             all.clone(),
@@ -341,4 +428,5 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<O
             }
         })
         .await;
+    autoscaler.abort();
 }

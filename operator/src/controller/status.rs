@@ -2,12 +2,13 @@
 //! and an Event for each condition that changed; and a failed step reported on its condition.
 
 use super::build::Build;
-use super::{Context, Doing, StepError};
+use super::pool::PoolState;
+use super::{Context, Doing, Served, StepError};
 use crate::Error;
-use crate::crd::{Function, FunctionStatus, Phase};
+use crate::crd::{Function, FunctionStatus, Phase, ServedBy};
 use crate::metrics::BuildOutcome;
 use crate::module::Module;
-use crate::objects::{self, MANAGER};
+use crate::objects::{self, MANAGER, POOL_NAME, Route};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -22,6 +23,8 @@ pub const CONDITION_READY: &str = "Ready";
 pub const REASON_RECONCILE_ERROR: &str = "ReconcileError";
 /// The Ready condition's reason while a Secret or ConfigMap the pods need does not exist.
 pub const REASON_REFERENCE_NOT_FOUND: &str = "ReferenceNotFound";
+/// The Ready condition's reason while the namespace's pool serves the Function.
+pub const REASON_SERVED_BY_POOL: &str = "ServedByPool";
 /// Longest Event note the API server accepts, in bytes.
 pub const MAX_EVENT_NOTE_BYTES: usize = 1024;
 
@@ -32,13 +35,17 @@ pub(super) async fn update(
     func: &Function,
     build: &Build,
     source_digest: Option<Digest>,
-    serving: Option<&Module>,
-    deployment: Option<&Deployment>,
+    served: &Served,
     missing: Option<&str>,
 ) -> Result<FunctionStatus, StepError> {
     let (name, ns) = (func.name_any(), func.namespace().unwrap_or_default());
-    let mut status = status_for(func, build, source_digest, serving, deployment, missing);
+    let mut status = status_for(func, build, source_digest, served, missing);
     let old = func.status.clone().unwrap_or_default();
+    status.served_by_since = match status.served_by {
+        None => None,
+        same if same == old.served_by => old.served_by_since.clone(),
+        Some(_) => Some(Time(Timestamp::now())),
+    };
     if let (Build::Done(_), Some(digest)) = (build, source_digest)
         && func.spec.module.is_none()
     {
@@ -173,13 +180,14 @@ fn status_for(
     func: &Function,
     build: &Build,
     source_digest: Option<Digest>,
-    serving: Option<&Module>,
-    deployment: Option<&Deployment>,
+    served: &Served,
     missing: Option<&str>,
 ) -> FunctionStatus {
+    let (serving, deployment) = (served.module.as_ref(), served.deployment.as_ref());
     let generation = func.metadata.generation;
     let (built, phase_of_build, build_message) = built_condition(build, generation);
-    let replicas = func.spec.replicas;
+    let replicas = served.replicas;
+    let pooled = served.pool.is_some();
     let deploy_status = deployment.and_then(|d| d.status.clone()).unwrap_or_default();
     let ready = match missing {
         Some(message) => condition(
@@ -189,9 +197,17 @@ fn status_for(
             message.into(),
             generation,
         ),
-        None => ready_condition(func, serving, deployment),
+        None => match (&served.route, &served.pool) {
+            (Some(Route::Pool { port }), Some((_, state))) => pool_ready_condition(*port, replicas, state, generation),
+            _ => ready_condition(func, replicas, serving, deployment),
+        },
     };
-    let phase = phase_of_build.unwrap_or(if ready.status == "True" || (replicas == 0 && missing.is_none()) {
+    let mut ready = ready;
+    if let Some(reason) = &served.not_pooled {
+        ready.message = format!("{}; scale.min 0 is not honoured: {reason}", ready.message);
+    }
+    let paused = replicas == 0 && !pooled && missing.is_none();
+    let phase = phase_of_build.unwrap_or(if ready.status == "True" || paused {
         Phase::Ready
     } else {
         Phase::Pending
@@ -210,7 +226,32 @@ fn status_for(
         build_message,
         ready_replicas: deploy_status.ready_replicas.or(serving.map(|_| 0)),
         replicas: deploy_status.replicas.or(serving.map(|_| 0)),
+        served_by: served.route.map(|route| match route {
+            Route::Pods => ServedBy::Pods,
+            Route::Pool { .. } => ServedBy::Pool,
+        }),
+        served_by_since: None,
+        pool_port: served.entry_port.map(i32::from),
         selector: Some(objects::runtime_selector(func)),
+    }
+}
+
+/// `Ready` of a Function the Service routes to the pool: true once every ready pool pod
+/// listens on its port.
+fn pool_ready_condition(port: u16, replicas: i32, state: &PoolState, generation: Option<i64>) -> Condition {
+    let pods = match replicas {
+        0 => "no pods of its own".to_string(),
+        n => format!("while {n} pods of its own start or stop"),
+    };
+    match state {
+        PoolState::Serving => condition(
+            CONDITION_READY,
+            true,
+            REASON_SERVED_BY_POOL,
+            format!("served by the namespace's pool ({POOL_NAME}, port {port}), {pods}"),
+            generation,
+        ),
+        PoolState::NotYet(why) => condition(CONDITION_READY, false, "PoolStarting", why.clone(), generation),
     }
 }
 
@@ -238,11 +279,15 @@ fn built_condition(build: &Build, generation: Option<i64>) -> (Condition, Option
     }
 }
 
-/// `Ready`: true when the Deployment has observed its generation and all replicas are
+/// `Ready`: true when the Deployment has observed its generation and all `replicas` are
 /// updated and available.
-fn ready_condition(func: &Function, serving: Option<&Module>, deployment: Option<&Deployment>) -> Condition {
+fn ready_condition(
+    func: &Function,
+    replicas: i32,
+    serving: Option<&Module>,
+    deployment: Option<&Deployment>,
+) -> Condition {
     let generation = func.metadata.generation;
-    let replicas = func.spec.replicas;
     let deploy_status = deployment.and_then(|d| d.status.clone()).unwrap_or_default();
     let up_to_date = deployment.is_some_and(|d| {
         d.status.as_ref().and_then(|s| s.observed_generation) >= d.metadata.generation

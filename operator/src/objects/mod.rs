@@ -5,6 +5,7 @@
 
 mod builder;
 mod pod;
+mod pool;
 mod runtime;
 
 pub use builder::{
@@ -12,6 +13,11 @@ pub use builder::{
     publish_target,
 };
 pub use pod::{NON_ROOT_UID, OCI_PLAIN_HTTP_ENV};
+pub use pool::{
+    NAMESPACE_ENV, POOL_COMPONENT, POOL_ENTRY_COMPONENT, POOL_ENTRY_KEY, POOL_NAME, POOL_PORTS, free_pool_port,
+    pool_args, pool_deployment, pool_entry, pool_entry_name, pool_entry_port, pool_entry_selector, pool_pod_selector,
+    pool_rbac,
+};
 pub use runtime::{
     DRAIN_DELAY_SECONDS, HANDLER_ENV_PREFIX, POD_IP_ENV, SHUTDOWN_GRACE_SECONDS, TERMINATION_GRACE_PERIOD_SECONDS,
     deployment, outbound_header_env, runtime_args,
@@ -145,27 +151,42 @@ fn prometheus_annotations() -> BTreeMap<String, String> {
     ])
 }
 
-/// The Service of the runtime pods: `spec.serverPort` to their HTTP port, and their admin
-/// port as `metrics`.
-pub fn service(func: &Function) -> Service {
+/// Where a Function's Service sends its requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// The Function's own runtime pods, their `http` port.
+    Pods,
+    /// The namespace's pool, on the Function's port there.
+    Pool { port: u16 },
+}
+
+/// The Function's Service: `spec.serverPort` to the runtime pods' HTTP port (or to the
+/// Function's port in the pool), and the admin port as `metrics`. Its name, ClusterIP and
+/// ports stay whatever the route: only the selector and the target port change, in one
+/// update.
+pub fn service(func: &Function, route: Route) -> Service {
     let labels = labels_for(func, "runtime");
     let mut meta = meta(func, service_name(func), labels.clone());
     meta.annotations = Some(prometheus_annotations());
-    let port = |name: &str, port: i32, target: &str| ServicePort {
+    let port = |name: &str, port: i32, target: IntOrString| ServicePort {
         name: Some(name.into()),
         port,
-        target_port: Some(IntOrString::String(target.into())),
+        target_port: Some(target),
         protocol: Some("TCP".into()),
         ..Default::default()
+    };
+    let (selector, http_target) = match route {
+        Route::Pods => (labels, IntOrString::String("http".into())),
+        Route::Pool { port } => (pool_pod_selector(), IntOrString::Int(port.into())),
     };
     Service {
         metadata: meta,
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".into()),
-            selector: Some(labels),
+            selector: Some(selector),
             ports: Some(vec![
-                port("http", func.spec.server_port, "http"),
-                port("metrics", ports::ADMIN.into(), "metrics"),
+                port("http", func.spec.server_port, http_target),
+                port("metrics", ports::ADMIN.into(), IntOrString::String("metrics".into())),
             ]),
             ..Default::default()
         }),

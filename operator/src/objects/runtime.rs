@@ -156,13 +156,24 @@ fn runtime_container(func: &Function, settings: &Settings, module: &Module) -> C
 /// the contract whose other half is `wasmless_runtime::config::Config` (the `cli` crate's
 /// tests parse these with it). Their order is part of the pod template, so it stays.
 pub fn runtime_args(func: &Function, module: &Module) -> Vec<String> {
-    let limits = &func.spec.limits;
     // The code sits where the module does: in the same chunk volume, or as a layer of the
     // same OCI artifact.
     let location = match &module.location {
         ModuleLocation::ConfigMaps { .. } => MODULE_DIR.to_string(),
         ModuleLocation::Oci { reference } => format!("{}{reference}", wasmless_artifact::oci::SCHEME),
     };
+    args_with_locations(func, module, location.clone(), location)
+}
+
+/// [`runtime_args`] with the module and its code read from the given `--module` and
+/// `--code` locations.
+pub(super) fn args_with_locations(
+    func: &Function,
+    module: &Module,
+    location: String,
+    code_location: String,
+) -> Vec<String> {
+    let limits = &func.spec.limits;
     let mut args: Vec<String> = [
         ("--module", location.clone()),
         ("--module-digest", module.digest.to_string()),
@@ -215,7 +226,7 @@ pub fn runtime_args(func: &Function, module: &Module) -> Vec<String> {
     if let Some(code) = &module.code {
         args.extend([
             "--code".into(),
-            location,
+            code_location,
             "--code-digest".into(),
             code.digest.to_string(),
         ]);
@@ -325,7 +336,7 @@ fn handler_env_from(func: &Function) -> Vec<EnvFromSource> {
 /// One projected volume of the module's chunk ConfigMaps and its code's: the runtime reads
 /// a directory of `NNNN.wasm.zst` chunks, and of `NNNN.cwasm.lz4` chunks for the code.
 /// `None` for a module in a registry.
-fn chunk_volume(func: &Function, module: &Module) -> Option<Volume> {
+pub(super) fn chunk_volume(func: &Function, module: &Module) -> Option<Volume> {
     let ModuleLocation::ConfigMaps { count } = module.location else {
         return None;
     };
@@ -358,7 +369,7 @@ fn chunk_volume(func: &Function, module: &Module) -> Option<Volume> {
     })
 }
 
-fn container_port(name: &str, port: u16) -> ContainerPort {
+pub(super) fn container_port(name: &str, port: u16) -> ContainerPort {
     ContainerPort {
         name: Some(name.into()),
         container_port: port.into(),

@@ -219,7 +219,10 @@ fn crd_has_printer_columns_short_name_and_status() {
         .iter()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(columns, ["Language", "Phase", "Ready", "Digest", "URL", "Age"]);
+    assert_eq!(
+        columns,
+        ["Language", "Phase", "Ready", "Served", "Digest", "URL", "Age"]
+    );
     let subresources = version.subresources.as_ref().unwrap();
     assert!(subresources.status.is_some());
     let scale = subresources

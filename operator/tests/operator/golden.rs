@@ -57,7 +57,7 @@ fn render(func: &Function, settings: &Settings, module: &Module, storage: Storag
         "Deployment",
         &objects::deployment(func, settings, module, config_hash.as_ref()),
     );
-    doc(&mut out, "Service", &objects::service(func));
+    doc(&mut out, "Service", &objects::service(func, objects::Route::Pods));
     let (account, role, binding) = objects::builder_rbac("shop");
     doc(&mut out, "builder ServiceAccount", &account);
     doc(&mut out, "builder Role", &role);
@@ -361,4 +361,58 @@ fn golden_rust_function_with_crates() {
         }),
     };
     check("rust-crates", &render(&func, &settings, &module, Storage::ConfigMap));
+}
+
+/// A Go function with `scale.min: 0`, in ConfigMaps with code: its entry in the pool's
+/// table (the module and code read from the API), its Service while the pool serves it, and
+/// the namespace's pool with its identity.
+#[test]
+fn golden_go_function_served_by_the_pool() {
+    let func = function(json!({
+        "language": "go",
+        "source": "package handlers\n\nimport \"net/http\"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) { w.Write([]byte(\"idle\")) }\n",
+        "env": [{"name": "GREETING", "value": "hi"}],
+        "scale": {"min": 0, "max": 4, "targetConcurrency": 20, "idleTimeout": "30s"},
+        "outbound": {"allow": ["http://prices.shop.svc.cluster.local:8080"]},
+    }));
+    let settings = Settings::new("wasmless/runtime:1.2.3", "wasmless/builder:1.2.3");
+    let source_digest = objects::spec_source_digest(&func, &settings.builder_version);
+    let module = Module {
+        digest: digest("module"),
+        size: Some(5_812_345),
+        source_digest,
+        location: ModuleLocation::ConfigMaps { count: 2 },
+        code: Some(Code {
+            digest: digest("code"),
+            chunks: 7,
+        }),
+    };
+    let mut out = String::new();
+    let mut doc = |title: &str, object: &dyn erased::Yaml| {
+        out.push_str(&format!("# {title}\n{}---\n", object.yaml()));
+    };
+    let port = objects::free_pool_port("hello", &Default::default()).expect("a free port");
+    doc("pool entry ConfigMap", &objects::pool_entry(&func, &module, port));
+    doc(
+        "Service, routed to the pool",
+        &objects::service(&func, objects::Route::Pool { port }),
+    );
+    doc("pool Deployment", &objects::pool_deployment("shop", &settings));
+    let (account, role, binding) = objects::pool_rbac("shop");
+    doc("pool ServiceAccount", &account);
+    doc("pool Role", &role);
+    doc("pool RoleBinding", &binding);
+    check("go-pooled", &out);
+}
+
+/// Serializing objects of different types through one closure.
+mod erased {
+    pub trait Yaml {
+        fn yaml(&self) -> String;
+    }
+    impl<T: serde::Serialize> Yaml for T {
+        fn yaml(&self) -> String {
+            serde_yaml::to_string(self).expect("YAML")
+        }
+    }
 }

@@ -5,6 +5,8 @@ use crate::harness::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::rbac::v1::Role;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -12,7 +14,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use wasmless_artifact::{CHUNK_KEY, Digest, Part, annotations, configmap_name, labels};
 use wasmless_operator::controller::REASON_REFERENCE_NOT_FOUND;
-use wasmless_operator::crd::{Function, Phase};
+use wasmless_operator::crd::{Function, Phase, ServedBy};
 use wasmless_operator::objects::{self, MANAGER};
 use wasmless_operator::references;
 
@@ -825,6 +827,122 @@ async fn secrets_roll_the_pods_and_a_missing_one_is_a_condition(h: &Harness) {
     }
 }
 
+/// `scale.min: 0`: no pod of its own, the namespace's pool (made on demand, reading
+/// ConfigMaps and nothing else) has the Function in its table, and the Service routes there;
+/// a Function that reads a Secret keeps a pod of its own, and says why; one that leaves the
+/// pool stays routed there until its own pod is available.
+async fn scale_to_zero_serves_from_the_namespaces_pool(h: &Harness) {
+    let spec = json!({"source": HELLO, "scale": {"min": 0, "max": 3}, "env": [{"name": "GREETING", "value": "hi"}]});
+    h.create("hello", spec).await;
+    h.reconcile("hello").await.unwrap();
+    let module = h.finish_build("hello", &wasm("hello")).await;
+    let func = h.reconciled("hello").await;
+    let st = status(&func);
+    assert_eq!(st.served_by, Some(ServedBy::Pool), "{st:?}");
+    let port = st.pool_port.expect("a port in the pool");
+    let port_u16 = u16::try_from(port).unwrap();
+    assert!(objects::POOL_PORTS.contains(&port_u16), "{port}");
+    let deployment = h.deployment("hello").await.expect("the Function's Deployment");
+    assert_eq!(deployment.spec.as_ref().unwrap().replicas, Some(0), "no pod of its own");
+
+    // The entry: the pod's arguments, the module and its code read from the API.
+    let entry = h
+        .api::<ConfigMap>()
+        .get(&objects::pool_entry_name("hello"))
+        .await
+        .expect("the entry");
+    assert_eq!(entry.labels()[objects::COMPONENT_LABEL], objects::POOL_ENTRY_COMPONENT);
+    let value: serde_json::Value = serde_json::from_str(&entry.data.unwrap()[objects::POOL_ENTRY_KEY]).unwrap();
+    assert_eq!(value["port"], port);
+    let args: Vec<String> = serde_json::from_value(value["args"].clone()).unwrap();
+    let source_digest = Harness::status_source_digest(&func);
+    assert!(
+        has_flag(&args, "--module", &format!("configmaps:hello/{source_digest}/1")),
+        "{args:?}"
+    );
+    assert!(has_flag(&args, "--module-digest", &module.to_string()), "{args:?}");
+    assert!(
+        has_flag(&args, "--env", "GREETING=hi"),
+        "literal env travels in the entry: {args:?}"
+    );
+
+    // The Service: same name and port, the pool's pods on the Function's port there.
+    let service = h.api::<Service>().get("hello").await.unwrap();
+    let spec = service.spec.unwrap();
+    assert_eq!(spec.selector.unwrap(), objects::pool_pod_selector());
+    let http = spec
+        .ports
+        .unwrap()
+        .into_iter()
+        .find(|p| p.name.as_deref() == Some("http"))
+        .unwrap();
+    assert_eq!(http.port, 8080);
+    assert_eq!(http.target_port, Some(IntOrString::Int(port)));
+
+    // The pool: one per namespace, its identity reads ConfigMaps and nothing else.
+    let pool = h.api::<Deployment>().get(objects::POOL_NAME).await.expect("the pool");
+    let pod = pool.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some(objects::POOL_NAME));
+    assert!(has_flag(
+        pod.containers[0].args.as_ref().unwrap(),
+        "--pool",
+        "api:wasmless.io/component=pool-entry"
+    ));
+    let role = h.api::<Role>().get(objects::POOL_NAME).await.expect("the pool's Role");
+    let rules = role.rules.unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].resources.as_deref(), Some(&["configmaps".to_string()][..]));
+    assert_eq!(rules[0].verbs, ["get", "list", "watch"]);
+    if h.fake.is_some() {
+        // No pool pod answers here: not Ready until one serves the Function.
+        assert_eq!(condition(&func, "Ready").reason, "PoolStarting");
+    }
+
+    // A second pooled Function gets another port.
+    h.create("other", json!({"source": HELLO, "scale": {"min": 0}})).await;
+    h.reconcile("other").await.unwrap();
+    h.finish_build("other", &wasm("other")).await;
+    let other = h.reconciled("other").await;
+    assert_ne!(status(&other).pool_port, Some(port));
+    assert!(status(&other).pool_port.is_some());
+
+    // One that reads a Secret cannot be pooled: a pod of its own, and status says why.
+    h.create(
+        "secretive",
+        json!({"source": HELLO, "scale": {"min": 0}, "envFrom": [{"secretRef": {"name": "creds", "optional": true}}]}),
+    )
+    .await;
+    h.reconcile("secretive").await.unwrap();
+    h.finish_build("secretive", &wasm("secretive")).await;
+    let secretive = h.reconciled("secretive").await;
+    assert_eq!(status(&secretive).served_by, Some(ServedBy::Pods));
+    assert_eq!(h.deployment("secretive").await.unwrap().spec.unwrap().replicas, Some(1));
+    let ready = condition(&secretive, "Ready");
+    assert!(
+        ready.message.contains("scale.min 0 is not honoured") && ready.message.contains("envFrom"),
+        "{ready:?}"
+    );
+
+    // Leaving the pool: routed there until a pod of its own is available.
+    h.update_spec("hello", json!({"scale": {"min": 1, "max": 3}})).await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(status(&func).served_by, Some(ServedBy::Pool));
+    assert_eq!(h.deployment("hello").await.unwrap().spec.unwrap().replicas, Some(1));
+    h.make_available("hello").await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(status(&func).served_by, Some(ServedBy::Pods));
+    let service = h.api::<Service>().get("hello").await.unwrap();
+    assert_eq!(service.spec.unwrap().selector.unwrap()[labels::FUNCTION], "hello");
+    assert!(
+        h.api::<ConfigMap>()
+            .get_opt(&objects::pool_entry_name("hello"))
+            .await
+            .unwrap()
+            .is_some(),
+        "the entry stays while the route settles"
+    );
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         /// Against the in-memory API server.
@@ -870,4 +988,5 @@ scenarios!(
     builder_out_of_memory_says_so,
     chunks_published_after_the_function_is_gone_are_collected,
     secrets_roll_the_pods_and_a_missing_one_is_a_condition,
+    scale_to_zero_serves_from_the_namespaces_pool,
 );

@@ -1,0 +1,189 @@
+//! Step 4 for a Function with `scale.min: 0`: the namespace's pool (its identity and
+//! Deployment), the Function's entry in the pool's table, and whether the pool's pods
+//! serve it yet (asked of each ready pool pod's `GET /pool`).
+
+use super::apply::{apply_if_changed, apply_if_changed_with};
+use super::{Context, Doing, READY, StepError};
+use crate::Error;
+use crate::crd::Function;
+use crate::module::Module;
+use crate::objects::{self, POOL_NAME};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{DeleteParams, ListParams};
+use kube::{Api, ResourceExt};
+use std::collections::BTreeSet;
+use std::time::Duration;
+use wasmless_artifact::ports;
+
+/// How the pool stands for one Function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum PoolState {
+    /// Every ready pool pod (at least one) listens on the Function's port.
+    Serving,
+    /// Not yet, and why (for the Ready condition).
+    NotYet(String),
+}
+
+/// Writes the pool's ServiceAccount, Role, RoleBinding and Deployment in `ns` where they
+/// differ from what this operator would write.
+pub(super) async fn ensure_pool(ctx: &Context, ns: &str) -> Result<(), StepError> {
+    let (account, role, binding) = objects::pool_rbac(ns);
+    let client = &ctx.client;
+    apply_if_changed(&Api::<ServiceAccount>::namespaced(client.clone(), ns), &account)
+        .await
+        .doing(READY, || format!("applying the ServiceAccount {POOL_NAME}"))?;
+    apply_if_changed(&Api::<Role>::namespaced(client.clone(), ns), &role)
+        .await
+        .doing(READY, || format!("applying the Role {POOL_NAME}"))?;
+    apply_if_changed(&Api::<RoleBinding>::namespaced(client.clone(), ns), &binding)
+        .await
+        .doing(READY, || format!("applying the RoleBinding {POOL_NAME}"))?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let desired = objects::pool_deployment(ns, &ctx.settings);
+    let existing = deployments
+        .get_opt(POOL_NAME)
+        .await
+        .doing(READY, || format!("reading the Deployment {POOL_NAME}"))?;
+    apply_if_changed_with(&deployments, existing.as_ref(), &desired)
+        .await
+        .doing(READY, || format!("applying the Deployment {POOL_NAME}"))?;
+    Ok(())
+}
+
+/// Writes the Function's entry in the pool's table; the Function's port in the pool. A
+/// Function keeps the port its entry has; a new one gets a port no other entry of the
+/// namespace holds (allocations are serialized in this process, the only writer).
+pub(super) async fn write_entry(ctx: &Context, func: &Function, ns: &str, module: &Module) -> Result<u16, StepError> {
+    let name = func.name_any();
+    let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    let entry_name = objects::pool_entry_name(&name);
+    let _allocating = ctx.pool_ports.lock().await;
+    let existing = configmaps
+        .get_opt(&entry_name)
+        .await
+        .doing(READY, || format!("reading the pool entry {entry_name}"))?;
+    let port = match existing.as_ref().and_then(objects::pool_entry_port) {
+        Some(port) => port,
+        None => {
+            let entries = configmaps
+                .list(&ListParams::default().labels(&objects::pool_entry_selector()))
+                .await
+                .doing(READY, || format!("listing the pool entries of namespace {ns}"))?;
+            let taken: BTreeSet<u16> = entries
+                .items
+                .iter()
+                .filter(|entry| entry.name_any() != entry_name)
+                .filter_map(objects::pool_entry_port)
+                .collect();
+            objects::free_pool_port(&name, &taken)
+                .ok_or_else(|| Error::PoolFull(ns.to_string()))
+                .doing(READY, || format!("giving {name} a port in the pool"))?
+        }
+    };
+    let desired = objects::pool_entry(func, module, port);
+    apply_if_changed_with(&configmaps, existing.as_ref(), &desired)
+        .await
+        .doing(READY, || format!("writing the pool entry {entry_name}"))?;
+    Ok(port)
+}
+
+/// Removes the Function's entry from the pool's table (the Function is no longer served
+/// there); nothing when it has none.
+pub(super) async fn remove_entry(ctx: &Context, func: &Function, ns: &str) -> Result<(), StepError> {
+    let entry_name = objects::pool_entry_name(&func.name_any());
+    let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    match configmaps.delete(&entry_name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(error) => Err(error).doing(READY, || format!("deleting the pool entry {entry_name}")),
+    }
+}
+
+/// The IPs of the pool's ready pods in `ns`.
+pub(super) async fn ready_pool_pods(ctx: &Context, ns: &str) -> Result<Vec<String>, Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let selector = objects::pool_pod_selector()
+        .iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let list = pods.list(&ListParams::default().labels(&selector)).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none() && is_ready(pod))
+        .filter_map(|pod| pod.status.as_ref()?.pod_ip.clone())
+        .collect())
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Whether every ready pool pod of `ns` serves `function` on `port`.
+pub(super) async fn pool_state(ctx: &Context, ns: &str, function: &str, port: u16) -> PoolState {
+    let ips = match ready_pool_pods(ctx, ns).await {
+        Ok(ips) => ips,
+        Err(error) => return PoolState::NotYet(format!("cannot list the pool's pods: {error}")),
+    };
+    if ips.is_empty() {
+        return PoolState::NotYet(format!("the pool ({POOL_NAME}) has no ready pod yet"));
+    }
+    for ip in &ips {
+        match serves(ip, function, port).await {
+            Ok(true) => {}
+            Ok(false) => return PoolState::NotYet(format!("pool pod {ip} does not listen for {function} yet")),
+            Err(error) => return PoolState::NotYet(format!("cannot ask pool pod {ip}: {error}")),
+        }
+    }
+    PoolState::Serving
+}
+
+/// `GET http://<ip>:<admin>/pool`: whether the pod lists `function` listening on `port`.
+async fn serves(ip: &str, function: &str, port: u16) -> Result<bool, String> {
+    let body = get(&format!("http://{}/pool", pod_addr(ip))).await?;
+    let value: serde_json::Value =
+        serde_json::from_slice(&body).map_err(|error| format!("its /pool is not JSON: {error}"))?;
+    let entry = &value["functions"][function];
+    Ok(entry["listening"] == serde_json::Value::Bool(true) && entry["port"].as_u64() == Some(port.into()))
+}
+
+/// `ip:admin port`, IPv6 bracketed.
+pub(super) fn pod_addr(ip: &str) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]:{}", ports::ADMIN)
+    } else {
+        format!("{ip}:{}", ports::ADMIN)
+    }
+}
+
+/// A GET to a pod's admin port, with a short deadline: a pod that does not answer in a
+/// second is not one to route to.
+pub(super) async fn get(url: &str) -> Result<Bytes, String> {
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let uri: hyper::Uri = url.parse().map_err(|error| format!("{url}: {error}"))?;
+    let request = async {
+        let response = client.get(uri).await.map_err(|error| error.to_string())?;
+        if !response.status().is_success() {
+            return Err(format!("{url} answered {}", response.status()));
+        }
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|error| error.to_string())?;
+        Ok(body.to_bytes())
+    };
+    tokio::time::timeout(Duration::from_secs(1), request)
+        .await
+        .map_err(|_| format!("{url} did not answer within a second"))?
+}

@@ -1,0 +1,285 @@
+//! The namespace's shared pool: one runtime Deployment (`wasmless-pool`) that serves every
+//! Function of the namespace with `scale.min: 0` while it has no ready pods of its own,
+//! its identity (which may read the namespace's ConfigMaps: the table and the modules), and
+//! each pooled Function's entry in its table (a ConfigMap the pool watches).
+//!
+//! One pool per namespace, not one per cluster: a Service selects pods of its own
+//! namespace only, so the Function's Service can point at the pool by selector; the pool
+//! reads only its namespace's ConfigMaps; and the boundary between tenants stays the
+//! namespace (docs/pool.md, "Threat model").
+
+use super::pod::{empty_dir, mount, oci_plain_http_env, restricted_container_security, restricted_pod_security};
+use super::runtime::{
+    DRAIN_DELAY_SECONDS, SHUTDOWN_GRACE_SECONDS, TERMINATION_GRACE_PERIOD_SECONDS, args_with_locations, container_port,
+};
+use super::{COMPONENT_LABEL, MANAGED_BY_LABEL, MANAGER, labels_for, meta, prometheus_annotations};
+use crate::crd::{Function, POOL_MEMORY_LIMIT};
+use crate::module::{Module, ModuleLocation};
+use crate::settings::Settings;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, ServiceAccount,
+};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use std::collections::BTreeMap;
+use wasmless_artifact::ports;
+
+/// Name of the pool's Deployment, ServiceAccount, Role and RoleBinding in a namespace.
+pub const POOL_NAME: &str = "wasmless-pool";
+/// `wasmless.io/component` of the pool's pods.
+pub const POOL_COMPONENT: &str = "pool";
+/// `wasmless.io/component` of a Function's entry in the pool's table.
+pub const POOL_ENTRY_COMPONENT: &str = "pool-entry";
+/// Key of the entry (`{"port": N, "args": [...]}`) in an entry ConfigMap.
+pub const POOL_ENTRY_KEY: &str = "entry.json";
+/// The ports the pool gives Functions, one each: far from the runtime's own (8080, 9090)
+/// and below Linux's ephemeral range (32768 and up would collide with outbound calls'
+/// local ports only on the same address, but staying clear costs nothing).
+pub const POOL_PORTS: std::ops::Range<u16> = 20000..32000;
+/// Loaded code the pool keeps before unloading the least recently used Function.
+pub const POOL_MEMORY_BUDGET: &str = "1Gi";
+/// The variable the pool reads its namespace from (the downward API's).
+pub const NAMESPACE_ENV: &str = "WASMLESS_NAMESPACE";
+
+fn pool_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (COMPONENT_LABEL.to_string(), POOL_COMPONENT.to_string()),
+        (MANAGED_BY_LABEL.to_string(), MANAGER.to_string()),
+    ])
+}
+
+fn pool_meta(namespace: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(POOL_NAME.into()),
+        namespace: Some(namespace.into()),
+        labels: Some(pool_labels()),
+        ..Default::default()
+    }
+}
+
+/// The label selector (`key=value,...`) of the entries the pool serves.
+pub fn pool_entry_selector() -> String {
+    format!("{COMPONENT_LABEL}={POOL_ENTRY_COMPONENT}")
+}
+
+/// The labels a Service selects the pool's pods by.
+pub fn pool_pod_selector() -> BTreeMap<String, String> {
+    pool_labels()
+}
+
+/// The pool's identity: it may read the ConfigMaps of its namespace (its table and the
+/// modules' chunks), nothing else; in particular no Secret. Shared by the namespace's
+/// pooled Functions, so it carries no owner reference.
+pub fn pool_rbac(namespace: &str) -> (ServiceAccount, Role, RoleBinding) {
+    let account = ServiceAccount {
+        metadata: pool_meta(namespace),
+        ..Default::default()
+    };
+    let role = Role {
+        metadata: pool_meta(namespace),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["".into()]),
+            resources: Some(vec!["configmaps".into()]),
+            // get: a module's chunks; list and watch: the table's entries.
+            verbs: ["get", "list", "watch"].map(String::from).to_vec(),
+            ..Default::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: pool_meta(namespace),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: POOL_NAME.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: POOL_NAME.into(),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        }]),
+    };
+    (account, role, binding)
+}
+
+/// The pool's Deployment in `namespace`: the runtime in pool mode, its table the entry
+/// ConfigMaps of the namespace.
+pub fn pool_deployment(namespace: &str, settings: &Settings) -> Deployment {
+    let labels = pool_labels();
+    let probe = |path: &str, period: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("metrics".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(3),
+        ..Default::default()
+    };
+    let args: Vec<String> = [
+        ("--pool", format!("api:{}", pool_entry_selector())),
+        ("--admin-port", ports::ADMIN.to_string()),
+        ("--memory-limit", POOL_MEMORY_LIMIT.into()),
+        ("--pool-memory-budget", POOL_MEMORY_BUDGET.into()),
+        ("--cache-dir", "/cache".into()),
+        ("--drain-delay", format!("{DRAIN_DELAY_SECONDS}s")),
+        ("--shutdown-grace", format!("{SHUTDOWN_GRACE_SECONDS}s")),
+    ]
+    .into_iter()
+    .flat_map(|(flag, value)| [flag.to_string(), value])
+    .collect();
+    let field = |name: &str, path: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut env: Vec<EnvVar> = oci_plain_http_env(settings).collect();
+    env.push(field(NAMESPACE_ENV, "metadata.namespace"));
+    env.push(field(super::POD_IP_ENV, "status.podIP"));
+    let container = Container {
+        name: "pool".into(),
+        image: Some(settings.runtime_image.clone()),
+        args: Some(args),
+        env: Some(env),
+        ports: Some(vec![container_port("metrics", ports::ADMIN)]),
+        readiness_probe: Some(probe("/readyz", 1)),
+        liveness_probe: Some(probe("/healthz", 10)),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".into(), Quantity("100m".into())),
+                ("memory".into(), Quantity("128Mi".into())),
+            ])),
+            // The budget of loaded code, and room for the requests in flight.
+            limits: Some(BTreeMap::from([("memory".into(), Quantity("2Gi".into()))])),
+            ..Default::default()
+        }),
+        security_context: Some(restricted_container_security()),
+        volume_mounts: Some(vec![mount("cache", "/cache", false)]),
+        ..Default::default()
+    };
+    Deployment {
+        metadata: pool_meta(namespace),
+        spec: Some(DeploymentSpec {
+            replicas: Some(settings.pool_replicas),
+            revision_history_limit: Some(3),
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..Default::default()
+            },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(0)),
+                    max_surge: Some(IntOrString::Int(1)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    annotations: Some(prometheus_annotations()),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(POOL_NAME.into()),
+                    // The one runtime pod that talks to the API: it watches its table.
+                    automount_service_account_token: Some(true),
+                    enable_service_links: Some(false),
+                    security_context: Some(restricted_pod_security()),
+                    containers: vec![container],
+                    termination_grace_period_seconds: Some(TERMINATION_GRACE_PERIOD_SECONDS),
+                    volumes: Some(vec![empty_dir("cache", "1Gi")]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Name of a Function's entry ConfigMap.
+pub fn pool_entry_name(function: &str) -> String {
+    format!("{function}-pool")
+}
+
+/// The runtime's `configmaps:` location of `count` chunks (of the module for `--module`,
+/// of its code for `--code`): the pool fetches them from the API, where a dedicated pod has
+/// them mounted.
+fn chunks_location(func: &Function, module: &Module, count: usize) -> String {
+    format!("configmaps:{}/{}/{count}", func.name_any(), module.source_digest)
+}
+
+/// The runtime arguments a pooled Function is served with: its pod's, the module and code
+/// read from the API instead of a volume.
+pub fn pool_args(func: &Function, module: &Module) -> Vec<String> {
+    let mut args = match &module.location {
+        ModuleLocation::ConfigMaps { count } => {
+            let code_chunks = module.code.as_ref().map_or(0, |code| code.chunks);
+            args_with_locations(
+                func,
+                module,
+                chunks_location(func, module, *count),
+                chunks_location(func, module, code_chunks),
+            )
+        }
+        ModuleLocation::Oci { .. } => super::runtime_args(func, module),
+    };
+    // A pod has the handler's environment in its own (from the container's `env`); the
+    // pool's process is shared, so a pooled Function's travels in its entry. Only literal
+    // values: one from a Secret or ConfigMap keeps the Function out of the pool
+    // (`FunctionSpec::pool_refusal`).
+    for var in &func.spec.env {
+        if var.value_from.is_none() {
+            args.extend([
+                "--env".into(),
+                format!("{}={}", var.name, var.value.as_deref().unwrap_or_default()),
+            ]);
+        }
+    }
+    args
+}
+
+/// A Function's entry in the pool's table: its port there and its runtime arguments.
+pub fn pool_entry(func: &Function, module: &Module, port: u16) -> ConfigMap {
+    let entry = serde_json::json!({ "port": port, "args": pool_args(func, module) });
+    ConfigMap {
+        metadata: meta(
+            func,
+            pool_entry_name(&func.name_any()),
+            labels_for(func, POOL_ENTRY_COMPONENT),
+        ),
+        data: Some(BTreeMap::from([(POOL_ENTRY_KEY.into(), entry.to_string())])),
+        ..Default::default()
+    }
+}
+
+/// The port an entry ConfigMap gives its Function, if it is one.
+pub fn pool_entry_port(entry: &ConfigMap) -> Option<u16> {
+    let text = entry.data.as_ref()?.get(POOL_ENTRY_KEY)?;
+    let value: serde_json::Value = serde_json::from_str(text).ok()?;
+    u16::try_from(value.get("port")?.as_u64()?).ok()
+}
+
+/// The port a Function gets in its pool when none of `taken` holds it: a start that
+/// depends only on its name (so a Function keeps its port across re-creation when it can),
+/// then the next free one.
+pub fn free_pool_port(function: &str, taken: &std::collections::BTreeSet<u16>) -> Option<u16> {
+    let hash = wasmless_artifact::Digest::of(function.as_bytes()).hex();
+    let hash = u16::from_str_radix(&hash[..4], 16).expect("hex digits");
+    let span = POOL_PORTS.end - POOL_PORTS.start;
+    let start = hash % span;
+    (0..span)
+        .map(|offset| POOL_PORTS.start + (start + offset) % span)
+        .find(|port| !taken.contains(port))
+}
