@@ -10,7 +10,10 @@ each with the builder's phases (its result line, in the build pod's termination 
   pod     a new pod of an already-built Function: created -> scheduled -> sandbox (pod IP)
           -> container running -> Ready -> first 200 from the pod;
   goless  the same new pod, done Goless's way: an init container runs `go build` of the
-          Goless sample (the builder image's Go, an empty GOCACHE), then the binary serves.
+          Goless sample (the builder image's Go, an empty GOCACHE), then the binary serves;
+  zero    time to first byte of the first request to a Function with `scale.min: 0` (no pod
+          of its own: the namespace's pool loads it on that request), against the same
+          request to the warm pod of bench-hello and to a Function the pool has loaded.
 Polls every 20 ms, so each phase is known to about that; Kubernetes' own timestamps are
 whole seconds and are not used. Writes its section of docs/benchmarks.md, and prints the
 raw figures as JSON on stderr.
@@ -277,6 +280,51 @@ def goless_deployment(builder_image):
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": [configmap, deployment]})
 
 
+def ttfb(url):
+    """Seconds from opening the connection to the response's status line and headers (a new
+    connection each time, as a first request has), and the body."""
+    import http.client
+    import urllib.parse
+    parts = urllib.parse.urlsplit(url)
+    started = time.perf_counter()
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=5)
+    connection.request("GET", parts.path or "/")
+    response = connection.getresponse()
+    first_byte = time.perf_counter() - started
+    body = response.read().decode()
+    connection.close()
+    if response.status != 200:
+        raise SystemExit(f"GET {url}: {response.status} {body}")
+    return first_byte, body
+
+
+def service_url(name):
+    out = kubectl("get", "svc", name, "-n", NS, "-o", "jsonpath={.spec.clusterIP}:{.spec.ports[0].port}")
+    return f"http://{out}/"
+
+
+def from_zero(reps):
+    """New Functions with scale.min 0 (one source, so later builds are cache hits): each one's
+    first request after Ready, answered by the pool, which loads the module and its code on
+    it; then requests it has loaded."""
+    first, loaded = [], []
+    for index in range(reps):
+        name = f"bench-zero-{index}"
+        spec = json.loads(function_yaml(name, "zero", "from zero"))
+        spec["spec"]["scale"] = {"min": 0, "max": 1}
+        kubectl("apply", "-f", "-", stdin=json.dumps(spec))
+        wait(f"{name} Ready", lambda: kubectl(
+            "get", "fn", name, "-n", NS, "-o", "jsonpath={.status.phase}/{.status.servedBy}", check=False) == "Ready/pool", 600)
+        url = service_url(name)
+        seconds_to_first_byte, body = ttfb(url)
+        if body != "from zero":
+            raise SystemExit(f"{name} answered {body!r}")
+        first.append(seconds_to_first_byte)
+        loaded.extend(ttfb(url)[0] for _ in range(10))
+    return {"first": statistics.median(first), "first_max": max(first), "loaded": statistics.median(loaded),
+            "count": reps, "firsts": first}
+
+
 def median_marks(runs):
     keys = runs[0].keys()
     return {k: statistics.median(r[k] for r in runs) for k in keys if all(k in r for r in runs)}
@@ -302,6 +350,10 @@ def main():
         "get", "fn", name, "-n", NS, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}", check=False), 900)
     selector = f"wasmless.io/function={name},wasmless.io/component=runtime"
     results["pod"] = median_marks([new_pod(selector, 8080, 120) for _ in range(reps)])
+
+    warm_url = service_url(name)
+    results["warm_pod"] = statistics.median(ttfb(warm_url)[0] for _ in range(30))
+    results["zero"] = from_zero(max(reps, 5))
 
     kubectl("apply", "-f", "-", stdin=goless_deployment(builder_image))
     kubectl("rollout", "status", "deploy/goless", "-n", NS, "--timeout=600s")
@@ -352,6 +404,32 @@ def build_row(label, marks, total_key):
             f"{'' if waited is None else f'{waited:.0f} s'} | {p.get('compile', 0):.2f} | {p.get('snapshot', 0):.2f} | "
             f"{p.get('precompile', 0):.2f} | {p.get('publish', 0):.2f} | {p.get('total', 0):.2f} | "
             f"{cache.get('module', '?')} / {cache.get('code', '?')} |")
+
+
+def zero_section(results):
+    zero, warm = results.get("zero"), results.get("warm_pod")
+    if not zero:
+        return ""
+    ms = lambda value: f"{value * 1000:.1f} ms"
+    return f"""
+
+**From zero** (`scale.min: 0`, issue 24): a Function with no pod of its own is served by its
+namespace's pool, which fetches the module and compiled code from the API and loads them on
+the Function's first request. Time to first byte over a new connection through the Service,
+from the node (medians; {zero["count"]} new Functions of the Goless sample, one first request each):
+
+| request | time to first byte |
+|---|---|
+| the first request to a Function with no pod of its own (the pool loads it) | **{ms(zero["first"])}** (worst of {zero["count"]}: {ms(zero["first_max"])}) |
+| a later request to it (loaded in the pool) | {ms(zero["loaded"])} |
+| the same request to bench-hello's warm pod of its own | {ms(warm)} |
+
+From zero costs **{zero["first"] / warm:.1f}×** a warm pod's request here. Knative's activator
+waits for a pod to start (a pod's time to Ready was 3.1 s on average on a CI cluster,
+knative/serving#11956), and Fission's pool manager reports "about 100msec" for loading a
+function into a warm generic pod (fission/fission README): theirs are their own clusters'
+figures, not measured here, and Fission's is a whole pod specialised per function, where the
+pool here is one process for all of a namespace's Functions."""
 
 
 def markdown(results):
@@ -405,7 +483,7 @@ A new Wasmless pod answers **{goless["first_200"] / pod["first_200"]:.0f}× soon
 ({seconds(pod["first_200"])} against {seconds(goless["first_200"])}). Images are already on the
 node in both (imported, never pulled). In Goless's pod the time after the sandbox is `go build`
 in the init container (an empty `GOCACHE`, as every new Goless pod has); in ours the runtime
-starting and loading the module's compiled code."""
+starting and loading the module's compiled code.{zero_section(results)}"""
 
 
 if __name__ == "__main__":

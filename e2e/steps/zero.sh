@@ -1,0 +1,108 @@
+# Scale to zero (issue 24): a Function with scale.min 0 has no pod of its own and answers
+# from its namespace's shared pool at once; under load it gets pods of its own, and back to
+# none when idle, with a request loop running throughout that sees no failure.
+# Sourced by e2e/run.sh, which runs the steps in its order; e2e/lib.sh has the helpers.
+
+own_pods() { # FUNCTION: its runtime pods, ready or not
+  kubectl get pods -n "$NS" -l "wasmless.io/function=$1,wasmless.io/component=runtime" --no-headers 2>/dev/null | wc -l
+}
+
+served_by_is() { [[ $(fn_field "$1" .status.servedBy) == "$2" ]]; }
+
+pool_ips() {
+  kubectl get pods -n "$NS" -l wasmless.io/component=pool \
+    -o 'jsonpath={range .items[?(@.status.podIP)]}{.status.podIP}{"\n"}{end}'
+}
+
+# pool_lists FUNCTION: every pool pod lists FUNCTION in its GET /pool.
+pool_lists() {
+  local ip ips
+  ips=$(pool_ips)
+  [[ -n $ips ]] || return 1
+  for ip in $ips; do
+    curl -fsS --max-time 2 "http://$ip:9090/pool" | grep -q "\"$1\"" || return 1
+  done
+}
+
+# pool_forgot FUNCTION: no pool pod lists FUNCTION any more.
+pool_forgot() {
+  local ip
+  for ip in $(pool_ips); do
+    ! curl -fsS --max-time 2 "http://$ip:9090/pool" | grep -q "\"$1\"" || return 1
+  done
+}
+
+# request_loop URL LOG: one new connection every 50 ms until killed; each line `code seconds`.
+request_loop() {
+  while :; do
+    curl -s -o /dev/null --max-time 5 -w '%{http_code} %{time_total}\n' "$1" || echo "000 curl-exit-$?"
+    sleep 0.05
+  done >"$2"
+}
+
+scale_to_zero() {
+  step "scale.min 0: no pod of its own, answered from the pool; 0 -> N pods -> 0 under a load ramp with no failed request"
+  local started manifest url ttfb
+  manifest=$(python3 -c 'import json,sys; print(json.dumps({
+    "apiVersion": "wasmless.io/v1alpha1", "kind": "Function",
+    "metadata": {"name": "idle", "namespace": sys.argv[2]},
+    "spec": {"function": sys.argv[1], "scale": {"min": 0, "max": 3, "targetConcurrency": 2, "idleTimeout": "15s"}}}))' \
+    "$(go_handler "idle but awake")" "$NS")
+  started=$SECONDS
+  kubectl apply -f - <<<"$manifest" >/dev/null
+  wait_until 240 "idle to be Ready" phase_is idle Ready
+  echo "    Ready $((SECONDS - started))s after kubectl apply"
+  expect_eq "$(fn_field idle .status.servedBy)" pool "idle's status.servedBy"
+  expect_eq "$(own_pods idle)" 0 "idle's pods of its own"
+  kubectl get fn idle -n "$NS"
+  expect_eq "$(kubectl get fn idle -n "$NS" --no-headers | awk '{ print $4 }')" pool "kubectl get fn's SERVED"
+  url=$(service_url idle)
+  # The first request after Ready: the pool loads the module and code on it.
+  ttfb=$(curl -fsS -o "$WORK/idle.body" --max-time 5 -w '%{time_starttransfer}' "$url")
+  expect_eq "$(cat "$WORK/idle.body")" "idle but awake" "the first answer, from the pool"
+  echo "    first request from zero: time to first byte ${ttfb}s"
+
+  # A request loop throughout (new connections, so each follows the Service's route), and a
+  # load ramp on top: wrk at 1, then 12 connections.
+  request_loop "$url" "$WORK/idle-loop.log" &
+  PIDS+=($!)
+  local loop=$! load
+  wrk -t1 -c1 -d5s "$url" >"$WORK/wrk-idle-1.log" 2>&1
+  started=$SECONDS
+  wrk -t2 -c12 -d300s "$url" >"$WORK/wrk-idle-12.log" 2>&1 &
+  PIDS+=($!)
+  load=$!
+  has_pods() { served_by_is idle pods && (($(ready_pods idle) >= 1)); }
+  wait_until 120 "idle to get pods of its own under load, and the Service to route to them" has_pods
+  echo "    $(ready_pods idle) pods of its own, routed to, $((SECONDS - started))s into the load"
+  sleep 10
+  kill -INT "$load"
+  wait "$load" 2>/dev/null || true
+  grep -E 'Requests/sec|requests in|Non-2xx|Socket errors' "$WORK/wrk-idle-12.log" | sed 's/^ */    wrk: /' || true
+  if grep -qE 'Non-2xx|Socket errors' "$WORK/wrk-idle-12.log"; then
+    fail "wrk saw failed requests during the ramp: $(grep -E 'Non-2xx|Socket errors' "$WORK/wrk-idle-12.log")"
+  fi
+  started=$SECONDS
+  back_to_zero() { served_by_is idle pool && (($(own_pods idle) == 0)); }
+  wait_until 180 "idle back to the pool and no pod of its own after 15 s idle" back_to_zero
+  echo "    back to zero pods $((SECONDS - started))s after the load stopped (idleTimeout 15s, then 10s for the route to settle, then the pods' drain)"
+  sleep 2
+  kill "$loop" 2>/dev/null || true
+  local total failed
+  total=$(wc -l <"$WORK/idle-loop.log")
+  failed=$(grep -vc '^200 ' "$WORK/idle-loop.log" || true)
+  echo "    the request loop: $total requests, $failed failed"
+  ((total > 100)) || fail "the request loop made only $total requests"
+  expect_eq "$failed" 0 "failed requests in the loop ($(grep -v '^200 ' "$WORK/idle-loop.log" | sort | uniq -c | head -3))"
+  kubectl get events -n "$NS" --field-selector involvedObject.name=idle -o custom-columns=REASON:.reason,MESSAGE:.note --no-headers |
+    grep -E 'Scaled|ServedByPool|Available' | sed 's/^/    event: /' | head -8
+  expect_contains "$(kubectl get events -n "$NS" --field-selector involvedObject.name=idle -o jsonpath='{.items[*].reason}')" ScaledUp "idle's Events"
+
+  # Deleting the Function removes it from the pool within seconds.
+  pool_lists idle || fail "the pool does not list idle before its deletion"
+  started=$SECONDS
+  kubectl delete fn idle -n "$NS" --wait=false >/dev/null
+  wait_until 30 "the pool to forget idle" pool_forgot idle
+  echo "    gone from the pool $((SECONDS - started))s after kubectl delete"
+  ok
+}
