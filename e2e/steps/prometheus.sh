@@ -90,7 +90,12 @@ dashboard_queries() {
   source=$(printf 'package handlers\n\nimport "net/http"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {\n\tundefinedHelper(w)\n}\n' | sed 's/^/    /')
   printf 'apiVersion: wasmless.io/v1alpha1\nkind: Function\nmetadata: {name: dash-broken}\nspec:\n  language: go\n  source: |\n%s\n' \
     "$source" | kubectl apply -n "$NS" -f - >/dev/null
+  # And one with no pod of its own, so that the pool's panels have a load to show.
+  printf 'apiVersion: wasmless.io/v1alpha1\nkind: Function\nmetadata: {name: dash-idle}\nspec:\n  language: go\n  scale: {min: 0}\n  source: |\n%s\n' \
+    "$(go_handler "dash idle" | sed 's/^/    /')" | kubectl apply -n "$NS" -f - >/dev/null
   kubectl wait fn/dash -n "$NS" --for=condition=Ready --timeout=600s >/dev/null
+  kubectl wait fn/dash-idle -n "$NS" --for=condition=Ready --timeout=600s >/dev/null
+  expect_service_answer dash-idle "dash idle"
   wait_until 600 "dash-broken's build to fail" phase_is dash-broken Failed
   prometheus_has() {
     curl -fsS "$prometheus/api/v1/query" --data-urlencode "query=$1" |
