@@ -35,6 +35,15 @@ least_privilege() {
   # The operator's own writes pass it: the builder RBAC it wrote for hello is there.
   expect_eq "$(kubectl get role wasmless-builder -n "$NS" -o 'jsonpath={.rules[0].verbs}')" '["create","patch"]' \
     "the builder Role's verbs"
+  # The namespace's pool (made by scale_to_zero): it reads ConfigMaps, and nothing else.
+  local pool=system:serviceaccount:$NS:wasmless-pool
+  expect_eq "$(kubectl auth can-i watch configmaps --as="$pool" -n "$NS")" yes "the pool watches ConfigMaps"
+  expect_eq "$(kubectl auth can-i get secrets --as="$pool" -n "$NS" || true)" no "the pool reads no Secret"
+  expect_eq "$(kubectl auth can-i patch configmaps --as="$pool" -n "$NS" || true)" no "the pool writes no ConfigMap"
+  expect_eq "$(kubectl auth can-i list configmaps --as="$pool" -n kube-system || true)" no "the pool reads no other namespace"
+  refused=$(printf '%s\n' 'apiVersion: rbac.authorization.k8s.io/v1' 'kind: Role' 'metadata: {name: wasmless-pool}' \
+    'rules: [{apiGroups: [""], resources: [configmaps], verbs: [get, create]}]' | dry_run_as_operator)
+  expect_contains "$refused" "the wasmless-pool Role only read them" "a pool Role that writes, as the operator"
   ok
 }
 
