@@ -20,7 +20,7 @@ pub enum LoadError {
         dir: String,
         source: wasmless_artifact::ChunkError,
     },
-    #[error("{0} is not a module source: {1}")]
+    #[error("{0} is not a source the runtime can read: {1}")]
     BadSource(String, String),
     #[error("no digest to verify {0} against: pass --module-digest sha256:<hex>")]
     Unpinned(String),

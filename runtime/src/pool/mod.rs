@@ -137,6 +137,8 @@ impl Pool {
                 }
             };
             if held.get(&name).is_some_and(|old| old.entry == entry) {
+                // Back to what serves (after a bad change, say): nothing is wrong any more.
+                self.reported.lock().unwrap().remove(&name);
                 continue;
             }
             let taken = held
