@@ -32,7 +32,8 @@ pub enum ChunkFetchError {
         source_text: String,
         name: String,
         namespace: String,
-        error: kube::Error,
+        // Boxed: kube's error is large, and every load's error carries this one.
+        error: Box<kube::Error>,
     },
     #[error("{source_text}: ConfigMap {name} has no binary key {key}")]
     NoKey {
@@ -100,7 +101,7 @@ impl ConfigMapChunks {
                 source_text: source_text.clone(),
                 name: name.clone(),
                 namespace: api.namespace.clone(),
-                error,
+                error: Box::new(error),
             })?;
             let chunk = configmap
                 .binary_data
