@@ -15,8 +15,10 @@ pub use wasmless_formats::quantity::{parse_bytes, parse_duration};
     about = "Serve a WebAssembly HTTP handler with wasmtime"
 )]
 pub struct Config {
-    /// The module: a `.wasm` file, a directory of zstd chunks (`0000.wasm.zst`, ...), or
-    /// `oci://registry/repo[:tag]` (pulled by `--module-digest`).
+    /// The module: a `.wasm` file, a directory of zstd chunks (`0000.wasm.zst`, ...),
+    /// `oci://registry/repo[:tag]` (pulled by `--module-digest`), or, in a pool that reads
+    /// the API, `configmaps:<function>/<source digest sha256:hex>/<chunk count>` (the
+    /// builder's chunk ConfigMaps in the pool's namespace).
     #[arg(
         long,
         env = "WASMLESS_MODULE",
@@ -33,7 +35,8 @@ pub struct Config {
     pub module_digest: Option<wasmless_artifact::Digest>,
 
     /// The builder's compiled code for this module: a `.cwasm.lz4` file, a directory of its
-    /// chunks (`0000.cwasm.lz4`, ...), or `oci://registry/repo[@digest]`. Loaded instead of
+    /// chunks (`0000.cwasm.lz4`, ...), `oci://registry/repo[@digest]`, or (in a pool that
+    /// reads the API) `configmaps:<function>/<source digest>/<count>`. Loaded instead of
     /// compiling when it matches `--code-digest`, the pinned module and this engine; when
     /// it does not fit this host, the module is compiled here (and the fallback counted).
     #[arg(long, env = "WASMLESS_CODE", requires = "code_digest")]
@@ -185,13 +188,17 @@ pub struct Config {
     /// Serve many Functions instead of one: a directory of `<name>.json` files, each
     /// `{"port": N, "args": ["--function", "hello", "--module", ...]}` — the Function's
     /// own runtime arguments, served on its own port. Files added, changed and removed
-    /// are picked up every `--watch-interval`. A Function is loaded on its first request
+    /// are picked up every `--watch-interval`. Or `api:<label selector>`: the ConfigMaps
+    /// of the pool's namespace (`WASMLESS_NAMESPACE`, else the service account's) that the
+    /// selector picks, watched through the Kubernetes API, each holding that JSON under
+    /// `entry.json`; their Functions may then read their chunks with
+    /// `--module configmaps:<function>/<source digest>/<count>`. A Function is loaded on its first request
     /// (digests checked as in a dedicated runtime) and unloaded, least recently used
     /// first, when the loaded ones' code passes `--pool-memory-budget`. `--memory-limit`
     /// and `--max-concurrency` are then the largest any one Function may have and the
     /// pool's total.
-    #[arg(long, env = "WASMLESS_POOL")]
-    pub pool: Option<PathBuf>,
+    #[arg(long, env = "WASMLESS_POOL", value_parser = crate::pool::source::TableSource::parse)]
+    pub pool: Option<crate::pool::source::TableSource>,
 
     /// Bytes of loaded code (and data images) the pool keeps before unloading the least
     /// recently used Function (e.g. `1Gi`).

@@ -12,6 +12,7 @@ pub mod abi;
 pub mod clocks;
 pub mod compile;
 pub mod config;
+pub mod configmap_chunks;
 pub mod edge;
 pub mod engine;
 pub mod handler;
@@ -36,7 +37,6 @@ use metrics::Metrics;
 use module_source::LoadError;
 use server::{FunctionState, Readiness};
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tenant::Tenant;
@@ -64,6 +64,8 @@ pub enum ServeError {
     NoModule,
     #[error(transparent)]
     PoolTable(#[from] pool::table::TableError),
+    #[error(transparent)]
+    PoolApi(#[from] pool::api::ApiError),
 }
 
 /// Where the servers listen, known once they are bound (ports may be 0).
@@ -86,22 +88,30 @@ pub async fn serve(
         None => Metrics::new(&config.function),
     });
     let readiness = Readiness::default();
+    let pool_slot = server::PoolSlot::default();
+    // The Kubernetes client (a pool reading the API) brings rustls with ring beside the
+    // aws-lc-rs the rest of the runtime uses, and rustls will not pick between them: the
+    // runtime's own is the process default.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 
     // The admin port comes up first, so probes get an answer while the module loads.
     let admin_listener = bind(config.admin_addr()).await?;
     let admin_addr = admin_listener.local_addr()?;
     let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
     let admin = tokio::spawn(
-        axum::serve(admin_listener, server::admin_router(metrics.clone(), readiness.clone()))
-            .with_graceful_shutdown(async {
-                let _ = admin_stopped.await;
-            })
-            .into_future(),
+        axum::serve(
+            admin_listener,
+            server::admin_router(metrics.clone(), readiness.clone(), pool_slot.clone()),
+        )
+        .with_graceful_shutdown(async {
+            let _ = admin_stopped.await;
+        })
+        .into_future(),
     );
 
     let (routes, listeners, function_addr) = match &config.pool {
         None => serve_one(&config, &metrics, admin_addr.port()).await?,
-        Some(dir) => serve_many(&config, &metrics, dir, admin_addr.port())?,
+        Some(source) => serve_many(&config, &metrics, source, admin_addr.port(), &pool_slot).await?,
     };
     let state = FunctionState::new(routes, server::Uploads::from_config(&config));
     let (phase_tx, phase) = tokio::sync::watch::channel(edge::Phase::Serving);
@@ -165,19 +175,24 @@ async fn serve_one(config: &Config, metrics: &Arc<Metrics>, admin_port: u16) -> 
     Ok((server::Routes::Single(tenant), listeners, function_addr))
 }
 
-/// The pool: the table read once (each Function's port open, nothing loaded), then
-/// watched.
-fn serve_many(config: &Config, metrics: &Arc<Metrics>, dir: &Path, admin_port: u16) -> Result<Serving, ServeError> {
+/// The pool: its table followed from `source` (each Function's port open, nothing loaded
+/// until its first request).
+async fn serve_many(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    source: &pool::source::TableSource,
+    admin_port: u16,
+    slot: &server::PoolSlot,
+) -> Result<Serving, ServeError> {
     let engine = loader::EngineHost::new(&limits::RequestLimits::from_config(config), config.cache_dir.clone())?;
-    let (pool, listeners) = pool::Pool::new(engine, metrics.clone(), config, dir, admin_port);
-    pool.sync()?;
-    tracing::info!(functions = pool.len(), table = %dir.display(), "pool table read");
+    let (pool, listeners) = pool::Pool::new(engine, metrics.clone(), config, admin_port);
+    let _ = slot.set(pool.clone());
     let interval = if config.watch_interval.is_zero() {
         Duration::from_secs(1)
     } else {
         config.watch_interval
     };
-    tokio::spawn(pool.clone().watch(interval));
+    source.follow(pool.clone(), interval).await?;
     Ok((server::Routes::Pool(pool), listeners, SocketAddr::new(config.bind, 0)))
 }
 

@@ -1,6 +1,8 @@
-//! Where a module's bytes come from — a file, a directory of ConfigMap chunks, or an
-//! OCI registry — and the digest check that every load passes before anything runs.
+//! Where a module's bytes come from — a file, a directory of ConfigMap chunks, the chunk
+//! ConfigMaps themselves through the API (a pooled Function), or an OCI registry — and the
+//! digest check that every load passes before anything runs.
 
+use crate::configmap_chunks::{self, ChunkFetchError, ConfigMapChunks};
 use std::path::{Path, PathBuf};
 use wasmless_artifact::{DIGEST_FILE_NAME, Digest, Part, oci::SCHEME as OCI_SCHEME};
 
@@ -14,9 +16,16 @@ pub enum LoadError {
     MissingChunk { dir: PathBuf, index: usize, found: usize },
     #[error("module chunks in {dir} do not reassemble: {source}")]
     Chunks {
-        dir: PathBuf,
+        /// The chunk directory, or the `configmaps:` source.
+        dir: String,
         source: wasmless_artifact::ChunkError,
     },
+    #[error("{0} is not a source the runtime can read: {1}")]
+    BadSource(String, String),
+    #[error("no digest to verify {0} against: pass --module-digest sha256:<hex>")]
+    Unpinned(String),
+    #[error(transparent)]
+    ConfigMaps(#[from] ChunkFetchError),
     #[error("no digest to verify {0} against: pass --module-digest sha256:<hex>, or put the digest in {1}")]
     NoDigest(String, PathBuf),
     #[error("digest file {path} is not a digest: {source}")]
@@ -40,6 +49,7 @@ pub enum ModuleSource {
     File(PathBuf),
     ChunkDir(PathBuf),
     Oci(String),
+    ConfigMaps(ConfigMapChunks),
 }
 
 /// A module's verified bytes.
@@ -50,23 +60,28 @@ pub struct VerifiedModule {
 }
 
 impl ModuleSource {
-    pub fn parse(text: &str) -> Self {
+    pub fn parse(text: &str) -> Result<Self, LoadError> {
         if let Some(reference) = text.strip_prefix(OCI_SCHEME) {
-            return Self::Oci(reference.to_string());
+            return Ok(Self::Oci(reference.to_string()));
+        }
+        if let Some(chunks) = text.strip_prefix(configmap_chunks::SCHEME) {
+            return ConfigMapChunks::parse(chunks)
+                .map(Self::ConfigMaps)
+                .map_err(|reason| LoadError::BadSource(text.to_string(), reason));
         }
         let path = PathBuf::from(text);
-        if path.is_dir() {
+        Ok(if path.is_dir() {
             Self::ChunkDir(path)
         } else {
             Self::File(path)
-        }
+        })
     }
 
     /// The file whose change means a new module, for sources that can change on disk.
     pub fn watched_path(&self) -> Option<&Path> {
         match self {
             Self::File(path) | Self::ChunkDir(path) => Some(path),
-            Self::Oci(_) => None,
+            Self::Oci(_) | Self::ConfigMaps(_) => None,
         }
     }
 
@@ -79,7 +94,7 @@ impl ModuleSource {
         let digest_file = match self {
             Self::File(path) => sidecar_digest_path(path),
             Self::ChunkDir(dir) => dir.join(DIGEST_FILE_NAME),
-            Self::Oci(_) => return None,
+            Self::Oci(_) | Self::ConfigMaps(_) => return None,
         };
         tokio::fs::read_to_string(digest_file).await.ok()?.parse().ok()
     }
@@ -98,6 +113,14 @@ impl ModuleSource {
                 (bytes, expected_digest(pinned, &dir.join(DIGEST_FILE_NAME), dir).await?)
             }
             Self::Oci(reference) => crate::oci::pull(reference, pinned).await?,
+            Self::ConfigMaps(chunks) => {
+                // Nothing beside the chunks holds a digest: the pin is the only one.
+                let expected = pinned.ok_or_else(|| LoadError::Unpinned(self.to_string()))?;
+                (
+                    reassemble_chunks(&self.to_string(), &chunks.fetch(Part::Module).await?)?,
+                    expected,
+                )
+            }
         };
         let actual = Digest::of(&bytes);
         if actual != expected {
@@ -116,6 +139,7 @@ impl std::fmt::Display for ModuleSource {
         match self {
             Self::File(path) | Self::ChunkDir(path) => write!(f, "{}", path.display()),
             Self::Oci(reference) => write!(f, "{OCI_SCHEME}{reference}"),
+            Self::ConfigMaps(chunks) => write!(f, "{chunks}"),
         }
     }
 }
@@ -156,8 +180,14 @@ pub(crate) async fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
 /// Reads `0000.wasm.zst`, `0001.wasm.zst`, ... in index order and decompresses them.
 async fn read_chunk_dir(dir: &Path) -> Result<Vec<u8>, LoadError> {
     let chunks = read_chunk_files(dir, Part::Module).await?;
-    wasmless_artifact::reassemble(&chunks).map_err(|source| LoadError::Chunks {
-        dir: dir.to_path_buf(),
+    reassemble_chunks(&dir.display().to_string(), &chunks)
+}
+
+/// A module's chunks, from a directory or from the API, back to its bytes (the digest is
+/// checked by the caller, [`ModuleSource::load`], for every source alike).
+fn reassemble_chunks(origin: &str, chunks: &[Vec<u8>]) -> Result<Vec<u8>, LoadError> {
+    wasmless_artifact::reassemble(chunks).map_err(|source| LoadError::Chunks {
+        dir: origin.to_string(),
         source,
     })
 }

@@ -287,6 +287,9 @@ fn is_length_limit(error: &axum::Error) -> bool {
     false
 }
 
+/// The pool, once made (the admin port is up before it): its readiness and `/pool`.
+pub type PoolSlot = Arc<std::sync::OnceLock<Arc<crate::pool::Pool>>>;
+
 /// Readiness: true once a module is loaded, false again when shutdown starts.
 #[derive(Clone, Default)]
 pub struct Readiness(Arc<AtomicBool>);
@@ -301,7 +304,10 @@ impl Readiness {
     }
 }
 
-pub fn admin_router(metrics: Arc<Metrics>, readiness: Readiness) -> Router {
+/// `/metrics`, `/healthz`, `/readyz`, and for a pool `/pool`: each Function's port and
+/// state, so its writer (the operator) can tell when a Function is live in the pool.
+pub fn admin_router(metrics: Arc<Metrics>, readiness: Readiness, pool: PoolSlot) -> Router {
+    let pool_for_ready = pool.clone();
     Router::new()
         .route(
             "/metrics",
@@ -319,13 +325,27 @@ pub fn admin_router(metrics: Arc<Metrics>, readiness: Readiness) -> Router {
         .route(
             "/readyz",
             get(move || async move {
-                if readiness.get() {
+                if pool_for_ready.get().is_some_and(|pool| !pool.table_read()) {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "not ready: the pool's table has not been read whole yet\n",
+                    )
+                } else if readiness.get() {
                     (StatusCode::OK, "ready\n")
                 } else {
                     (
                         StatusCode::SERVICE_UNAVAILABLE,
                         "not ready: no module loaded, or shutting down\n",
                     )
+                }
+            }),
+        )
+        .route(
+            "/pool",
+            get(move || async move {
+                match pool.get() {
+                    Some(pool) => axum::Json(serde_json::json!({ "functions": pool.status() })).into_response(),
+                    None => (StatusCode::NOT_FOUND, "not a pool: this runtime serves one Function\n").into_response(),
                 }
             }),
         )

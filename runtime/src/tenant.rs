@@ -24,7 +24,8 @@ type CodeFetch = tokio::task::JoinHandle<CodeResult>;
 /// [`Tenant::use_prefetched`]: a new pod does that while it makes the engine, since
 /// neither needs the other and each takes milliseconds.
 pub fn fetch_code(config: &Config) -> Option<CodeFetch> {
-    let code = precompiled::CodeSource::parse(config.code.as_ref()?);
+    // A source that does not parse is refused by [`Tenant::new`], saying why.
+    let code = precompiled::CodeSource::parse(config.code.as_ref()?).ok()?;
     let code_digest = config.code_digest?;
     Some(tokio::spawn(async move { code.load_code(code_digest).await }))
 }
@@ -40,7 +41,7 @@ pub struct Tenant {
     pub source: ModuleSource,
     /// `--module-digest`, as given (the digest file beside the module is read at load).
     pub pinned: Option<Digest>,
-    code: Option<(String, Option<Digest>)>,
+    code: Option<(precompiled::CodeSource, Option<Digest>)>,
     /// One load at a time: the requests that arrive meanwhile wait for it.
     loading: tokio::sync::Mutex<()>,
     /// Code being read and verified since before the engine was made (a new pod).
@@ -50,6 +51,8 @@ pub struct Tenant {
     /// When a request last used it, in milliseconds since the process started (the
     /// pool's least-recently-used order).
     last_used: AtomicU64,
+    /// Why the last load failed, until one succeeds (the pool's `/pool`).
+    last_error: std::sync::Mutex<Option<String>>,
 }
 
 impl Tenant {
@@ -85,13 +88,17 @@ impl Tenant {
             handler: ArcSwapOption::empty(),
             permits,
             host_permits: None,
-            source: ModuleSource::parse(module),
+            source: ModuleSource::parse(module)?,
             pinned: config.module_digest,
-            code: config.code.clone().map(|code| (code, config.code_digest)),
+            code: match &config.code {
+                Some(code) => Some((precompiled::CodeSource::parse(code)?, config.code_digest)),
+                None => None,
+            },
             loading: tokio::sync::Mutex::new(()),
             prefetched: std::sync::Mutex::new(None),
             on_load: None,
             last_used: AtomicU64::new(0),
+            last_error: std::sync::Mutex::new(None),
         })
     }
 
@@ -119,7 +126,9 @@ impl Tenant {
             return Ok(handler);
         }
         let started = Instant::now();
-        let handler = Arc::new(self.load().await?);
+        let loaded = self.load().await;
+        *self.last_error.lock().unwrap() = loaded.as_ref().err().map(ToString::to_string);
+        let handler = Arc::new(loaded?);
         self.handler.store(Some(handler.clone()));
         if let Some(hook) = &self.on_load {
             hook(started.elapsed());
@@ -131,6 +140,11 @@ impl Tenant {
     /// True if there was one.
     pub fn unload(&self) -> bool {
         self.handler.swap(None).is_some()
+    }
+
+    /// Why the last load failed, if the last load failed.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().unwrap().clone()
     }
 
     pub fn last_used(&self) -> u64 {
@@ -155,7 +169,7 @@ impl Tenant {
             Some((code, code_digest)) => {
                 let module = expected.ok_or(ServeError::CodeWithoutModuleDigest)?;
                 let code_digest = code_digest.ok_or(ServeError::UnpinnedCode)?;
-                let code = precompiled::CodeSource::parse(code);
+                let code = code.clone();
                 let loading = prefetched.unwrap_or_else(|| {
                     let code = code.clone();
                     tokio::spawn(async move { code.load_code(code_digest).await })

@@ -6,6 +6,8 @@
 //! arrives on, whatever the client's `Host` header says, so a Service can point at the
 //! pool with nothing but a target port.
 
+pub mod api;
+pub mod source;
 pub mod table;
 
 use crate::config::Config;
@@ -14,13 +16,23 @@ use crate::limits::RequestLimits;
 use crate::loader::EngineHost;
 use crate::metrics::Metrics;
 use crate::tenant::Tenant;
+use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
-use table::Entry;
+use table::{Entry, Table};
 use tokio::sync::watch;
+
+/// One Function as `GET /pool` on the admin port shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FunctionStatus {
+    pub port: u16,
+    pub listening: bool,
+    pub loaded: bool,
+    pub error: Option<String>,
+}
 
 /// A Function the pool holds: its table entry and what serves it.
 struct Held {
@@ -36,26 +48,28 @@ pub struct Pool {
     bind: IpAddr,
     admin_port: u16,
     budget: u64,
-    dir: PathBuf,
     by_port: RwLock<HashMap<u16, Arc<Tenant>>>,
-    /// By table file name.
+    /// By Function name in the table.
     held: Mutex<HashMap<String, Held>>,
     listeners: watch::Sender<Listeners>,
-    /// Each table file's last error, logged once rather than every sync.
-    reported: Mutex<HashMap<String, String>>,
+    /// Each table entry's last problem (and its port, when it says one), logged once
+    /// rather than every sync, and shown by [`Pool::status`].
+    reported: Mutex<HashMap<String, (String, Option<u16>)>>,
+    /// A whole table has been applied: until then the pool is not ready.
+    table_read: AtomicBool,
     /// `--max-concurrency` of the pool: requests running at once across its Functions,
     /// which the instance pool is sized for.
     permits: Arc<tokio::sync::Semaphore>,
 }
 
 impl Pool {
-    /// An empty pool on `engine`: [`Pool::sync`] reads the table. `config` is the pool's own
-    /// (its limits the largest any Function may have).
+    /// An empty pool on `engine`: its table source ([`source::TableSource`]) feeds it
+    /// [`Pool::apply`]. `config` is the pool's own (its limits the largest any Function
+    /// may have).
     pub fn new(
         engine: EngineHost,
         metrics: Arc<Metrics>,
         config: &Config,
-        dir: &Path,
         admin_port: u16,
     ) -> (Arc<Self>, watch::Receiver<Listeners>) {
         let (listeners, receiver) = watch::channel(Listeners::default());
@@ -66,11 +80,11 @@ impl Pool {
             bind: config.bind,
             admin_port,
             budget: config.pool_memory_budget,
-            dir: dir.to_path_buf(),
             by_port: Default::default(),
             held: Default::default(),
             listeners,
             reported: Default::default(),
+            table_read: AtomicBool::new(false),
             permits: Arc::new(tokio::sync::Semaphore::new(config.max_concurrency as usize)),
         });
         (pool, receiver)
@@ -90,12 +104,18 @@ impl Pool {
         self.len() == 0
     }
 
-    /// Brings the pool in line with its table: new Functions get a port (nothing loads
-    /// until a request comes), changed ones are replaced (requests in flight finish on the
-    /// old), removed ones are unloaded and their port closed. A file that cannot be used
-    /// is logged, and if it served before, its Function keeps serving as it was.
-    pub fn sync(self: &Arc<Self>) -> Result<(), table::TableError> {
-        let table = table::read(&self.dir)?;
+    /// Whether a whole table has been applied (the pool's readiness).
+    pub fn table_read(&self) -> bool {
+        self.table_read.load(Ordering::SeqCst)
+    }
+
+    /// Brings the pool in line with `table`, the whole of it: new Functions get a port
+    /// (nothing loads until a request comes), changed ones are replaced (requests in
+    /// flight finish on the old), removed ones are unloaded and their port closed. An
+    /// entry that cannot be used is logged, and if it served before, its Function keeps
+    /// serving as it was.
+    pub fn apply(self: &Arc<Self>, table: Table) {
+        self.reported.lock().unwrap().retain(|name, _| table.contains_key(name));
         let mut held = self.held.lock().unwrap();
         let mut changed = false;
         held.retain(|name, old| {
@@ -107,22 +127,29 @@ impl Pool {
             }
             keep
         });
-        for (name, entry) in table {
-            let entry = match entry {
+        for (name, row) in table {
+            let origin = row.origin;
+            let entry = match row.entry {
                 Ok(entry) => entry,
                 Err(problem) => {
-                    self.report(&name, format!("{name}.json: {problem}"));
+                    self.report(&name, format!("{origin}: {problem}"), None);
                     continue;
                 }
             };
             if held.get(&name).is_some_and(|old| old.entry == entry) {
+                // Back to what serves (after a bad change, say): nothing is wrong any more.
+                self.reported.lock().unwrap().remove(&name);
                 continue;
             }
             let taken = held
                 .iter()
                 .find(|(other, held)| **other != name && held.entry.port == entry.port);
             if let Some((other, _)) = taken {
-                self.report(&name, format!("{name}.json: port {} is {other}'s already", entry.port));
+                self.report(
+                    &name,
+                    format!("{origin}: port {} is {other}'s already", entry.port),
+                    Some(entry.port),
+                );
                 continue;
             }
             let reused = held.get(&name).filter(|old| old.entry.port == entry.port);
@@ -147,7 +174,7 @@ impl Pool {
                     self.reported.lock().unwrap().remove(&name);
                     changed = true;
                 }
-                Err(problem) => self.report(&name, format!("{name}.json: {problem}")),
+                Err(problem) => self.report(&name, format!("{origin}: {problem}"), Some(entry.port)),
             }
         }
         let by_port: HashMap<u16, Arc<Tenant>> = held
@@ -160,31 +187,47 @@ impl Pool {
         if changed {
             self.listeners.send_replace(Arc::new(listeners));
         }
-        Ok(())
+        self.table_read.store(true, Ordering::SeqCst);
     }
 
-    /// Watches the table every `interval` until the process ends.
-    pub async fn watch(self: Arc<Self>, interval: Duration) {
-        let mut last = table::fingerprint(&self.dir);
-        loop {
-            tokio::time::sleep(interval).await;
-            let now = table::fingerprint(&self.dir);
-            if now == last {
-                continue;
-            }
-            last = now;
-            if let Err(error) = self.sync() {
-                tracing::warn!(%error, "cannot read the pool's table; serving on as before");
-            }
+    /// Each Function of the table: its port, whether the pool listens on it and has its
+    /// code loaded, and what is wrong with it (its entry, or its last load), for the admin
+    /// port's `/pool`. An entry that never served has the port it asked for (0 when it
+    /// does not say one) and is not listening.
+    pub fn status(&self) -> BTreeMap<String, FunctionStatus> {
+        let held = self.held.lock().unwrap();
+        let reported = self.reported.lock().unwrap();
+        let mut functions: BTreeMap<String, FunctionStatus> = held
+            .iter()
+            .map(|(name, held)| {
+                let status = FunctionStatus {
+                    port: held.entry.port,
+                    listening: true,
+                    loaded: held.tenant.handler.load().is_some(),
+                    error: held.tenant.last_error(),
+                };
+                (name.clone(), status)
+            })
+            .collect();
+        for (name, (problem, port)) in reported.iter() {
+            let status = functions.entry(name.clone()).or_insert(FunctionStatus {
+                port: port.unwrap_or(0),
+                listening: false,
+                loaded: false,
+                error: None,
+            });
+            // What is wrong with the entry comes first: it is what a writer of the table fixes.
+            status.error = Some(problem.clone());
         }
+        functions
     }
 
-    fn report(&self, name: &str, problem: String) {
+    fn report(&self, name: &str, problem: String, port: Option<u16>) {
         let mut reported = self.reported.lock().unwrap();
-        if reported.get(name) != Some(&problem) {
-            tracing::error!(problem = %problem, "a Function of the pool's table cannot be served; fix its file (one that served before serves on as it was)");
-            reported.insert(name.to_string(), problem);
+        if reported.get(name).map(|(reported, _)| reported) != Some(&problem) {
+            tracing::error!(problem = %problem, "a Function of the pool's table cannot be served; fix its entry (one that served before serves on as it was)");
         }
+        reported.insert(name.to_string(), (problem, port));
     }
 
     fn forget(&self, held: &Held) {

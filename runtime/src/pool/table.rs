@@ -1,7 +1,7 @@
-//! The pool's table: a directory of `<name>.json` files, one per Function, each its port
-//! and its own runtime arguments. A directory, so a ConfigMap volume (whose entries are
-//! symlinks into a `..data` directory swapped whole) or a person with an editor can write
-//! it, and one bad file costs only its own Function.
+//! The pool's table: one entry per Function, its port and its own runtime arguments, each
+//! from a `<name>.json` file of a directory (which a person with an editor, or a ConfigMap
+//! volume, can write) or from a ConfigMap the pool watches through the API ([`super::api`]).
+//! One bad entry costs only its own Function.
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -21,8 +21,22 @@ pub enum TableError {
     Directory { path: String, source: std::io::Error },
 }
 
-/// Each file's entry by file name (without `.json`), or why that file cannot be used.
-pub type Table = BTreeMap<String, Result<Entry, String>>;
+/// One Function's entry, or why it cannot be used, and where it came from (`hello.json`,
+/// `ConfigMap hello-pool`) for the messages about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    pub origin: String,
+    pub entry: Result<Entry, String>,
+}
+
+/// The table by Function name (a file's name without `.json`; a ConfigMap's function label).
+pub type Table = BTreeMap<String, Row>;
+
+/// An entry's JSON, wherever it is stored.
+pub fn parse_entry(bytes: &[u8]) -> Result<Entry, String> {
+    serde_json::from_slice::<Entry>(bytes)
+        .map_err(|error| format!(r#"it is not {{"port": <number>, "args": ["--function", ...]}}: {error}"#))
+}
 
 /// Reads every `*.json` file of `dir`; hidden entries (a ConfigMap volume's `..data`) are
 /// skipped.
@@ -42,11 +56,14 @@ pub fn read(dir: &Path) -> Result<Table, TableError> {
         }
         let parsed = std::fs::read(entry.path())
             .map_err(|error| format!("cannot read it: {error}"))
-            .and_then(|bytes| {
-                serde_json::from_slice::<Entry>(&bytes)
-                    .map_err(|error| format!(r#"it is not {{"port": <number>, "args": ["--function", ...]}}: {error}"#))
-            });
-        table.insert(name.to_string(), parsed);
+            .and_then(|bytes| parse_entry(&bytes));
+        table.insert(
+            name.to_string(),
+            Row {
+                origin: format!("{name}.json"),
+                entry: parsed,
+            },
+        );
     }
     Ok(table)
 }
@@ -87,10 +104,11 @@ mod tests {
         std::fs::create_dir(dir.path().join("..data")).unwrap();
         let table = read(dir.path()).unwrap();
         assert_eq!(table.len(), 2, "{table:?}");
-        let hello = table["hello"].as_ref().unwrap();
+        let hello = table["hello"].entry.as_ref().unwrap();
         assert_eq!(hello.port, 20001);
         assert_eq!(hello.args[1], "hello");
-        let broken = table["broken"].as_ref().unwrap_err();
+        assert_eq!(table["broken"].origin, "broken.json");
+        let broken = table["broken"].entry.as_ref().unwrap_err();
         assert!(broken.contains(r#"{"port": <number>"#), "{broken}");
     }
 }

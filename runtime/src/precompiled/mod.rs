@@ -150,6 +150,19 @@ impl ModuleSource {
                 };
                 return blocking(move || verify_and_decode(code, &blob, pinned)).await;
             }
+            // The stored chunks joined as a chunk directory's are (each within the chunk
+            // size), then checked as an OCI blob is: in memory, the digest first.
+            Self::ConfigMaps(chunks) => {
+                let stored = match chunks.fetch(Part::Code).await {
+                    Ok(stored) => stored,
+                    Err(error) => return Ok(Err(Fallback::Unavailable(error.into()))),
+                };
+                let joined = match wasmless_artifact::join_chunks(&stored) {
+                    Ok(joined) => joined,
+                    Err(source) => return Ok(Err(Fallback::Unavailable(LoadError::Chunks { dir: code, source }))),
+                };
+                return blocking(move || verify_and_decode(code, &joined, pinned)).await;
+            }
         };
         let verified = blocking(move || match streaming::StoredFiles::open(files, chunks_of) {
             Ok(stored) => streaming::read_verify_and_decode(code, stored, pinned),

@@ -43,7 +43,7 @@ impl StoredFiles {
                 && size > wasmless_artifact::MAX_CHUNK_BYTES
             {
                 return Err(LoadError::Chunks {
-                    dir: dir.clone(),
+                    dir: dir.display().to_string(),
                     source: wasmless_artifact::ChunkError::TooLarge { index, size },
                 });
             }

@@ -2,6 +2,8 @@
 //! its first request with its own digests, env and metrics, unloaded for the memory
 //! budget, and added and removed as its table directory changes.
 
+mod api;
+
 use crate::support::*;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -27,16 +29,16 @@ fn add_function(table: &Path, name: &str, port: u16, module: &Path, extra: &[&st
     std::fs::rename(staging, table.join(format!("{name}.json"))).unwrap();
 }
 
-fn at(port: u16, path: &str) -> String {
+pub(crate) fn at(port: u16, path: &str) -> String {
     format!("http://127.0.0.1:{port}{path}")
 }
 
-async fn metrics(pool: &Runtime) -> String {
+pub(crate) async fn metrics(pool: &Runtime) -> String {
     get(pool.admin_url("/metrics")).await.1
 }
 
 /// Polls `check` for up to ten seconds (the table is re-read every second).
-async fn eventually<F, Fut>(what: &str, mut check: F)
+pub(crate) async fn eventually<F, Fut>(what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -231,4 +233,46 @@ async fn the_pools_concurrency_is_shared_so_a_busy_neighbour_gets_503s_not_failu
         Some(1.0),
         "{text}"
     );
+}
+
+#[tokio::test]
+async fn the_admin_port_says_which_functions_are_live_and_why_one_is_not() {
+    let table = tempfile::tempdir().unwrap();
+    let (live, broken) = (free_port(), free_port());
+    add_function(table.path(), "live", live, &rust_echo(), &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let tampered = dir.path().join("tampered.wasm");
+    std::fs::copy(rust_echo(), &tampered).unwrap();
+    add_function(table.path(), "tampered", broken, &tampered, &[]);
+    std::fs::write(&tampered, b"\0asm\x01\0\0\0").unwrap();
+    std::fs::write(table.path().join("junk.json"), "{").unwrap();
+    let pool = Runtime::start_pool(table.path(), &[]);
+    assert_eq!(get(pool.admin_url("/readyz")).await.0, 200);
+
+    let functions = || async {
+        let (status, body) = get(pool.admin_url("/pool")).await;
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["functions"].clone()
+    };
+    let before = functions().await;
+    assert_eq!(
+        before["live"],
+        serde_json::json!({"port": live, "listening": true, "loaded": false, "error": null}),
+        "listening, loaded on its first request: {before}"
+    );
+    assert_eq!(before["junk"]["port"], 0, "{before}");
+    assert_eq!(before["junk"]["listening"], false, "{before}");
+    assert!(
+        before["junk"]["error"].as_str().unwrap().contains("junk.json"),
+        "{before}"
+    );
+
+    assert_eq!(get(at(live, "/hello")).await.0, 200);
+    assert_eq!(get(at(broken, "/hello")).await.0, 503);
+    let after = functions().await;
+    assert_eq!(after["live"]["loaded"], true, "{after}");
+    assert_eq!(after["tampered"]["listening"], true, "{after}");
+    assert_eq!(after["tampered"]["loaded"], false, "{after}");
+    let error = after["tampered"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("digest mismatch"), "{after}");
 }

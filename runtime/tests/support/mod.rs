@@ -248,6 +248,19 @@ impl Runtime {
         Self::spawn(command)
     }
 
+    /// The runtime with `--pool <source>` (`api:<selector>`, or a directory) and these
+    /// environment variables, its admin port chosen by the OS.
+    pub fn start_pool_from(source: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_wasmless-runtime"));
+        command
+            .args(["--pool", source])
+            .args(["--bind", "127.0.0.1", "--admin-port", "0"])
+            .args(args)
+            .envs(env.iter().copied())
+            .env("RUST_LOG", "info");
+        Self::spawn(command)
+    }
+
     fn spawn(mut command: Command) -> Self {
         let mut child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         let logs = Arc::new(Mutex::new(Vec::new()));

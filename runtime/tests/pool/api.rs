@@ -1,0 +1,356 @@
+//! The pool reading its table and its Functions' chunks from the Kubernetes API
+//! (`--pool api:<selector>`, `--module configmaps:...`), on the cluster that
+//! `WASMLESS_TEST_KUBECONFIG` names (`scripts/cluster.sh up` starts one; without it these
+//! tests fail, saying so: skip them with `cargo test -- --skip real_api`). The pool runs
+//! here, as a process of its own with that kubeconfig, in a namespace made for the test.
+
+use super::{at, eventually, metrics};
+use crate::support::*;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use wasmless_artifact::{Digest, Part};
+
+const SELECTOR: &str = "wasmless.io/component=pool-entry";
+
+/// A namespace of the test cluster, deleted when dropped (a failed assertion too).
+struct TestNamespace {
+    client: kube::Client,
+    name: String,
+    kubeconfig: String,
+}
+
+impl TestNamespace {
+    async fn new(test: &str) -> Self {
+        let kubeconfig = std::env::var("WASMLESS_TEST_KUBECONFIG").unwrap_or_else(|_| {
+            panic!(
+                "{test} runs on a real cluster: start one with `scripts/cluster.sh up` and set \
+                 WASMLESS_TEST_KUBECONFIG to the kubeconfig it prints (scripts/test.sh does both), \
+                 or skip these with `cargo test -- --skip real_api`"
+            )
+        });
+        // The client brings ring beside the aws-lc-rs of the rest, and rustls will not choose.
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let client = client_of(&kubeconfig).await;
+        // The process ID: runs may overlap while an earlier run's namespace is terminating.
+        let name = format!("wasmless-test-{test}-{}", std::process::id());
+        let namespace: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .expect("creating the test namespace");
+        Self {
+            client,
+            name,
+            kubeconfig,
+        }
+    }
+
+    fn configmaps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// Writes (or overwrites) a ConfigMap, as the operator and the builder do.
+    async fn apply(&self, configmap: serde_json::Value) {
+        let configmap: ConfigMap = serde_json::from_value(configmap).unwrap();
+        let name = configmap.metadata.name.clone().unwrap();
+        self.configmaps()
+            .patch(
+                &name,
+                &PatchParams::apply("wasmless-tests").force(),
+                &Patch::Apply(&configmap),
+            )
+            .await
+            .unwrap_or_else(|error| panic!("writing ConfigMap {name}: {error}"));
+    }
+
+    /// The chunk ConfigMaps of `function`'s `part`, named and keyed as the builder writes them.
+    async fn write_chunks(&self, function: &str, source_digest: &Digest, part: Part, chunks: &[Vec<u8>]) {
+        for (index, chunk) in chunks.iter().enumerate() {
+            let mut configmap = ConfigMap::default();
+            configmap.metadata.name = Some(part.configmap_name(function, source_digest, index));
+            configmap.binary_data = Some(BTreeMap::from([(
+                part.configmap_key().to_string(),
+                ByteString(chunk.clone()),
+            )]));
+            self.apply(serde_json::to_value(configmap).unwrap()).await;
+        }
+    }
+
+    /// `<function>-pool`, the pool's entry for `function`, as the operator writes it.
+    async fn write_entry(&self, function: &str, port: u16, args: &[String]) {
+        let entry = serde_json::json!({ "port": port, "args": args });
+        self.write_raw_entry(function, &entry.to_string()).await;
+    }
+
+    async fn write_raw_entry(&self, function: &str, entry_json: &str) {
+        self.apply(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": format!("{function}-pool"),
+                "labels": {"wasmless.io/component": "pool-entry", "wasmless.io/function": function},
+            },
+            "data": {"entry.json": entry_json},
+        }))
+        .await;
+    }
+
+    async fn delete_entry(&self, function: &str) {
+        self.configmaps()
+            .delete(&format!("{function}-pool"), &DeleteParams::default())
+            .await
+            .expect("deleting the entry");
+    }
+
+    /// The pool, run here against this namespace through the test's kubeconfig.
+    fn start_pool(&self, kubeconfig: &str) -> Runtime {
+        Runtime::start_pool_from(
+            &format!("api:{SELECTOR}"),
+            &[],
+            &[("KUBECONFIG", kubeconfig), ("WASMLESS_NAMESPACE", &self.name)],
+        )
+    }
+}
+
+async fn client_of(kubeconfig: &str) -> kube::Client {
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(kubeconfig).expect("reading WASMLESS_TEST_KUBECONFIG"),
+        &Default::default(),
+    )
+    .await
+    .expect("kubeconfig");
+    kube::Client::try_from(config).expect("client")
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let (kubeconfig, name) = (self.kubeconfig.clone(), self.name.clone());
+        // Drop cannot await, and blocks the test's runtime, on which the test's client
+        // does its work: another thread, with a runtime and a client of its own.
+        let deleted = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async {
+                    Api::<Namespace>::all(client_of(&kubeconfig).await)
+                        .delete(&name, &DeleteParams::background())
+                        .await
+                        .map(|_| ())
+                })
+        })
+        .join();
+        if !matches!(deleted, Ok(Ok(()))) {
+            eprintln!("could not delete the test namespace {}: {deleted:?}", self.name);
+        }
+    }
+}
+
+/// A Rust handler's module and compiled code as the builder stores them: the ConfigMaps'
+/// chunks, and the runtime arguments that read them through the API.
+struct Built {
+    module_chunks: Vec<Vec<u8>>,
+    code_chunks: Vec<Vec<u8>>,
+    module_digest: Digest,
+    code_digest: Digest,
+    source_digest: Digest,
+}
+
+impl Built {
+    fn echo() -> Self {
+        let wasm = std::fs::read(rust_echo()).unwrap();
+        let code = precompile_for(&portable_engine(), &wasm);
+        Self {
+            module_chunks: wasmless_artifact::compress_and_split(&wasm),
+            code_chunks: wasmless_artifact::split_chunks(&code),
+            module_digest: Digest::of(&wasm),
+            code_digest: Digest::of(&code),
+            source_digest: Digest::of(b"the echo handler's source"),
+        }
+    }
+
+    async fn write(&self, namespace: &TestNamespace, function: &str) {
+        namespace
+            .write_chunks(function, &self.source_digest, Part::Module, &self.module_chunks)
+            .await;
+        namespace
+            .write_chunks(function, &self.source_digest, Part::Code, &self.code_chunks)
+            .await;
+    }
+
+    fn args(&self, function: &str, extra: &[&str]) -> Vec<String> {
+        let source = |count: usize| format!("configmaps:{function}/{}/{count}", self.source_digest);
+        let mut args = vec![
+            "--function".to_string(),
+            function.to_string(),
+            "--module".to_string(),
+            source(self.module_chunks.len()),
+            "--module-digest".to_string(),
+            self.module_digest.to_string(),
+            "--code".to_string(),
+            source(self.code_chunks.len()),
+            "--code-digest".to_string(),
+            self.code_digest.to_string(),
+        ];
+        args.extend(extra.iter().map(|arg| arg.to_string()));
+        args
+    }
+}
+
+async fn answers(port: u16, path: &str) -> Option<(u16, String)> {
+    let response = client().get(at(port, path)).send().await.ok()?;
+    Some((response.status().as_u16(), response.text().await.ok()?))
+}
+
+async fn greeting(port: u16) -> Option<String> {
+    let (status, body) = answers(port, "/echo").await?;
+    let json: serde_json::Value = serde_json::from_str(&body).ok().filter(|_| status == 200)?;
+    json["env"].as_str().map(str::to_string)
+}
+
+async fn pool_status(pool: &Runtime) -> serde_json::Value {
+    let (status, body) = get(pool.admin_url("/pool")).await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str::<serde_json::Value>(&body).unwrap()["functions"].clone()
+}
+
+async fn ready(pool: &Runtime) -> bool {
+    get(pool.admin_url("/readyz")).await.0 == 200
+}
+
+#[tokio::test]
+async fn real_api_pool_serves_functions_as_their_configmaps_come_change_and_go() {
+    let namespace = TestNamespace::new("pool-api").await;
+    let built = Built::echo();
+    built.write(&namespace, "echo").await;
+    let pool = namespace.start_pool(&namespace.kubeconfig);
+    eventually("the pool is ready once it has listed its ConfigMaps", || ready(&pool)).await;
+
+    // Created: its port answers within seconds, with its code read from the ConfigMaps.
+    let port = free_port();
+    let written = Instant::now();
+    namespace
+        .write_entry("echo", port, &built.args("echo", &["--env", "GREETING=first"]))
+        .await;
+    eventually("the new Function answers", || async {
+        greeting(port).await.as_deref() == Some("first")
+    })
+    .await;
+    let took = written.elapsed();
+    assert!(took < Duration::from_secs(5), "the first answer took {took:?}");
+    pool.wait_for_log(&[
+        "module loaded",
+        &built.module_digest.to_string(),
+        "\"compiled_code\":\"precompiled\"",
+    ]);
+    let status = pool_status(&pool).await;
+    assert_eq!(
+        status["echo"],
+        serde_json::json!({"port": port, "listening": true, "loaded": true, "error": null}),
+        "{status}"
+    );
+
+    // Changed: the new arguments apply.
+    namespace
+        .write_entry("echo", port, &built.args("echo", &["--env", "GREETING=second"]))
+        .await;
+    eventually("the changed Function answers with its new env", || async {
+        greeting(port).await.as_deref() == Some("second")
+    })
+    .await;
+
+    // Chunks whose bytes are not the pinned module: that Function answers 503 saying so,
+    // its neighbour serves on.
+    let tampered_port = free_port();
+    let other_module = wasmless_artifact::compress_and_split(&cgi_wat("Status: 200\r\n\r\nnot echo"));
+    namespace
+        .write_chunks("tampered", &built.source_digest, Part::Module, &other_module)
+        .await;
+    let args = [
+        "--function".to_string(),
+        "tampered".to_string(),
+        "--module".to_string(),
+        format!("configmaps:tampered/{}/{}", built.source_digest, other_module.len()),
+        "--module-digest".to_string(),
+        built.module_digest.to_string(),
+    ];
+    namespace.write_entry("tampered", tampered_port, &args).await;
+    eventually("the tampered Function's port is open", || async {
+        answers(tampered_port, "/").await.is_some()
+    })
+    .await;
+    let (status, body) = answers(tampered_port, "/").await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("cannot be loaded"), "{body}");
+    pool.wait_for_log(&["cannot load the function's module", "digest mismatch"]);
+    assert_eq!(greeting(port).await.as_deref(), Some("second"));
+    let status = pool_status(&pool).await;
+    let tampered = &status["tampered"];
+    assert_eq!(tampered["listening"], true, "{status}");
+    assert_eq!(tampered["loaded"], false, "{status}");
+    assert!(
+        tampered["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("digest mismatch"),
+        "{status}"
+    );
+
+    // An entry that is not one: reported, on /pool too, and nothing else changes.
+    namespace.write_raw_entry("junk", "{").await;
+    pool.wait_for_log(&["ConfigMap junk-pool", "cannot be served"]);
+    let status = pool_status(&pool).await;
+    assert_eq!(status["junk"]["listening"], false, "{status}");
+    assert!(
+        status["junk"]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("ConfigMap junk-pool"),
+        "{status}"
+    );
+
+    // Deleted: its port refuses within seconds, and it leaves the pool's state.
+    namespace.delete_entry("echo").await;
+    eventually("the deleted Function's port refuses", || async {
+        client().get(at(port, "/echo")).send().await.is_err()
+    })
+    .await;
+    let status = pool_status(&pool).await;
+    assert!(status.get("echo").is_none(), "{status}");
+    let text = metrics(&pool).await;
+    assert_eq!(
+        sample(&text, "wasmless_module_info", &[("function", "echo")]),
+        None,
+        "a deleted Function leaves no module series: {text}"
+    );
+    assert!(ready(&pool).await);
+}
+
+#[tokio::test]
+async fn real_api_pool_is_not_ready_until_it_has_read_its_table() {
+    let namespace = TestNamespace::new("pool-api-unready").await;
+    // The cluster's kubeconfig with its API server moved to a port nobody listens on: the
+    // watch fails, and is retried.
+    let unreachable = format!("https://127.0.0.1:{}", free_port());
+    let kubeconfig: String = std::fs::read_to_string(&namespace.kubeconfig)
+        .unwrap()
+        .lines()
+        .map(|line| match line.split_once("server:") {
+            Some((indent, _)) if indent.trim().is_empty() => format!("{indent}server: {unreachable}\n"),
+            _ => format!("{line}\n"),
+        })
+        .collect();
+    assert!(kubeconfig.contains(&unreachable), "no server: line in {kubeconfig}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(&path, kubeconfig).unwrap();
+
+    let pool = namespace.start_pool(path.to_str().unwrap());
+    pool.wait_for_log(&["watching the pool's ConfigMaps failed", "retrying"]);
+    let (status, body) = get(pool.admin_url("/readyz")).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("table"), "{body}");
+}
