@@ -98,7 +98,7 @@ eval "$(scripts/cluster.sh env)"
 # shellcheck disable=SC2086 # one archive per line
 scripts/cluster.sh load $images
 
-step "cargo test (release; the operator's real_api scenarios on the test cluster)"
+step "cargo test (release; the real_api scenarios of the operator and the runtime's pool on the test cluster)"
 cargo "${lint[@]}" test --release --workspace
 
 step "end to end on the test cluster (e2e/run.sh)"
