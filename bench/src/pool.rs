@@ -73,6 +73,8 @@ pub fn density(settings: &Settings, functions: usize, go_functions: usize) -> an
             .arg(&table)
             .args(["--bind", "127.0.0.1", "--admin-port", &admin.to_string()])
             .args(["--pool-memory-budget", "64Gi", "--max-concurrency", "16"])
+            // The first request of a Function not loaded is what is measured.
+            .args(["--pool-load-ahead", "false"])
             .env("RUST_LOG", "warn"),
     )?;
     wait_ready(admin, &mut pool)?;

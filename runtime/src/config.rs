@@ -204,6 +204,11 @@ pub struct Config {
     /// recently used Function (e.g. `1Gi`).
     #[arg(long, env = "WASMLESS_POOL_MEMORY_BUDGET", default_value = "1Gi", value_parser = parse_bytes)]
     pub pool_memory_budget: u64,
+
+    /// Load Functions new to the pool's table before their first request, while the loaded
+    /// code is under three quarters of `--pool-memory-budget` (false: on the first request).
+    #[arg(long, env = "WASMLESS_POOL_LOAD_AHEAD", default_value_t = true, action = clap::ArgAction::Set)]
+    pub pool_load_ahead: bool,
 }
 
 /// The prefix of the runtime's environment variables that are the handler's.

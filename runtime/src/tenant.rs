@@ -136,6 +136,15 @@ impl Tenant {
         Ok(handler)
     }
 
+    /// Loads the handler ahead of a request, without counting as a use (the least recently
+    /// used are unloaded first, and a load no request asked for is not a use).
+    pub async fn warm(&self) -> Result<(), ServeError> {
+        let last_used = self.last_used();
+        let loaded = self.handler().await.map(drop);
+        self.last_used.store(last_used, Ordering::Relaxed);
+        loaded
+    }
+
     /// Drops the loaded handler (requests running on it keep it until they finish).
     /// True if there was one.
     pub fn unload(&self) -> bool {

@@ -149,7 +149,15 @@ fn decide(func: &Function, load: &mut Load, current: i32, now: Instant) -> (i32,
     let floor = super::scale::floor(func);
     let ceiling = scale.max.max(floor);
     let average = load.average();
-    let by_load = (average / f64::from(scale.target_concurrency)).ceil() as i32;
+    // From zero, pods only for load past the target: the pool serves a trickle as well as a
+    // pod would, and a pod for every first request would make min 0 pointless. Once there
+    // are pods, they stay (down to one) until the idle timeout.
+    let target = f64::from(scale.target_concurrency);
+    let by_load = if current == 0 && average <= target {
+        0
+    } else {
+        (average / target).ceil() as i32
+    };
     let idle_for = load.last_active.map_or(Duration::MAX, |at| now.duration_since(at));
     let idle_timeout =
         wasmless_formats::quantity::parse_duration(&scale.idle_timeout).unwrap_or(Duration::from_secs(60));
@@ -358,6 +366,23 @@ wasmless_requests_in_flight{function="other"} 0
         let (wanted, why) = decide(&func, &mut load, 2, start + TICK * 2 + Duration::from_secs(20));
         assert_eq!(wanted, 0, "{why}");
         assert!(why.contains("no request for 20s"), "{why}");
+    }
+
+    #[test]
+    fn a_trickle_stays_in_the_pool() {
+        let func = function(0, 5, 10, "60s");
+        let start = Instant::now();
+        let mut load = Load::default();
+        tick(&mut load, "pool", 0.0, 0.0, start);
+        // 8 in flight on average: under the target of 10 per pod.
+        tick(&mut load, "pool", 16.0, 500.0, start + TICK);
+        let (wanted, why) = decide(&func, &mut load, 0, start + TICK);
+        assert_eq!(wanted, 0, "{why}");
+        // 24 in flight: past it, two pods.
+        tick(&mut load, "pool", 64.0, 1500.0, start + TICK * 2);
+        tick(&mut load, "pool", 112.0, 2500.0, start + TICK * 3);
+        let (wanted, why) = decide(&func, &mut load, 0, start + TICK * 3);
+        assert_eq!(wanted, 2, "{why}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The pool: one process serving many Functions, each on its own port. A Function is
-//! loaded on its first request — its code and module digests checked exactly as a
+//! loaded when it joins the table while the budget has room (`--pool-load-ahead`), else on
+//! its first request — its code and module digests checked exactly as a
 //! dedicated runtime checks them — with its own limits, env, outbound policy, metrics
 //! label and log lines, and unloaded (least recently used first) when the loaded ones'
 //! code passes the memory budget. Why ports: a request names its Function by the port it
@@ -48,6 +49,7 @@ pub struct Pool {
     bind: IpAddr,
     admin_port: u16,
     budget: u64,
+    load_ahead: bool,
     by_port: RwLock<HashMap<u16, Arc<Tenant>>>,
     /// By Function name in the table.
     held: Mutex<HashMap<String, Held>>,
@@ -80,6 +82,7 @@ impl Pool {
             bind: config.bind,
             admin_port,
             budget: config.pool_memory_budget,
+            load_ahead: config.pool_load_ahead,
             by_port: Default::default(),
             held: Default::default(),
             listeners,
@@ -118,6 +121,7 @@ impl Pool {
         self.reported.lock().unwrap().retain(|name, _| table.contains_key(name));
         let mut held = self.held.lock().unwrap();
         let mut changed = false;
+        let mut added = Vec::new();
         held.retain(|name, old| {
             let keep = table.contains_key(name);
             if !keep {
@@ -167,7 +171,8 @@ impl Pool {
             });
             match added {
                 Ok(new) => {
-                    tracing::info!(function = %new.tenant.function, port = entry.port, "serving from the pool (loaded on its first request)");
+                    tracing::info!(function = %new.tenant.function, port = entry.port, "serving from the pool");
+                    added.push(new.tenant.clone());
                     if let Some(old) = held.insert(name.clone(), new) {
                         self.forget(&old);
                     }
@@ -188,6 +193,48 @@ impl Pool {
             self.listeners.send_replace(Arc::new(listeners));
         }
         self.table_read.store(true, Ordering::SeqCst);
+        self.warm(added);
+    }
+
+    /// Loads Functions new to the table in the background, one at a time, while the loaded
+    /// code stays under three quarters of the budget: a Function just deployed is likely to
+    /// be called, and its first request should not wait for its code to be fetched and
+    /// loaded. Past that share, Functions load on their first request as before, so a warm
+    /// load never unloads one that serves.
+    fn warm(self: &Arc<Self>, added: Vec<Arc<Tenant>>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if added.is_empty() || !self.load_ahead {
+            return;
+        }
+        let pool = Arc::downgrade(self);
+        runtime.spawn(async move {
+            for tenant in added {
+                let Some(pool) = Weak::upgrade(&pool) else { return };
+                if pool.loaded_bytes() >= pool.budget / 4 * 3 {
+                    return;
+                }
+                // Gone from the table meanwhile: nothing to warm.
+                if !pool.by_port.read().unwrap().values().any(|t| Arc::ptr_eq(t, &tenant)) {
+                    continue;
+                }
+                drop(pool);
+                if let Err(error) = tenant.warm().await {
+                    tracing::warn!(function = %tenant.function, %error, "could not load ahead of its first request (it is tried again on that request)");
+                }
+            }
+        });
+    }
+
+    /// Bytes of code the pool holds loaded.
+    fn loaded_bytes(&self) -> u64 {
+        self.by_port
+            .read()
+            .unwrap()
+            .values()
+            .filter_map(|tenant| Some(tenant.handler.load().as_ref()?.code_bytes as u64))
+            .sum()
     }
 
     /// Each Function of the table: its port, whether the pool listens on it and has its

@@ -276,3 +276,27 @@ async fn the_admin_port_says_which_functions_are_live_and_why_one_is_not() {
     let error = after["tampered"]["error"].as_str().unwrap_or_default();
     assert!(error.contains("digest mismatch"), "{after}");
 }
+
+/// A Function that joins the table is loaded before any request while the budget has room
+/// (`--pool-load-ahead`, the default), so its first request does not wait for its code.
+#[tokio::test]
+async fn a_new_function_is_loaded_ahead_of_its_first_request() {
+    let table = tempfile::tempdir().unwrap();
+    let pool = Runtime::start_pool(table.path(), &["--pool-load-ahead", "true"]);
+    assert_eq!(get(pool.admin_url("/readyz")).await.0, 200);
+    let port = free_port();
+    add_function(table.path(), "early", port, &rust_echo(), &[]);
+    let loaded = async {
+        for _ in 0..100 {
+            let (_, body) = get(pool.admin_url("/pool")).await;
+            let functions: serde_json::Value = serde_json::from_str(&body).unwrap();
+            if functions["functions"]["early"]["loaded"] == true {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        false
+    };
+    assert!(loaded.await, "early was not loaded ahead of a request");
+    assert_eq!(get(at(port, "/hello")).await.0, 200);
+}

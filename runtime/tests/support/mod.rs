@@ -236,13 +236,15 @@ impl Runtime {
         Self::spawn(command)
     }
 
-    /// The runtime serving the pool table in `dir` (`--pool`), its admin port chosen by the OS.
+    /// The runtime serving the pool table in `dir` (`--pool`), its admin port chosen by the OS;
+    /// Functions load on their first request unless `args` say `--pool-load-ahead true`.
     pub fn start_pool(dir: &Path, args: &[&str]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_wasmless-runtime"));
         command
             .arg("--pool")
             .arg(dir)
             .args(["--bind", "127.0.0.1", "--admin-port", "0"])
+            .args(lazy_unless_told(args))
             .args(args)
             .env("RUST_LOG", "info");
         Self::spawn(command)
@@ -255,6 +257,7 @@ impl Runtime {
         command
             .args(["--pool", source])
             .args(["--bind", "127.0.0.1", "--admin-port", "0"])
+            .args(lazy_unless_told(args))
             .args(args)
             .envs(env.iter().copied())
             .env("RUST_LOG", "info");
@@ -467,4 +470,14 @@ pub fn precompile_for(engine: &wasmtime::Engine, module: &[u8]) -> Vec<u8> {
 
 pub fn portable_engine() -> wasmtime::Engine {
     wasmless_runtime::precompiled::precompile_engine().unwrap()
+}
+
+/// `--pool-load-ahead false` unless `args` set it: the pool tests look at what a first request
+/// loads.
+fn lazy_unless_told(args: &[&str]) -> &'static [&'static str] {
+    if args.contains(&"--pool-load-ahead") {
+        &[]
+    } else {
+        &["--pool-load-ahead", "false"]
+    }
 }
