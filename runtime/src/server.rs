@@ -176,7 +176,7 @@ async fn trace_request(State(state): State<FunctionState>, mut request: Request,
         http.response.status_code = tracing::field::Empty,
         error.type = tracing::field::Empty,
         faas.name = function,
-        wasmless.module.digest = digest.map(|digest| tracing::field::display(digest)),
+        wasmless.module.digest = digest.map(tracing::field::display),
     );
     traces::continue_from(&span, request.headers());
     if let Some(ids) = traces::TraceIds::of(&span) {
