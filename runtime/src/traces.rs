@@ -9,7 +9,9 @@
 //! a disabled callsite) only when tracing is on. Ended spans go to a bounded queue that a
 //! request never waits on: when it is full, or an export fails (the collector is down),
 //! spans are dropped and counted (`wasmless_trace_spans_dropped_total`), and the count
-//! is logged at most every [`DROP_LOG_INTERVAL`].
+//! is logged at most every [`DROP_LOG_INTERVAL`]. After a failed export no spans are made
+//! for [`PAUSE_AFTER_FAILURE`] (they count as dropped), so a dead collector costs
+//! requests nothing.
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -42,12 +44,19 @@ const DEFAULT_BATCH_DELAY: Duration = Duration::from_secs(1);
 /// One export (connect, send, answer) may take this long; spans queue behind it
 /// meanwhile, and are dropped once the queue is full.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+/// After a failed export, spans are not made for this long (each that would have been is
+/// counted dropped); then the next ones are sent at once to see if the collector is back.
+const PAUSE_AFTER_FAILURE: Duration = Duration::from_secs(5);
 /// Dropped spans are logged as one line with their count, at most this often.
 pub const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// What `shutdown` waits for the last spans to be sent.
 const SHUTDOWN_FLUSH: Duration = Duration::from_secs(5);
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
+/// The collector failed the last export: spans are not made until the pause is over.
+/// Making a span is most of what tracing costs a request, so with the collector down a
+/// request costs what it does with tracing off.
+static PAUSED: AtomicBool = AtomicBool::new(false);
 
 /// Whether spans are being exported (set once, at start).
 pub fn enabled() -> bool {
@@ -171,9 +180,7 @@ impl Traces {
             .with_target(false)
             .with_location(false)
             .with_tracked_inactivity(false)
-            .with_filter(tracing_subscriber::filter::filter_fn(|metadata| {
-                metadata.target() == TARGET
-            }))
+            .with_filter(TraceFilter)
     }
 
     /// Sends what is queued (for at most a few seconds) and stops.
@@ -183,6 +190,31 @@ impl Traces {
             tracing::warn!("the last trace spans were not sent within {SHUTDOWN_FLUSH:?}: dropped");
         }
         let _ = self.provider.shutdown();
+    }
+}
+
+/// The runtime's spans and span events, and while the collector is failing no spans
+/// (each counted dropped): decided per span, not cached per callsite, for the pause.
+struct TraceFilter;
+
+impl<S> tracing_subscriber::layer::Filter<S> for TraceFilter {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>, _: &tracing_subscriber::layer::Context<'_, S>) -> bool {
+        if metadata.target() != TARGET {
+            return false;
+        }
+        if metadata.is_span() && PAUSED.load(Ordering::Relaxed) {
+            spans_dropped().inc();
+            return false;
+        }
+        true
+    }
+
+    fn callsite_enabled(&self, metadata: &'static tracing::Metadata<'static>) -> tracing::subscriber::Interest {
+        if metadata.target() == TARGET {
+            tracing::subscriber::Interest::sometimes()
+        } else {
+            tracing::subscriber::Interest::never()
+        }
     }
 }
 
@@ -214,7 +246,9 @@ impl SpanProcessor for QueueProcessor {
 
 /// The export task: batches of up to [`MAX_BATCH`] spans, each sent within `delay` of
 /// its first span, one export at a time. A failed export's spans are dropped (counted):
-/// retrying would hold memory for a collector that may not come back.
+/// retrying would hold memory for a collector that may not come back. It also pauses
+/// span making for [`PAUSE_AFTER_FAILURE`]; the first spans after the pause are sent at
+/// once, and pause it again if the collector is still not taking them.
 async fn export(
     exporter: opentelemetry_otlp::SpanExporter,
     mut spans: mpsc::Receiver<SpanData>,
@@ -224,15 +258,28 @@ async fn export(
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut stopping = false;
+    let mut resume_at: Option<tokio::time::Instant> = None;
+    let mut probing = false;
     while !stopping {
         tokio::select! {
             span = spans.recv() => match span {
+                // Made before the pause: the collector is not taking spans.
+                Some(_) if resume_at.is_some() => {
+                    spans_dropped().inc();
+                    continue;
+                }
                 Some(span) => batch.push(span),
                 None => stopping = true,
             },
+            () = tokio::time::sleep_until(resume_at.unwrap_or_else(tokio::time::Instant::now)), if resume_at.is_some() => {
+                resume_at = None;
+                probing = true;
+                PAUSED.store(false, Ordering::Relaxed);
+                continue;
+            }
             _ = stop.changed() => stopping = true,
         }
-        let deadline = tokio::time::Instant::now() + delay;
+        let deadline = tokio::time::Instant::now() + if probing { Duration::ZERO } else { delay };
         while !stopping && !batch.is_empty() && batch.len() < MAX_BATCH {
             tokio::select! {
                 span = spans.recv() => match span {
@@ -254,9 +301,15 @@ async fn export(
             let rest = batch.split_off(batch.len().min(MAX_BATCH));
             let sent = std::mem::replace(&mut batch, rest);
             let count = sent.len() as u64;
-            if let Err(error) = exporter.export(sent).await {
-                spans_dropped().inc_by(count);
-                *last_error.lock().unwrap() = Some(error.to_string());
+            match exporter.export(sent).await {
+                Ok(()) => probing = false,
+                Err(error) => {
+                    spans_dropped().inc_by(count + batch.len() as u64);
+                    batch.clear();
+                    *last_error.lock().unwrap() = Some(error.to_string());
+                    PAUSED.store(true, Ordering::Relaxed);
+                    resume_at = Some(tokio::time::Instant::now() + PAUSE_AFTER_FAILURE);
+                }
             }
         }
     }
