@@ -39,8 +39,11 @@ struct Collector {
 
 impl Collector {
     fn start() -> Self {
+        Self::start_on(free_port())
+    }
+
+    fn start_on(port: u16) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
         let spans_file = dir.path().join("spans.jsonl");
         let config = dir.path().join("config.yaml");
         std::fs::write(
@@ -369,6 +372,26 @@ async fn one_trace_across_functions_with_errors_marked_and_drops_counted() {
             .iter()
             .all(|s| s.attributes.get("url.path").is_none_or(|p| p != "/"))
     );
+
+    // The collector back on its port: after the pause that followed the last failed
+    // export (5 s), a's requests are traced again.
+    let collector = Collector::start_on(collector.port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert_eq!(get(a.url("/init")).await.0, 200);
+        if collector
+            .spans()
+            .iter()
+            .any(|s| s.service == "a" && s.kind == 2 && s.attributes["url.path"] == "/init")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a's traces did not resume with the collector back"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// Off by default: no endpoint, no export, no trace ids in the log, and the counter at 0.
