@@ -125,3 +125,35 @@ metrics_server_tool() {
 coredns_tool() {
   go_tool coredns ./coredns -ldflags "-s -w"
 }
+
+# An OpenTelemetry Collector for the runtime's trace test (runtime/tests/traces): the OTLP
+# receiver and the file exporter only (scripts/otelcol/main.go, what the collector builder
+# would generate), in a module of its own: the collector's gRPC and OpenTelemetry versions
+# move with it, and in the shared module above they would move Prometheus's and CoreDNS's.
+OTELCOL_VERSION=v0.165.0 # the contrib file exporter's; the core modules are v1.71.0 with it
+OTELCOL=$WASMLESS_CACHE/tools/otelcol
+OTELCOL_SOURCES=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/otelcol
+
+# otelcol_tool: prints the path of the collector, built when missing or when its version or
+# main.go changed.
+otelcol_tool() {
+  local stamp bin=$OTELCOL/bin/otelcol
+  stamp="$OTELCOL_VERSION $(sha256sum <"$OTELCOL_SOURCES/main.go" | cut -c1-16)"
+  mkdir -p "$OTELCOL"
+  (
+    flock 9
+    [[ -x $bin && $(cat "$bin.stamp" 2>/dev/null) == "$stamp" ]] && exit 0
+    say "building the OpenTelemetry Collector from the Go module proxy into $OTELCOL/bin (once)"
+    rm -rf "${OTELCOL:?}/module"
+    mkdir -p "$OTELCOL/module" "$OTELCOL/bin"
+    cd "$OTELCOL/module" || exit 1
+    cp "$OTELCOL_SOURCES/main.go" .
+    printf 'module wasmless.local/otelcol\n\ngo 1.26.7\n\nrequire (\n\tgo.opentelemetry.io/collector/otelcol %s\n\tgo.opentelemetry.io/collector/receiver/otlpreceiver %s\n\tgithub.com/open-telemetry/opentelemetry-collector-contrib/exporter/fileexporter %s\n)\n' \
+      "$OTELCOL_VERSION" "$OTELCOL_VERSION" "$OTELCOL_VERSION" >go.mod
+    export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
+    go get . >/dev/null 2>&1 || go get . >&2 || exit 1
+    go build -trimpath -ldflags "-s -w" -o "$bin" . >&2 || exit 1
+    printf '%s' "$stamp" >"$bin.stamp"
+  ) 9>"$OTELCOL/lock" || return 1
+  echo "$bin"
+}

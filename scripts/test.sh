@@ -37,18 +37,19 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # Go compiles in the background while Rust compiles in the foreground: a Rust build leaves a
 # core idle for minutes at a time (one large crate, or a link, holding up the rest), and Go
 # fills it. Helm and Prometheus (scripts/lib.sh), then Kubernetes, etcd, CoreDNS, the pause
-# image and metrics-server (scripts/cluster.sh build); the Helm check and the cluster wait for them.
-step "Go: Helm, Prometheus, Kubernetes, etcd, CoreDNS, metrics-server, started in the background"
+# image and metrics-server (scripts/cluster.sh build), then the OpenTelemetry Collector of the
+# runtime's trace test; the Helm check, the cluster and the tests wait for them.
+step "Go: Helm, Prometheus, Kubernetes, etcd, CoreDNS, metrics-server, OpenTelemetry Collector, started in the background"
 go_log=$(mktemp /tmp/wasmless-go-build.XXXXXX)
 # shellcheck source=scripts/lib.sh
-(. scripts/lib.sh && helm_tool && prometheus_tool && scripts/cluster.sh build) >"$go_log" 2>&1 &
+(. scripts/lib.sh && helm_tool && prometheus_tool && scripts/cluster.sh build && otelcol_tool) >"$go_log" 2>&1 &
 go_build=$!
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "gofmt and go vet (sdk/go)"
-unformatted=$("$(go env GOROOT)/bin/gofmt" -l sdk/go runtime/tests/handlers scripts/cluster builder/tests/modules builder/tests/native_go)
+unformatted=$("$(go env GOROOT)/bin/gofmt" -l sdk/go runtime/tests/handlers scripts/cluster scripts/otelcol builder/tests/modules builder/tests/native_go)
 [[ -z $unformatted ]] || { echo "gofmt would change: $unformatted"; exit 1; }
 (cd sdk/go && GOOS=wasip1 GOARCH=wasm GOFLAGS=-mod=mod GOPROXY=off go vet ./...)
 
@@ -83,6 +84,9 @@ cargo "${lint[@]}" test --release --workspace --all-targets --no-run --quiet
 
 step "waiting for the Go builds (their log: $go_log)"
 wait "$go_build" || { tail -n 60 "$go_log"; echo "the Go builds failed: the whole log is $go_log"; exit 1; }
+# The runtime's trace test runs this collector (built above, so this only prints its path).
+export WASMLESS_OTELCOL
+WASMLESS_OTELCOL=$(. scripts/lib.sh && otelcol_tool)
 
 step "the Helm chart installs what deploy/ does (scripts/check-helm.sh)"
 scripts/check-helm.sh

@@ -10,6 +10,7 @@ mod measure;
 mod pool;
 mod report;
 mod scenarios;
+mod traces;
 
 use clap::Parser;
 use std::path::PathBuf;
@@ -31,8 +32,9 @@ struct Args {
     /// Where to write the report.
     #[arg(long, default_value = "docs/benchmarks.md")]
     output: PathBuf,
-    /// Run one comparison and rewrite only its section of the report (`outbound`, `pool`).
-    #[arg(long, value_parser = ["outbound", "pool"])]
+    /// Run one comparison and rewrite only its section of the report (`outbound`, `pool`,
+    /// `traces`).
+    #[arg(long, value_parser = ["outbound", "pool", "traces"])]
     only: Option<String>,
     /// Functions in the pool's density run.
     #[arg(long, default_value_t = 1000)]
@@ -56,6 +58,12 @@ fn main() -> anyhow::Result<()> {
             let density = pool::density(&settings, args.pool_functions, args.pool_go_functions)?;
             report::write_section(&args.output, pool::HEADING, &pool::section(&density))?;
             eprintln!("rewrote the pool section of {}", args.output.display());
+            return Ok(());
+        }
+        Some("traces") => {
+            let rows = traces::run(&settings)?;
+            report::write_section(&args.output, traces::HEADING, &traces::section(&settings, &rows))?;
+            eprintln!("rewrote the traces section of {}", args.output.display());
             return Ok(());
         }
         _ => {}

@@ -185,7 +185,7 @@ fn runtime_with_code(settings: &Settings, module: &Module, port: u16, cache: &Pa
     Ok(command)
 }
 
-fn runtime(settings: &Settings, module: &Module, port: u16, cache: Option<&Path>) -> Command {
+pub fn runtime(settings: &Settings, module: &Module, port: u16, cache: Option<&Path>) -> Command {
     runtime_with_admin(settings, module, port, free_port(), cache)
 }
 

@@ -65,8 +65,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve(config) => {
-            let _logs = wasmless_runtime::logging::init();
-            wasmless_runtime::serve(*config, wasmless_runtime::shutdown_signal(), |_| {}).await?;
+            wasmless_runtime::run(*config).await?;
             Ok(())
         }
     }

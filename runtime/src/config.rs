@@ -200,6 +200,14 @@ pub struct Config {
     #[arg(long, env = "WASMLESS_POOL", value_parser = crate::pool::source::TableSource::parse)]
     pub pool: Option<crate::pool::source::TableSource>,
 
+    /// Send traces over OTLP/HTTP (protobuf) to this collector, e.g.
+    /// `http://otel-collector:4318` (`/v1/traces` is appended). Off when neither this nor
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set; the other
+    /// standard `OTEL_*` variables (service name, resource attributes, sampler, headers)
+    /// apply. Spans the collector does not take are dropped and counted, never waited for.
+    #[arg(long, env = "WASMLESS_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
     /// Bytes of loaded code (and data images) the pool keeps before unloading the least
     /// recently used Function (e.g. `1Gi`).
     #[arg(long, env = "WASMLESS_POOL_MEMORY_BUDGET", default_value = "1Gi", value_parser = parse_bytes)]

@@ -29,6 +29,7 @@ mod reload;
 pub mod server;
 pub mod snapshot;
 pub mod tenant;
+pub mod traces;
 
 pub use config::Config;
 
@@ -66,6 +67,21 @@ pub enum ServeError {
     PoolTable(#[from] pool::table::TableError),
     #[error(transparent)]
     PoolApi(#[from] pool::api::ApiError),
+    #[error(transparent)]
+    Traces(#[from] traces::TracesError),
+}
+
+/// What the `wasmless-runtime` binary (and `wasmless serve`) runs: the JSON log and, when
+/// an OTLP endpoint is configured, the trace exporter set up; [`serve`] until SIGTERM; the
+/// last spans sent.
+pub async fn run(config: Config) -> Result<(), ServeError> {
+    let traces = traces::Traces::start(config.otlp_endpoint.as_deref(), &config.function)?;
+    let _logs = logging::init(traces.as_ref());
+    let served = serve(config, shutdown_signal(), |_| {}).await;
+    if let Some(traces) = traces {
+        traces.shutdown().await;
+    }
+    served
 }
 
 /// Where the servers listen, known once they are bound (ports may be 0).

@@ -1,14 +1,13 @@
 //! `wasmless-runtime`: flags and environment in, `serve` until SIGTERM.
 
 use clap::Parser;
-use wasmless_runtime::{Config, logging, serve, shutdown_signal};
+use wasmless_runtime::{Config, run};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let _logs = logging::init();
     let config = Config::parse();
     raise_open_files_limit();
-    serve(config, shutdown_signal(), |_| {}).await?;
+    run(config).await?;
     Ok(())
 }
 

@@ -258,6 +258,17 @@ impl Metrics {
             "Time an outbound call took until its response headers, by destination host",
             outbound_duration.clone(),
         );
+        // One exporter per process: its counter, under the process's own name.
+        registry
+            .sub_registry_with_label((
+                std::borrow::Cow::Borrowed("function"),
+                std::borrow::Cow::Owned(function.to_string()),
+            ))
+            .register(
+                "wasmless_trace_spans_dropped",
+                "Trace spans dropped rather than exported: the collector down or slower than they come (0 with tracing off)",
+                crate::traces::spans_dropped().clone(),
+            );
         let pool = pool.then(|| {
             let families = PoolFamilies {
                 loaded: Gauge::default(),

@@ -5,6 +5,7 @@ use crate::handler::Connection;
 use crate::metrics::{Metrics, Refusal};
 use crate::outbound::CallLog;
 use crate::tenant::Tenant;
+use crate::traces;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -86,11 +87,12 @@ impl FunctionState {
     }
 }
 
-/// Every path and method goes to the handler. Outermost first: one log line per
-/// request, then the request metrics.
+/// Every path and method goes to the handler. Outermost first: the request's trace span
+/// (when tracing is on), one log line per request, then the request metrics.
 pub fn function_router(state: FunctionState) -> Router {
     let span_state = state.clone();
-    Router::new()
+    let trace_state = state.clone();
+    let router = Router::new()
         .fallback(serve_function)
         .layer(middleware::from_fn_with_state(state.clone(), record_metrics))
         .layer(
@@ -102,13 +104,21 @@ pub fn function_router(state: FunctionState) -> Router {
                         let loaded = tenant.handler.load();
                         loaded.as_ref().map(|handler| handler.digest).or(tenant.pinned)
                     });
-                    tracing::info_span!(
+                    let span = tracing::info_span!(
                         "request",
                         function = %function,
                         method = %request.method(),
                         path = %request.uri().path(),
                         digest = %digest.map(|digest| digest.to_string()).unwrap_or_default(),
-                    )
+                        trace_id = tracing::field::Empty,
+                        span_id = tracing::field::Empty,
+                    );
+                    // Every line of the request (its own, the handler's output) joins its trace.
+                    if let Some(ids) = request.extensions().get::<traces::TraceIds>() {
+                        span.record("trace_id", tracing::field::display(ids.trace_id));
+                        span.record("span_id", tracing::field::display(ids.span_id));
+                    }
+                    span
                 })
                 .on_request(())
                 .on_response(|response: &Response, latency: Duration, _span: &Span| {
@@ -131,8 +141,66 @@ pub fn function_router(state: FunctionState) -> Router {
                     }
                 })
                 .on_failure(()),
-        )
-        .with_state(state)
+        );
+    let router = if traces::enabled() {
+        router.layer(middleware::from_fn_with_state(trace_state, trace_request))
+    } else {
+        router
+    };
+    router.with_state(state)
+}
+
+/// The server span of a request, following OpenTelemetry's HTTP conventions, continuing
+/// the caller's trace (`traceparent`), with the Function and its module's digest: in the
+/// pool, several Functions share the process, so these are the span's, not the resource's.
+async fn trace_request(State(state): State<FunctionState>, mut request: Request, next: Next) -> Response {
+    let tenant = state.routes.tenant(local_port(&request));
+    let function: &str = tenant.as_ref().map_or("", |tenant| &tenant.function);
+    let digest = tenant.as_ref().and_then(|tenant| {
+        let loaded = tenant.handler.load();
+        loaded.as_ref().map(|handler| handler.digest).or(tenant.pinned)
+    });
+    let method = request.method().as_str();
+    let span = tracing::info_span!(
+        target: traces::TARGET,
+        "request",
+        otel.name = method,
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = method,
+        url.path = request.uri().path(),
+        url.scheme = "http",
+        server.port = local_port(&request).0,
+        network.protocol.version = version_name(request.version()),
+        user_agent.original = request.headers().get(header::USER_AGENT).and_then(|v| v.to_str().ok()),
+        http.response.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+        faas.name = function,
+        wasmless.module.digest = digest.map(tracing::field::display),
+    );
+    traces::continue_from(&span, request.headers());
+    if let Some(ids) = traces::TraceIds::of(&span) {
+        request.extensions_mut().insert(ids);
+    }
+    let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
+    let status = response.status();
+    span.record("http.response.status_code", status.as_u16());
+    // A server's span is in error for 5xx only: a 4xx is the client's.
+    if status.is_server_error() {
+        span.record("otel.status_code", "ERROR");
+        span.record("error.type", status.as_str());
+    }
+    response
+}
+
+fn version_name(version: http::Version) -> &'static str {
+    match version {
+        http::Version::HTTP_09 => "0.9",
+        http::Version::HTTP_10 => "1.0",
+        http::Version::HTTP_2 => "2",
+        http::Version::HTTP_3 => "3",
+        _ => "1.1",
+    }
 }
 
 /// Finds the request's Function (a pool port nobody serves any more: 404) and counts the
@@ -170,7 +238,7 @@ async fn serve_function(
     }
     let limit = tenant.loader.limits().max_request_body;
     let too_large = || {
-        metrics.refuse(Refusal::BodyTooLarge);
+        refuse(metrics, Refusal::BodyTooLarge);
         (
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("the request body is over this function's {limit}-byte limit\n"),
@@ -194,10 +262,14 @@ async fn serve_function(
             .map_or(limit as u64, |length| length.max(1))
             .min(u64::from(uploads.budget_bytes)) as u32;
         let Ok(_reserved) = uploads.budget.clone().try_acquire_many_owned(reserve) else {
-            metrics.refuse(Refusal::UploadBudget);
+            refuse(metrics, Refusal::UploadBudget);
             return retry_later("too busy: too many request bodies are being received at once; retry\n".into());
         };
-        match tokio::time::timeout(uploads.read_timeout, axum::body::to_bytes(body, limit)).await {
+        let read = tracing::Instrument::instrument(
+            axum::body::to_bytes(body, limit),
+            tracing::info_span!(target: traces::TARGET, "read request body"),
+        );
+        match tokio::time::timeout(uploads.read_timeout, read).await {
             Ok(Ok(body)) => body,
             Ok(Err(error)) if is_length_limit(&error) => return too_large(),
             Ok(Err(error)) => {
@@ -208,7 +280,7 @@ async fn serve_function(
                     .into_response();
             }
             Err(_) => {
-                metrics.refuse(Refusal::BodyTimeout);
+                refuse(metrics, Refusal::BodyTimeout);
                 let seconds = uploads.read_timeout.as_secs_f64();
                 return (
                     StatusCode::REQUEST_TIMEOUT,
@@ -227,7 +299,7 @@ async fn serve_function(
         Some(host) => match host.clone().try_acquire_owned() {
             Ok(permit) => Some(permit),
             Err(_) => {
-                metrics.refuse(Refusal::Busy);
+                refuse(metrics, Refusal::Busy);
                 return retry_later(
                     "too busy: the pool serving this function is running as many requests as it can; retry\n".into(),
                 );
@@ -237,7 +309,14 @@ async fn serve_function(
     };
     let permit = crate::handler::Permit::new(permit, host_permit);
 
-    let handler = match tenant.handler().await {
+    // In the pool a Function's first request loads it: that is worth a span; the rest is not.
+    let load = tenant.handler();
+    let load = if tenant.handler.load().is_none() {
+        tracing::Instrument::instrument(load, tracing::info_span!(target: traces::TARGET, "load module")).await
+    } else {
+        load.await
+    };
+    let handler = match load {
         Ok(handler) => handler,
         Err(error) => {
             tracing::error!(%error, "cannot load the function's module; this request fails, and the next one tries again");
@@ -250,9 +329,18 @@ async fn serve_function(
     let calls = Arc::new(CallLog::default());
     let mut request = http::Request::from_parts(parts, body);
     request.extensions_mut().insert(calls.clone());
-    let mut response = match handler.invoke(request, connection, permit).await {
+    let span = tracing::info_span!(
+        target: traces::TARGET,
+        "handler",
+        otel.status_code = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    let invoked = tracing::Instrument::instrument(handler.invoke(request, connection, permit), span.clone()).await;
+    let mut response = match invoked {
         Ok(response) => response,
         Err(failure) => {
+            traces::record_failure(&span, &failure);
             metrics.count_trap(failure.kind());
             tracing::error!(kind = failure.kind(), failure = ?failure, "handler failed");
             (failure.status(), failure.public_message()).into_response()
@@ -263,8 +351,14 @@ async fn serve_function(
     response
 }
 
+/// A refusal: counted, and an event on the request's trace.
+fn refuse(metrics: &Metrics, refusal: Refusal) {
+    metrics.refuse(refusal);
+    tracing::warn!(target: traces::TARGET, reason = refusal.reason(), "request refused");
+}
+
 fn busy(tenant: &Tenant) -> Response {
-    tenant.metrics().refuse(Refusal::Busy);
+    refuse(tenant.metrics(), Refusal::Busy);
     let limit = tenant.loader.limits().max_concurrency;
     retry_later(format!(
         "too busy: this function serves at most {limit} requests at once; retry\n"

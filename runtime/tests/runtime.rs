@@ -14,3 +14,4 @@ mod outbound;
 mod pool;
 mod precompiled;
 mod reactor;
+mod traces;

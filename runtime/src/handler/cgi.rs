@@ -44,7 +44,7 @@ impl CgiHandler {
 
     async fn run(&self, store: &mut Store<GuestState>) -> wasmtime::Result<()> {
         let started = Instant::now();
-        let instance = self.pre.instantiate_async(&mut *store).await?;
+        let instance = super::instantiate_span(self.pre.instantiate_async(&mut *store)).await?;
         self.shared.metrics.observe_instantiate(started.elapsed());
         let start = instance.get_typed_func::<(), ()>(&mut *store, "_start")?;
         match start.call_async(&mut *store, ()).await {

@@ -119,7 +119,8 @@ impl HttpHandler {
         let run = async move {
             let _permit = permit;
             let started = Instant::now();
-            let result = match pre.instantiate_async(&mut store).await {
+            let instantiate = pre.instantiate_async(&mut store);
+            let result = match super::instantiate_span(instantiate).await {
                 Ok(proxy) => {
                     shared.metrics.observe_instantiate(started.elapsed());
                     proxy
@@ -137,6 +138,7 @@ impl HttpHandler {
             {
                 // Headers are out: the client sees a cut body, the log and metrics see why.
                 shared.metrics.count_trap(failure.kind());
+                tracing::error!(target: crate::traces::TARGET, kind = failure.kind(), "failed after the response headers");
                 tracing::error!(kind = failure.kind(), failure = ?failure, "handler failed after sending its response headers");
             }
             result

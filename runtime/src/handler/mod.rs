@@ -208,6 +208,15 @@ impl LoadedHandler {
     }
 }
 
+/// Instantiation, as a span of the request's trace (the handler's own run is the rest of
+/// its parent span).
+fn instantiate_span<F: Future>(instantiate: F) -> tracing::instrument::Instrumented<F> {
+    tracing::Instrument::instrument(
+        instantiate,
+        tracing::info_span!(target: crate::traces::TARGET, "instantiate"),
+    )
+}
+
 /// Logs what a handler wrote to stderr (and, for components, stdout), a line per
 /// event, so it is not lost.
 fn log_handler_output(stream: &'static str, output: &[u8]) {

@@ -127,11 +127,12 @@ impl ReactorHandler {
         store: &mut Store<GuestState>,
     ) -> wasmtime::Result<(Memory, TypedFunc<u32, u32>, TypedFunc<(), u64>)> {
         let started = Instant::now();
-        let instance = self.pre.instantiate_async(&mut *store).await?;
+        let instance = super::instantiate_span(self.pre.instantiate_async(&mut *store)).await?;
         self.shared.metrics.observe_instantiate(started.elapsed());
         if self.initialize {
             let initialize = instance.get_typed_func::<(), ()>(&mut *store, "_initialize")?;
-            initialize.call_async(&mut *store, ()).await?;
+            let span = tracing::info_span!(target: crate::traces::TARGET, "initialize");
+            tracing::Instrument::instrument(initialize.call_async(&mut *store, ()), span).await?;
         }
         let memory = instance
             .get_memory(&mut *store, "memory")

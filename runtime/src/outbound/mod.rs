@@ -12,6 +12,7 @@ pub mod policy;
 pub mod wasi_http;
 
 use crate::metrics::Metrics;
+use crate::traces::TARGET;
 use bytes::Bytes;
 use connect::{ConnectError, GuardedConnector};
 use http::{HeaderName, HeaderValue, Request, Uri, header};
@@ -271,6 +272,8 @@ pub struct OpenResponse {
     limit: u64,
     log: Arc<CallLog>,
     _permit: OwnedSemaphorePermit,
+    /// The call's span ends with its response, read or dropped.
+    _span: tracing::Span,
 }
 
 impl OpenResponse {
@@ -408,8 +411,28 @@ impl Outbound {
     /// guest learns of a refusal before it streams a body.
     pub async fn admit(&self, uri: &Uri, deadlines: Deadlines, log: &CallLog) -> Result<Admitted, OutboundError> {
         let started = Instant::now();
-        let destination =
-            Destination::of(uri).ok_or_else(|| OutboundError::BadRequest(format!("{uri} is not an http(s) URL")))?;
+        // The call's span (a child of the handler's), from here to the end of its response.
+        let span = tracing::info_span!(
+            target: TARGET,
+            "outbound",
+            otel.name = tracing::field::Empty,
+            otel.kind = "client",
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+            http.request.method = tracing::field::Empty,
+            // Without the query, which may carry secrets.
+            url.full = %format_args!("{}://{}{}", uri.scheme_str().unwrap_or("http"), uri.authority().map_or("", |a| a.as_str()), uri.path()),
+            server.address = uri.host(),
+            server.port = uri.port_u16(),
+            http.response.status_code = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        );
+        let failed = |error: OutboundError| {
+            record_call_failure(&span, &error);
+            error
+        };
+        let destination = Destination::of(uri)
+            .ok_or_else(|| failed(OutboundError::BadRequest(format!("{uri} is not an http(s) URL"))))?;
         let authority = destination.authority();
         let allowed = match (self.policy.allows(&destination), &self.client) {
             (Some(allowed), Some(_)) => allowed,
@@ -417,36 +440,44 @@ impl Outbound {
                 let scheme = uri.scheme_str().unwrap_or("http");
                 self.metrics.observe_outbound_denied(&destination.host);
                 log.record(started.elapsed());
-                return Err(OutboundError::Denied(format!("{scheme}://{authority}")));
+                return Err(failed(OutboundError::Denied(format!("{scheme}://{authority}"))));
             }
         };
         let host_label = allowed.host_label(&destination);
         // More calls than the cap wait for a slot, as a pooled client's requests wait for
         // a connection: a burst is smoothed, not failed. Only a call whose deadline passes
-        // while it waits fails, with the limit named.
-        let permit =
-            match tokio::time::timeout_at(deadlines.earliest().into(), self.calls.clone().acquire_owned()).await {
-                Ok(Ok(permit)) => permit,
-                Ok(Err(_)) | Err(_) => {
-                    let elapsed = started.elapsed();
-                    log.record(elapsed);
-                    self.metrics.observe_outbound(&host_label, "error", elapsed);
-                    return Err(if deadlines.request <= deadlines.call {
-                        OutboundError::RequestTimeout
-                    } else {
-                        OutboundError::Limit {
-                            authority,
-                            limit: self.max_concurrency,
-                            waited_ms: elapsed.as_millis(),
-                        }
-                    });
-                }
-            };
+        // while it waits fails, with the limit named. A wait is a span of its own.
+        let acquired = match self.calls.clone().try_acquire_owned() {
+            Ok(permit) => Ok(Ok(permit)),
+            Err(_) => {
+                let wait = tracing::info_span!(target: TARGET, parent: &span, "wait for outbound slot");
+                let acquire = tracing::Instrument::instrument(self.calls.clone().acquire_owned(), wait);
+                tokio::time::timeout_at(deadlines.earliest().into(), acquire).await
+            }
+        };
+        let permit = match acquired {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_)) | Err(_) => {
+                let elapsed = started.elapsed();
+                log.record(elapsed);
+                self.metrics.observe_outbound(&host_label, "error", elapsed);
+                return Err(failed(if deadlines.request <= deadlines.call {
+                    OutboundError::RequestTimeout
+                } else {
+                    OutboundError::Limit {
+                        authority,
+                        limit: self.max_concurrency,
+                        waited_ms: elapsed.as_millis(),
+                    }
+                }));
+            }
+        };
         Ok(Admitted {
             destination,
             host_label,
             permit,
             started,
+            span,
         })
     }
 
@@ -464,19 +495,32 @@ impl Outbound {
             host_label,
             permit,
             started,
+            span,
         } = admitted;
+        let method = request.method().as_str();
+        span.record("otel.name", method);
+        span.record("http.request.method", method);
         let result = self
-            .exchange(request, &destination, permit, deadlines, log.clone())
+            .exchange(request, &destination, permit, deadlines, log.clone(), &span)
             .await;
         let elapsed = started.elapsed();
         log.record(elapsed);
         match &result {
-            Ok(response) => self
-                .metrics
-                .observe_outbound(&host_label, &response.status.to_string(), elapsed),
-            Err(error) => self
-                .metrics
-                .observe_outbound(&host_label, error.status_label(), elapsed),
+            Ok(response) => {
+                self.metrics
+                    .observe_outbound(&host_label, &response.status.to_string(), elapsed);
+                span.record("http.response.status_code", response.status);
+                // A client's span is in error for any 4xx or 5xx.
+                if response.status >= 400 {
+                    span.record("otel.status_code", "ERROR");
+                    span.record("error.type", tracing::field::display(response.status));
+                }
+            }
+            Err(error) => {
+                self.metrics
+                    .observe_outbound(&host_label, error.status_label(), elapsed);
+                record_call_failure(&span, error);
+            }
         }
         result
     }
@@ -488,9 +532,12 @@ impl Outbound {
         permit: OwnedSemaphorePermit,
         deadlines: Deadlines,
         log: Arc<CallLog>,
+        span: &tracing::Span,
     ) -> Result<OpenResponse, OutboundError> {
         let authority = destination.authority();
-        let request = self.prepare(request, destination);
+        let mut request = self.prepare(request, destination);
+        // The host propagates the trace: handlers need no code of their own for it.
+        crate::traces::inject(span, request.headers_mut());
         let Some(client) = &self.client else {
             return Err(OutboundError::Denied(authority));
         };
@@ -521,6 +568,7 @@ impl Outbound {
             limit: self.max_response_body,
             log,
             _permit: permit,
+            _span: span.clone(),
         })
     }
 
@@ -561,6 +609,14 @@ pub struct Admitted {
     host_label: String,
     permit: OwnedSemaphorePermit,
     started: Instant,
+    span: tracing::Span,
+}
+
+/// Marks a call's span failed, with the error the guest is told.
+fn record_call_failure(span: &tracing::Span, error: &OutboundError) {
+    span.record("otel.status_code", "ERROR");
+    span.record("otel.status_description", tracing::field::display(error));
+    span.record("error.type", error.status_label());
 }
 
 /// A piece of a request body on its way from the guest to the client.

@@ -40,24 +40,30 @@ impl WasiHttpHooks for OutboundHooks {
         let outbound = self.outbound.clone();
         let log = self.log.clone();
         let deadline = self.deadline;
-        Box::new(async move {
-            let request = request.map(|body| body.map_err(Into::into).boxed_unsync());
-            let guest_timeout = options.and_then(|options| options.first_byte_timeout);
-            let deadlines = outbound.deadlines(deadline, guest_timeout);
-            let failed = |error: OutboundError| {
-                tracing::debug!(%error, "outbound call failed");
-                wasi_error(&error)
-            };
-            let admitted = outbound.admit(request.uri(), deadlines, &log).await.map_err(failed)?;
-            let response = outbound.send(admitted, request, deadlines, log).await.map_err(failed)?;
-            let mut head = http::Response::builder().status(response.status);
-            if let Some(headers) = head.headers_mut() {
-                *headers = response.headers.clone();
-            }
-            let body = StreamBody::new(futures::stream::unfold(Some(response), next_frame)).boxed_unsync();
-            let head = head.body(body).map_err(|e| Error::InternalError(Some(e.to_string())))?;
-            Ok((head, Box::new(async { Ok(()) }) as IoFuture))
-        })
+        // wasmtime-wasi-http runs the call in a task of its own: the handler's span is the
+        // call's parent all the same.
+        let parent = tracing::Span::current();
+        Box::new(tracing::Instrument::instrument(
+            async move {
+                let request = request.map(|body| body.map_err(Into::into).boxed_unsync());
+                let guest_timeout = options.and_then(|options| options.first_byte_timeout);
+                let deadlines = outbound.deadlines(deadline, guest_timeout);
+                let failed = |error: OutboundError| {
+                    tracing::debug!(%error, "outbound call failed");
+                    wasi_error(&error)
+                };
+                let admitted = outbound.admit(request.uri(), deadlines, &log).await.map_err(failed)?;
+                let response = outbound.send(admitted, request, deadlines, log).await.map_err(failed)?;
+                let mut head = http::Response::builder().status(response.status);
+                if let Some(headers) = head.headers_mut() {
+                    *headers = response.headers.clone();
+                }
+                let body = StreamBody::new(futures::stream::unfold(Some(response), next_frame)).boxed_unsync();
+                let head = head.body(body).map_err(|e| Error::InternalError(Some(e.to_string())))?;
+                Ok((head, Box::new(async { Ok(()) }) as IoFuture))
+            },
+            parent,
+        ))
     }
 }
 
