@@ -121,7 +121,7 @@ impl Pool {
         self.reported.lock().unwrap().retain(|name, _| table.contains_key(name));
         let mut held = self.held.lock().unwrap();
         let mut changed = false;
-        let mut added = Vec::new();
+        let mut joined = Vec::new();
         held.retain(|name, old| {
             let keep = table.contains_key(name);
             if !keep {
@@ -172,7 +172,7 @@ impl Pool {
             match added {
                 Ok(new) => {
                     tracing::info!(function = %new.tenant.function, port = entry.port, "serving from the pool");
-                    added.push(new.tenant.clone());
+                    joined.push(new.tenant.clone());
                     if let Some(old) = held.insert(name.clone(), new) {
                         self.forget(&old);
                     }
@@ -193,7 +193,7 @@ impl Pool {
             self.listeners.send_replace(Arc::new(listeners));
         }
         self.table_read.store(true, Ordering::SeqCst);
-        self.warm(added);
+        self.warm(joined);
     }
 
     /// Loads Functions new to the table in the background, one at a time, while the loaded
