@@ -57,7 +57,15 @@ scale_to_zero() {
   kubectl get fn idle -n "$NS"
   expect_eq "$(kubectl get fn idle -n "$NS" --no-headers | awk '{ print $5 }')" pool "kubectl get fn's SERVED"
   url=$(service_url idle)
-  # The first request after Ready: the pool loads the module and code on it.
+  # kube-proxy programs a new Service's ClusterIP a moment after it is made (for any
+  # Service): wait until it takes a TCP connection, sending no request, so that the request
+  # below is the Function's first.
+  local address=${url#http://}
+  address=${address%/}
+  accepts() { timeout 1 bash -c "exec 3<>/dev/tcp/${address%:*}/${address##*:}"; }
+  wait_until 30 "idle's ClusterIP to take connections" accepts
+  # The first request after Ready: the pool loaded the module and code when the Function
+  # joined its table (--pool-load-ahead), or loads them on this request.
   ttfb=$(curl -fsS -o "$WORK/idle.body" --max-time 5 -w '%{time_starttransfer}' "$url")
   expect_eq "$(cat "$WORK/idle.body")" "idle but awake" "the first answer, from the pool"
   echo "    first request from zero: time to first byte ${ttfb}s"
@@ -96,7 +104,7 @@ scale_to_zero() {
   echo "    the request loop: $total requests, $failed failed"
   ((total > 100)) || fail "the request loop made only $total requests"
   expect_eq "$failed" 0 "failed requests in the loop ($(grep -v '^200 ' "$WORK/idle-loop.log" | sort | uniq -c | head -3))"
-  kubectl get events -n "$NS" --field-selector involvedObject.name=idle -o custom-columns=REASON:.reason,MESSAGE:.note --no-headers |
+  kubectl get events -n "$NS" --field-selector involvedObject.name=idle -o custom-columns=REASON:.reason,MESSAGE:.message --no-headers |
     grep -E 'Scaled|ServedByPool|Available' | sed 's/^/    event: /' | head -8
   expect_contains "$(kubectl get events -n "$NS" --field-selector involvedObject.name=idle -o jsonpath='{.items[*].reason}')" ScaledUp "idle's Events"
 

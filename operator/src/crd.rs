@@ -194,8 +194,8 @@ pub struct Scale {
     #[serde(default = "default_target_concurrency")]
     #[schemars(range(min = 1, max = 10000))]
     pub target_concurrency: i32,
-    /// How long a Function with pods of its own goes without requests before it is back to
-    /// `min` (and, at 0, served by the pool again).
+    /// How long a Function with pods of its own has under half `targetConcurrency` in
+    /// flight before it is back to `min` (and, at 0, served by the pool again).
     #[serde(default = "default_idle_timeout")]
     #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
     pub idle_timeout: String,
