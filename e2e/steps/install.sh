@@ -41,8 +41,8 @@ goless_sample() {
   expect_eq "$(awk 'NR == 1 { print $1, $2, $3, $4, $5, $6, $7, $8 }' <<<"$table")" "NAME LANGUAGE PHASE READY SERVED DIGEST URL AGE" "kubectl get fn's columns"
   local digest
   digest=$(fn_field hello .status.moduleDigest)
-  expect_eq "$(awk '$1 == "hello" { print $2, $3, $4, $5, $6 }' <<<"$table")" \
-    "go Ready 1 ${digest:7:10} http://hello.$NS.svc.cluster.local:9000" "kubectl get fn's row"
+  expect_eq "$(awk '$1 == "hello" { print $2, $3, $4, $5, $6, $7 }' <<<"$table")" \
+    "go Ready 1 pods ${digest:7:10} http://hello.$NS.svc.cluster.local:9000" "kubectl get fn's row"
   expect_service_answer hello "This works!"
   ok
 }
