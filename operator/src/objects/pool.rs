@@ -10,21 +10,21 @@
 
 use super::pod::{empty_dir, mount, oci_plain_http_env, restricted_container_security, restricted_pod_security};
 use super::runtime::{
-    DRAIN_DELAY_SECONDS, SHUTDOWN_GRACE_SECONDS, TERMINATION_GRACE_PERIOD_SECONDS, args_with_locations, container_port,
+    DRAIN_DELAY_SECONDS, SHUTDOWN_GRACE_SECONDS, TERMINATION_GRACE_PERIOD_SECONDS, admin_probe, args_with_locations,
+    container_port, surge_strategy,
 };
 use super::{COMPONENT_LABEL, MANAGED_BY_LABEL, MANAGER, labels_for, meta, prometheus_annotations};
 use crate::crd::{Function, POOL_MEMORY_LIMIT};
 use crate::module::{Module, ModuleLocation};
 use crate::settings::Settings;
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, ServiceAccount,
+    ConfigMap, Container, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec, PodTemplateSpec, ResourceRequirements,
+    ServiceAccount,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use std::collections::BTreeMap;
 use wasmless_artifact::ports;
@@ -111,16 +111,7 @@ pub fn pool_rbac(namespace: &str) -> (ServiceAccount, Role, RoleBinding) {
 /// ConfigMaps of the namespace.
 pub fn pool_deployment(namespace: &str, settings: &Settings) -> Deployment {
     let labels = pool_labels();
-    let probe = |path: &str, period: i32| Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some(path.into()),
-            port: IntOrString::String("metrics".into()),
-            ..Default::default()
-        }),
-        period_seconds: Some(period),
-        failure_threshold: Some(3),
-        ..Default::default()
-    };
+    let probe = admin_probe;
     let args: Vec<String> = [
         ("--pool", format!("api:{}", pool_entry_selector())),
         ("--admin-port", ports::ADMIN.to_string()),
@@ -177,13 +168,7 @@ pub fn pool_deployment(namespace: &str, settings: &Settings) -> Deployment {
                 match_labels: Some(labels.clone()),
                 ..Default::default()
             },
-            strategy: Some(DeploymentStrategy {
-                type_: Some("RollingUpdate".into()),
-                rolling_update: Some(RollingUpdateDeployment {
-                    max_unavailable: Some(IntOrString::Int(0)),
-                    max_surge: Some(IntOrString::Int(1)),
-                }),
-            }),
+            strategy: Some(surge_strategy()),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels),

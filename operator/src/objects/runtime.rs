@@ -90,14 +90,7 @@ pub fn deployment(func: &Function, settings: &Settings, module: &Module, config_
                 match_labels: Some(labels.clone()),
                 ..Default::default()
             },
-            // Keep every old pod serving until its replacement is ready.
-            strategy: Some(DeploymentStrategy {
-                type_: Some("RollingUpdate".into()),
-                rolling_update: Some(RollingUpdateDeployment {
-                    max_unavailable: Some(IntOrString::Int(0)),
-                    max_surge: Some(IntOrString::Int(1)),
-                }),
-            }),
+            strategy: Some(surge_strategy()),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels),
@@ -124,16 +117,7 @@ pub fn deployment(func: &Function, settings: &Settings, module: &Module, config_
 
 /// The `runtime` container, without its volume mounts.
 fn runtime_container(func: &Function, settings: &Settings, module: &Module) -> Container {
-    let probe = |path: &str, period: i32| Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some(path.into()),
-            port: IntOrString::String("metrics".into()),
-            ..Default::default()
-        }),
-        period_seconds: Some(period),
-        failure_threshold: Some(3),
-        ..Default::default()
-    };
+    let probe = admin_probe;
     Container {
         name: "runtime".into(),
         image: Some(settings.runtime_image.clone()),
@@ -367,6 +351,31 @@ pub(super) fn chunk_volume(func: &Function, module: &Module) -> Option<Volume> {
         }),
         ..Default::default()
     })
+}
+
+/// A rolling update that keeps every old pod serving until its replacement is ready.
+pub(super) fn surge_strategy() -> DeploymentStrategy {
+    DeploymentStrategy {
+        type_: Some("RollingUpdate".into()),
+        rolling_update: Some(RollingUpdateDeployment {
+            max_unavailable: Some(IntOrString::Int(0)),
+            max_surge: Some(IntOrString::Int(1)),
+        }),
+    }
+}
+
+/// A probe of the runtime's admin port (`/readyz`, `/healthz`) every `period` seconds.
+pub(super) fn admin_probe(path: &str, period: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("metrics".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(3),
+        ..Default::default()
+    }
 }
 
 pub(super) fn container_port(name: &str, port: u16) -> ContainerPort {
