@@ -178,7 +178,15 @@ impl Metrics {
         }
     }
 
+    /// Sets the measured concurrency of a scaled Function, and exports its scale decisions
+    /// at 0 from its first tick on, so that its first decision shows as an increase (and
+    /// a dashboard shows "no decisions" rather than no data).
     pub fn concurrency(&self, function: &str, namespace: &str, value: f64) {
+        for up in [true, false] {
+            let _ = self
+                .scale_decisions
+                .get_or_create(&scale_labels(function, namespace, up));
+        }
         self.concurrency
             .get_or_create(&FunctionLabels {
                 function: function.into(),
@@ -189,11 +197,7 @@ impl Metrics {
 
     pub fn scale_decided(&self, function: &str, namespace: &str, up: bool) {
         self.scale_decisions
-            .get_or_create(&ScaleLabels {
-                function: function.into(),
-                function_namespace: namespace.into(),
-                direction: if up { "up" } else { "down" },
-            })
+            .get_or_create(&scale_labels(function, namespace, up))
             .inc();
     }
 
@@ -229,6 +233,14 @@ impl Metrics {
         self.builds
             .get_or_create(&build_labels(function, namespace, result))
             .inc();
+    }
+}
+
+fn scale_labels(function: &str, namespace: &str, up: bool) -> ScaleLabels {
+    ScaleLabels {
+        function: function.into(),
+        function_namespace: namespace.into(),
+        direction: if up { "up" } else { "down" },
     }
 }
 
@@ -302,5 +314,21 @@ mod tests {
             .get_or_create(&build_labels("f", "ns", BuildOutcome::Failed))
             .get();
         assert_eq!(count, 4);
+    }
+
+    #[test]
+    fn a_scaled_function_shows_no_decisions_as_zero_before_its_first() {
+        let metrics = Metrics::default();
+        let mut registry = Registry::default();
+        let metrics = metrics.register(&mut registry);
+        metrics.concurrency("idle", "ns", 0.0);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for direction in ["up", "down"] {
+            let series = format!(
+                "wasmless_operator_scale_decisions_total{{function=\"idle\",function_namespace=\"ns\",direction=\"{direction}\"}} 0"
+            );
+            assert!(text.contains(&series), "{series} missing from:\n{text}");
+        }
     }
 }
