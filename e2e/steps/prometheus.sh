@@ -104,6 +104,14 @@ dashboard_queries() {
   wait_until 60 "Prometheus to scrape dash's pod" prometheus_has 'wasmless_module_info{function="dash"}'
   wait_until 60 "Prometheus to scrape the operator's replicas of dash" prometheus_has 'wasmless_function_replicas{function="dash",state="ready"} == 1'
   wait_until 60 "Prometheus to see dash-broken's failed build" prometheus_has 'wasmless_operator_builds_total{function="dash-broken",result="failed"} == 1'
+  # The pool loads a Function as soon as its entry appears: when this step made the pool (no
+  # step before it did), that load came before Prometheus first scraped the pool. One more
+  # pooled Function, loaded after that scrape, gives the load-time panel an increase to show.
+  wait_until 60 "Prometheus to scrape the pool" prometheus_has 'wasmless_pool_load_seconds_count'
+  printf 'apiVersion: wasmless.io/v1alpha1\nkind: Function\nmetadata: {name: dash-idle-later}\nspec:\n  language: go\n  scale: {min: 0}\n  source: |\n%s\n' \
+    "$(go_handler "dash idle later" | sed 's/^/    /')" | kubectl apply -n "$NS" -f - >/dev/null
+  kubectl wait fn/dash-idle-later -n "$NS" --for=condition=Ready --timeout=600s >/dev/null
+  expect_service_answer dash-idle-later "dash idle later"
   local url round i code big
   url=$(service_url dash)
   big=$(head -c 70000 /dev/zero | tr '\0' a)
@@ -127,6 +135,6 @@ dashboard_queries() {
     "${WASMLESS_PICTURE_PYTHON:-python3}" e2e/dashboard_picture.py --prometheus "$prometheus" \
       --start "$((start - 60))" --out "$WASMLESS_DASHBOARD_PICTURE"
   fi
-  kubectl delete fn dash dash-broken -n "$NS" --wait=true >/dev/null
+  kubectl delete fn dash dash-broken dash-idle-later -n "$NS" --wait=true >/dev/null
   ok
 }
