@@ -58,6 +58,10 @@ struct Args {
     /// while they have no pods of their own.
     #[arg(long, env = "WASMLESS_POOL_REPLICAS", default_value_t = 2, value_parser = clap::value_parser!(i32).range(1..=100))]
     pool_replicas: i32,
+    /// The OpenTelemetry collector function pods and pools send traces to: an OTLP/HTTP
+    /// endpoint such as http://otel-collector.observability:4318. Unset: no traces.
+    #[arg(long, env = "WASMLESS_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     /// Watch only this namespace (default: all).
     #[arg(long, env = "WASMLESS_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
@@ -115,6 +119,10 @@ async fn main() -> anyhow::Result<()> {
     settings.go_proxy = args.go_proxy.clone().filter(|proxy| !proxy.trim().is_empty());
     settings.build_cache = args.build_cache.clone();
     settings.pool_replicas = args.pool_replicas;
+    settings.otlp_endpoint = args
+        .otlp_endpoint
+        .clone()
+        .filter(|endpoint| !endpoint.trim().is_empty());
     settings.cargo_registry = args
         .cargo_registry
         .clone()

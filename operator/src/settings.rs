@@ -31,6 +31,9 @@ pub struct Settings {
     /// Pods of each namespace's shared pool (Functions with `scale.min: 0` are served there
     /// while idle): two, so a pool pod's restart or eviction leaves one serving.
     pub pool_replicas: i32,
+    /// The OpenTelemetry collector (an OTLP/HTTP endpoint) function pods and pools send
+    /// traces to, passed to the runtime as `WASMLESS_OTLP_ENDPOINT`; none: no traces.
+    pub otlp_endpoint: Option<String>,
 }
 
 /// The volume of build Jobs' persistent cache (Go's and Cargo's caches, built modules and
@@ -96,6 +99,7 @@ impl Settings {
             build_cache: BuildCache::HostPath(DEFAULT_BUILD_CACHE_PATH.into()),
             cargo_registry: None,
             pool_replicas: 2,
+            otlp_endpoint: None,
         }
     }
 }

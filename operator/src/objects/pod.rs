@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 pub const NON_ROOT_UID: i64 = 65532;
 /// Environment variable naming registries spoken to over plain HTTP (builder and runtime).
 pub const OCI_PLAIN_HTTP_ENV: &str = "WASMLESS_OCI_PLAIN_HTTP";
+pub const OTLP_ENDPOINT_ENV: &str = "WASMLESS_OTLP_ENDPOINT";
 
 pub(super) fn restricted_container_security() -> SecurityContext {
     SecurityContext {
@@ -77,4 +78,15 @@ pub(super) fn oci_plain_http_env(settings: &Settings) -> impl Iterator<Item = En
         value: Some(registries),
         ..Default::default()
     })
+}
+
+/// What every runtime the operator starts (a Function's pods, a pool) is told from the
+/// operator's settings: the registries it pulls over plain HTTP, the collector it traces to.
+pub(super) fn runtime_settings_env(settings: &Settings) -> impl Iterator<Item = EnvVar> {
+    let otlp = settings.otlp_endpoint.clone().map(|endpoint| EnvVar {
+        name: OTLP_ENDPOINT_ENV.into(),
+        value: Some(endpoint),
+        ..Default::default()
+    });
+    oci_plain_http_env(settings).chain(otlp)
 }

@@ -8,7 +8,7 @@
 //! reads only its namespace's ConfigMaps; and the boundary between tenants stays the
 //! namespace (docs/pool.md, "Threat model").
 
-use super::pod::{empty_dir, mount, oci_plain_http_env, restricted_container_security, restricted_pod_security};
+use super::pod::{empty_dir, mount, restricted_container_security, restricted_pod_security, runtime_settings_env};
 use super::runtime::{
     DRAIN_DELAY_SECONDS, SHUTDOWN_GRACE_SECONDS, TERMINATION_GRACE_PERIOD_SECONDS, admin_probe, args_with_locations,
     container_port, surge_strategy,
@@ -135,7 +135,7 @@ pub fn pool_deployment(namespace: &str, settings: &Settings) -> Deployment {
         }),
         ..Default::default()
     };
-    let mut env: Vec<EnvVar> = oci_plain_http_env(settings).collect();
+    let mut env: Vec<EnvVar> = runtime_settings_env(settings).collect();
     env.push(field(NAMESPACE_ENV, "metadata.namespace"));
     env.push(field(super::POD_IP_ENV, "status.podIP"));
     let container = Container {

@@ -1,7 +1,7 @@
 //! The runtime Deployment serving a module, and `runtime_args`: the one place the runtime's
 //! flags are written (the operator's half of the contract with `wasmless-runtime`'s `Config`).
 
-use super::pod::{empty_dir, mount, oci_plain_http_env, restricted_container_security, restricted_pod_security};
+use super::pod::{empty_dir, mount, restricted_container_security, restricted_pod_security, runtime_settings_env};
 use super::{labels_for, meta, prometheus_annotations};
 use crate::crd::{Function, Isolation};
 use crate::module::{Module, ModuleLocation};
@@ -236,7 +236,7 @@ pub fn outbound_header_env(index: usize) -> String {
 /// Values from Secrets and ConfigMaps are references the kubelet resolves when the pod
 /// starts: they are never in the Deployment, and the operator never reads them.
 fn runtime_env(func: &Function, settings: &Settings) -> Vec<EnvVar> {
-    let mut env: Vec<EnvVar> = oci_plain_http_env(settings).collect();
+    let mut env: Vec<EnvVar> = runtime_settings_env(settings).collect();
     env.push(EnvVar {
         name: POD_IP_ENV.into(),
         value_from: Some(EnvVarSource {

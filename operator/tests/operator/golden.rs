@@ -140,6 +140,8 @@ fn golden_rust_function_in_oci() {
     settings.oci_registry = Some("registry.local:5000/functions/".into());
     // The persistent build cache on a PersistentVolumeClaim (the others: a node directory, none).
     settings.build_cache = BuildCache::Claim("wasmless-build-cache".into());
+    // Traces on: the pods are told the collector.
+    settings.otlp_endpoint = Some("http://otel-collector.observability:4318".into());
     let source_digest = objects::source_digest(
         func.spec.language,
         &settings.builder_version,
@@ -375,7 +377,9 @@ fn golden_go_function_served_by_the_pool() {
         "scale": {"min": 0, "max": 4, "targetConcurrency": 20, "idleTimeout": "30s"},
         "outbound": {"allow": ["http://prices.shop.svc.cluster.local:8080"]},
     }));
-    let settings = Settings::new("wasmless/runtime:1.2.3", "wasmless/builder:1.2.3");
+    let mut settings = Settings::new("wasmless/runtime:1.2.3", "wasmless/builder:1.2.3");
+    // Traces on: the pool is told the collector, as a Function's own pods are.
+    settings.otlp_endpoint = Some("http://otel-collector.observability:4318".into());
     let source_digest = objects::spec_source_digest(&func, &settings.builder_version);
     let module = Module {
         digest: digest("module"),
