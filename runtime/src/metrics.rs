@@ -3,6 +3,7 @@
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -18,6 +19,13 @@ struct RequestLabels {
     function: Function,
     method: &'static str,
     status: u16,
+}
+
+/// The exemplar of a request-duration bucket: the trace of its latest sampled request, so
+/// that a dashboard can go from a slow bucket to a trace of a request that landed in it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TraceExemplar {
+    trace_id: String,
 }
 
 /// The `method` label: the standard methods by name, any other as `other`, so that a
@@ -136,7 +144,7 @@ pub struct Metrics {
     registry: Arc<Registry>,
     pool: Option<PoolFamilies>,
     requests: Family<RequestLabels, Counter>,
-    request_duration: Family<RequestLabels, Histogram>,
+    request_duration: Family<RequestLabels, HistogramWithExemplars<TraceExemplar>>,
     traps: Family<TrapLabels, Counter>,
     module_load: Family<FunctionLabels, Gauge<f64, AtomicU64>>,
     module_info: Family<ModuleLabels, Gauge>,
@@ -182,9 +190,10 @@ impl Metrics {
         let mut registry = Registry::default();
         let requests = Family::default();
         // From 100 µs to ~6.5 s: a fresh instance is sub-millisecond, a Go start a few ms.
-        let request_duration = Family::<RequestLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.0001, 2.0, 17))
-        });
+        let request_duration =
+            Family::<RequestLabels, HistogramWithExemplars<TraceExemplar>>::new_with_constructor(|| {
+                HistogramWithExemplars::new(exponential_buckets(0.0001, 2.0, 17))
+            });
         let in_flight = Family::<FunctionLabels, Gauge>::default();
         let instantiate_duration = Family::<FunctionLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.00001, 2.0, 16))
@@ -470,16 +479,27 @@ impl Metrics {
         }
     }
 
-    pub fn observe_request(&self, method: &http::Method, status: u16, elapsed: Duration) {
+    /// Counts a request and its time; `trace` (a sampled request's) becomes its bucket's
+    /// exemplar.
+    pub fn observe_request(
+        &self,
+        method: &http::Method,
+        status: u16,
+        elapsed: Duration,
+        trace: Option<&crate::traces::TraceIds>,
+    ) {
         let labels = RequestLabels {
             function: self.function.clone(),
             method: method_label(method),
             status,
         };
         self.requests.get_or_create(&labels).inc();
+        let exemplar = trace.filter(|ids| ids.sampled).map(|ids| TraceExemplar {
+            trace_id: ids.trace_id.to_string(),
+        });
         self.request_duration
             .get_or_create(&labels)
-            .observe(elapsed.as_secs_f64());
+            .observe(elapsed.as_secs_f64(), exemplar, None);
     }
 
     /// Counts a request in flight until the guard is dropped.

@@ -216,10 +216,11 @@ async fn record_metrics(State(state): State<FunctionState>, mut request: Request
     let metrics = tenant.metrics().clone();
     let _in_flight = metrics.in_flight();
     let method = request.method().clone();
+    let trace = request.extensions().get::<traces::TraceIds>().copied();
     let started = Instant::now();
     request.extensions_mut().insert(tenant);
     let response = next.run(request).await;
-    metrics.observe_request(&method, response.status().as_u16(), started.elapsed());
+    metrics.observe_request(&method, response.status().as_u16(), started.elapsed(), trace.as_ref());
     response
 }
 

@@ -466,6 +466,9 @@ pub fn record_failure(span: &tracing::Span, failure: &crate::handler::Failure) {
 pub struct TraceIds {
     pub trace_id: opentelemetry::trace::TraceId,
     pub span_id: opentelemetry::trace::SpanId,
+    /// Whether the trace is exported (the sampler's choice): only such a trace can be an
+    /// exemplar, since only it can be looked up.
+    pub sampled: bool,
 }
 
 impl TraceIds {
@@ -475,6 +478,7 @@ impl TraceIds {
         span_context.is_valid().then(|| Self {
             trace_id: span_context.trace_id(),
             span_id: span_context.span_id(),
+            sampled: span_context.is_sampled(),
         })
     }
 }

@@ -313,6 +313,18 @@ async fn one_trace_across_functions_with_errors_marked_and_drops_counted() {
     assert_eq!(line["span"]["trace_id"], CALLER_TRACE, "{line}");
     assert_eq!(line["span"]["span_id"], a_server.span_id.as_str(), "{line}");
 
+    // The request's bucket of the duration histogram names the trace as its exemplar.
+    let metrics = get(a.admin_url("/metrics")).await.1;
+    let exemplar = format!("# {{trace_id=\"{CALLER_TRACE}\"}}");
+    assert!(
+        metrics.lines().any(|line| {
+            line.starts_with("wasmless_request_duration_seconds_bucket{")
+                && line.contains("function=\"a\",method=\"GET\",status=\"200\"")
+                && line.contains(&exemplar)
+        }),
+        "no bucket of a's GET has the exemplar {exemplar}:\n{metrics}"
+    );
+
     // A trap: the handler span is in error with a `trap` event, the server span in error
     // with its status.
     let (status, _) = get(b.url("/panic")).await;
