@@ -69,6 +69,8 @@ pub const MAX_SOURCE_BYTES: usize = 512 * 1024;
     printcolumn(name = "Digest", type_ = "string", json_path = ".status.moduleDigestShort"),
     printcolumn(name = "URL", type_ = "string", json_path = ".status.url"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(name = "Revision", type_ = "string", json_path = ".status.latestReadyRevision", priority = 1),
+    printcolumn(name = "Serving", type_ = "string", json_path = ".status.traffic[0].revision", priority = 1),
     // `kubectl scale fn/hello` and a HorizontalPodAutoscaler write spec.replicas through
     // this; the HPA finds the pods to measure by status.selector.
     scale(
@@ -167,6 +169,40 @@ pub struct FunctionSpec {
     /// Where the built module is stored; defaults to the operator's setting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<Storage>,
+
+    /// Revisions kept (every successful build is one, listed on status): their modules and
+    /// compiled code stay stored, so traffic can go back to one without a build. Older
+    /// revisions are deleted with their objects.
+    #[serde(default = "default_revision_history_limit")]
+    #[schemars(range(min = 1, max = 100))]
+    pub revision_history_limit: i32,
+
+    /// Which revision serves: absent, the latest build. `[{revision: hello-2, percent: 100}]`
+    /// rolls back to a kept revision without a build; `[{latestRevision: true, percent: 100}]`
+    /// is the default written out. One target takes all the traffic for now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1))]
+    pub traffic: Vec<TrafficTarget>,
+}
+
+/// A share of a Function's requests and the revision that serves it, in the shape
+/// Knative's `traffic` has.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.revision) != (has(self.latestRevision) && self.latestRevision)")
+    .message("a traffic target names a revision or sets latestRevision: true (one of the two)"))]
+#[x_kube(validation = Rule::new("self.percent == 100")
+    .message("one traffic target takes all the traffic (percent: 100): splitting it between revisions is not served yet"))]
+pub struct TrafficTarget {
+    /// A revision on `status.revisions` (`<function>-<n>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 80))]
+    pub revision: Option<String>,
+    /// The latest build, whichever it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_revision: Option<bool>,
+    #[schemars(range(min = 0, max = 100))]
+    pub percent: i32,
 }
 
 fn default_server_port() -> i32 {
@@ -175,6 +211,10 @@ fn default_server_port() -> i32 {
 
 fn default_replicas() -> i32 {
     1
+}
+
+fn default_revision_history_limit() -> i32 {
+    5
 }
 
 /// How many pods of its own a Function runs, and when.
@@ -593,6 +633,44 @@ pub struct FunctionStatus {
     /// subresource: a HorizontalPodAutoscaler reads the pods' metrics through it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
+    /// The revisions kept (`spec.revisionHistoryLimit`), newest first: every successful
+    /// build is one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub revisions: Vec<Revision>,
+    /// The newest revision that served with every pod ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_ready_revision: Option<String>,
+    /// The revisions serving and their shares, as `spec.traffic` resolved.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub traffic: Vec<TrafficStatus>,
+}
+
+/// A revision that serves, and its share of the requests.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrafficStatus {
+    pub revision: String,
+    pub percent: i32,
+}
+
+/// A successful build of a Function: what it serves, by digest.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Revision {
+    /// `<function>-<n>`, numbered from 1 in the order the builds succeeded.
+    pub name: String,
+    /// The source it was built from (see `status.sourceDigest`).
+    pub source_digest: String,
+    /// sha256 of its `.wasm` bytes.
+    pub module_digest: String,
+    /// sha256 of its compiled code, when the build made some.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code_digest: Option<String>,
+    /// Where its module is stored (`oci://...` for OCI storage, else its chunk ConfigMaps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_ref: Option<String>,
+    /// When the build's module was first seen.
+    pub created: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
 }
 
 /// Where a Function's Service sends requests.

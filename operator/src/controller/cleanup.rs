@@ -1,5 +1,6 @@
 //! What a Function no longer uses: its Service under an older name (step 4), and the Jobs
-//! and ConfigMaps of its older sources once the current module is Ready (step 6).
+//! of its older sources and the ConfigMaps of revisions no longer kept, once the current
+//! module is Ready (step 6).
 
 use super::{Context, Doing, READY, StepError};
 use crate::Error;
@@ -35,8 +36,15 @@ pub(super) async fn remove_renamed_services(
     Ok(())
 }
 
-/// Deletes the Jobs, source and chunk ConfigMaps of this Function's older sources.
-pub(super) async fn collect_old_builds(ctx: &Context, ns: &str, name: &str, current: &Digest) -> Result<(), Error> {
+/// Deletes the Jobs of this Function's other sources than `current`, and the source and
+/// chunk ConfigMaps of those no kept revision was built from.
+pub(super) async fn collect_old_builds(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    current: &Digest,
+    kept: &[Digest],
+) -> Result<(), Error> {
     let selector = format!(
         "{}={name},{}!={}",
         labels::FUNCTION,
@@ -50,9 +58,11 @@ pub(super) async fn collect_old_builds(ctx: &Context, ns: &str, name: &str, curr
             jobs.delete(&job.name_any(), &DeleteParams::background()).await?;
         }
     }
+    let kept: Vec<String> = kept.iter().map(labels::digest_value).collect();
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
     for cm in configmaps.list_metadata(&params).await?.items {
-        if cm.labels().contains_key(labels::SOURCE_DIGEST) {
+        let source = cm.labels().get(labels::SOURCE_DIGEST);
+        if source.is_some_and(|source| !kept.contains(source)) {
             configmaps.delete(&cm.name_any(), &DeleteParams::default()).await?;
         }
     }

@@ -3,7 +3,7 @@
 
 use super::Context;
 use crate::Error;
-use crate::crd::{Function, ModuleImage};
+use crate::crd::{Function, ModuleImage, Revision};
 use crate::module::{Code, Module, ModuleLocation};
 use crate::objects::MANAGER;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -44,11 +44,32 @@ pub(super) fn serving_module(deployment: &Deployment) -> Option<Module> {
     Module::from_pod_annotations(annotations)
 }
 
-/// The OCI module built from `digest`, as an earlier reconcile recorded it on status.
+/// The OCI module built from `digest`, as an earlier reconcile recorded it on status: the
+/// current build, or a kept revision's.
 pub(super) fn oci_module_from_status(func: &Function, digest: &Digest) -> Option<Module> {
     let status = func.status.as_ref()?;
     if status.source_digest.as_deref() != Some(&digest.to_string()) {
-        return None;
+        let revision = status
+            .revisions
+            .iter()
+            .find(|revision| revision.source_digest == digest.to_string())?;
+        let reference = revision
+            .module_ref
+            .as_deref()?
+            .strip_prefix(wasmless_artifact::oci::SCHEME)?;
+        return Some(Module {
+            digest: revision.module_digest.parse().ok()?,
+            size: None,
+            source_digest: *digest,
+            code: revision
+                .code_digest
+                .as_deref()
+                .and_then(|d| d.parse().ok())
+                .map(|digest| Code { digest, chunks: 0 }),
+            location: ModuleLocation::Oci {
+                reference: reference.to_string(),
+            },
+        });
     }
     let reference = status
         .module_ref
@@ -119,6 +140,28 @@ pub(super) async fn find_chunks(
         },
         code,
     }))
+}
+
+/// A kept revision's module, where its build stored it: its chunk ConfigMaps (still all
+/// there, and holding the module the revision recorded), or its OCI reference.
+pub(super) async fn revision_module(
+    ctx: &Context,
+    func: &Function,
+    ns: &str,
+    revision: &Revision,
+) -> Result<Option<Module>, Error> {
+    let Ok(source_digest) = revision.source_digest.parse::<Digest>() else {
+        return Ok(None);
+    };
+    if revision
+        .module_ref
+        .as_deref()
+        .is_some_and(|reference| reference.starts_with(wasmless_artifact::oci::SCHEME))
+    {
+        return Ok(oci_module_from_status(func, &source_digest));
+    }
+    let found = find_chunks(ctx, func, ns, &source_digest).await?;
+    Ok(found.filter(|module| module.digest.to_string() == revision.module_digest))
 }
 
 /// One part's chunk ConfigMaps, all present and agreeing on the module digest.

@@ -13,6 +13,7 @@ mod cleanup;
 mod config;
 mod find;
 mod pool;
+mod revisions;
 mod scale;
 mod status;
 
@@ -178,11 +179,13 @@ async fn reconcile_steps(func: &Function, ctx: &Context) -> Result<Action, StepE
     };
     // 5. Status and events.
     let status = status::update(ctx, func, &build, source_digest, &served, missing).await?;
-    // 6. Garbage: once the current module serves everywhere, older builds are.
+    // 6. Garbage: once the current module serves everywhere, the builds of revisions no
+    // longer kept are.
     if let (Build::Done(module), Some(Phase::Ready)) = (&build, status.phase)
         && func.spec.module.is_none()
     {
-        cleanup::collect_old_builds(ctx, &ns, &name, &module.source_digest)
+        let kept = revisions::kept_sources(&status.revisions);
+        cleanup::collect_old_builds(ctx, &ns, &name, &module.source_digest, &kept)
             .await
             .doing(BUILT, || format!("deleting the older builds of {name}"))
             .map_err(|failed| failed.after_writing(&status))?;
@@ -240,6 +243,8 @@ struct Served {
     pub pending: bool,
     /// The Function's port in the pool while it has an entry there.
     pub entry_port: Option<u16>,
+    /// Why the revision `spec.traffic` names does not serve.
+    pub traffic_problem: Option<String>,
 }
 
 /// Step 4: the Deployment serves the new module once built, and the previous one (read
@@ -261,9 +266,29 @@ async fn serve(
         .get_opt(&name)
         .await
         .doing(READY, || format!("reading the Deployment {name}"))?;
-    let serving = match build {
-        Build::Done(module) => Some(module.clone()),
-        _ => existing.as_ref().and_then(find::serving_module),
+    let already_serving = || existing.as_ref().and_then(find::serving_module);
+    // The revision `spec.traffic` names, else the latest build; while either cannot serve,
+    // what serves now.
+    let mut traffic_problem = None;
+    let serving = match (revisions::wanted(func), build) {
+        (revisions::Wanted::Latest, Build::Done(module)) => Some(module.clone()),
+        (revisions::Wanted::Latest, _) => already_serving(),
+        (revisions::Wanted::Revision(revision), _) => {
+            let found = find::revision_module(ctx, func, ns, revision)
+                .await
+                .doing(READY, || format!("reading the module of revision {}", revision.name))?;
+            if found.is_none() {
+                traffic_problem = Some(format!(
+                    "the module of revision {} is no longer stored: name another revision in spec.traffic",
+                    revision.name
+                ));
+            }
+            found.or_else(already_serving)
+        }
+        (revisions::Wanted::NotKept(problem), _) => {
+            traffic_problem = Some(problem);
+            already_serving()
+        }
     };
     let not_pooled = func.spec.scales_to_zero().then(|| func.spec.pool_refusal()).flatten();
     let mut served = Served {
@@ -275,6 +300,7 @@ async fn serve(
         not_pooled,
         pending: false,
         entry_port: None,
+        traffic_problem,
     };
     let Some(module) = serving.as_ref().filter(|_| !matches!(build, Build::Invalid(_))) else {
         return Ok(served);

@@ -3,6 +3,7 @@
 
 use super::build::Build;
 use super::pool::PoolState;
+use super::revisions;
 use super::{Context, Doing, Served, StepError};
 use crate::Error;
 use crate::crd::{Function, FunctionStatus, Phase, ServedBy};
@@ -23,6 +24,8 @@ pub const CONDITION_READY: &str = "Ready";
 pub const REASON_RECONCILE_ERROR: &str = "ReconcileError";
 /// The Ready condition's reason while a Secret or ConfigMap the pods need does not exist.
 pub const REASON_REFERENCE_NOT_FOUND: &str = "ReferenceNotFound";
+/// The Ready condition's reason while `spec.traffic` names a revision that cannot serve.
+pub const REASON_REVISION_NOT_FOUND: &str = "RevisionNotFound";
 /// The Ready condition's reason while the namespace's pool serves the Function.
 pub const REASON_SERVED_BY_POOL: &str = "ServedByPool";
 /// Longest Event note the API server accepts, in bytes.
@@ -41,6 +44,14 @@ pub(super) async fn update(
     let (name, ns) = (func.name_any(), func.namespace().unwrap_or_default());
     let mut status = status_for(func, build, source_digest, served, missing);
     let old = func.status.clone().unwrap_or_default();
+    status.revisions = match build {
+        Build::Done(module) => revisions::record(func, &old.revisions, module, Time(Timestamp::now())),
+        _ => revisions::keep(func, &old.revisions),
+    };
+    let ready_with = served.module.as_ref().filter(|_| status.phase == Some(Phase::Ready));
+    status.latest_ready_revision =
+        revisions::latest_ready(&status.revisions, old.latest_ready_revision.as_deref(), ready_with);
+    status.traffic = revisions::traffic(&status.revisions, served.module.as_ref());
     status.served_by_since = match status.served_by {
         None => None,
         same if same == old.served_by => old.served_by_since.clone(),
@@ -189,15 +200,22 @@ fn status_for(
     let replicas = served.replicas;
     let pooled = served.pool.is_some();
     let deploy_status = deployment.and_then(|d| d.status.clone()).unwrap_or_default();
-    let ready = match missing {
-        Some(message) => condition(
+    let ready = match (missing, &served.traffic_problem) {
+        (Some(message), _) => condition(
             CONDITION_READY,
             false,
             REASON_REFERENCE_NOT_FOUND,
             message.into(),
             generation,
         ),
-        None => match (&served.route, &served.pool) {
+        (None, Some(problem)) => condition(
+            CONDITION_READY,
+            false,
+            REASON_REVISION_NOT_FOUND,
+            problem.clone(),
+            generation,
+        ),
+        (None, None) => match (&served.route, &served.pool) {
             (Some(Route::Pool { port }), Some((_, state))) => pool_ready_condition(*port, replicas, state, generation),
             _ => ready_condition(func, replicas, serving, deployment),
         },
@@ -233,6 +251,9 @@ fn status_for(
         served_by_since: None,
         pool_port: served.entry_port.map(i32::from),
         selector: Some(objects::runtime_selector(func)),
+        revisions: Vec::new(),
+        latest_ready_revision: None,
+        traffic: Vec::new(),
     }
 }
 

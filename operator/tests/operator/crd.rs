@@ -184,12 +184,43 @@ fn crd_refuses_bad_functions() {
             json!({"source": HELLO, "limits": {"isolation": "process"}}),
             "is not one of",
         ),
+        (
+            json!({"source": HELLO, "traffic": [{"revision": "hello-1", "latestRevision": true, "percent": 100}]}),
+            "one of the two",
+        ),
+        (
+            json!({"source": HELLO, "traffic": [{"percent": 100}]}),
+            "one of the two",
+        ),
+        (
+            json!({"source": HELLO, "traffic": [{"revision": "hello-1", "percent": 90}]}),
+            "splitting it between revisions is not served yet",
+        ),
+        (
+            json!({"source": HELLO, "traffic": [{"revision": "hello-1", "percent": 50}, {"latestRevision": true, "percent": 50}]}),
+            "more items than maxItems",
+        ),
+        (json!({"source": HELLO, "revisionHistoryLimit": 0}), "below the minimum"),
     ];
     for (spec, expected) in cases {
         let errors = refused(spec.clone());
         assert!(
             errors.iter().any(|e| e.contains(expected)),
             "{spec:.80}: expected {expected:?}, got {errors:?}"
+        );
+    }
+}
+
+#[test]
+fn crd_accepts_a_rollback_and_the_latest_written_out() {
+    for traffic in [
+        json!([{"revision": "hello-2", "percent": 100}]),
+        json!([{"latestRevision": true, "percent": 100}]),
+    ] {
+        assert_eq!(
+            refused(json!({"source": HELLO, "traffic": traffic})),
+            Vec::<String>::new(),
+            "{traffic}"
         );
     }
 }
@@ -221,8 +252,20 @@ fn crd_has_printer_columns_short_name_and_status() {
         .collect();
     assert_eq!(
         columns,
-        ["Language", "Phase", "Ready", "Served", "Digest", "URL", "Age"]
+        [
+            "Language", "Phase", "Ready", "Served", "Digest", "URL", "Age", "Revision", "Serving"
+        ]
     );
+    // The revisions only in `kubectl get fn -o wide`.
+    let wide: Vec<_> = version
+        .additional_printer_columns
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter(|c| c.priority == Some(1))
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(wide, ["Revision", "Serving"]);
     let subresources = version.subresources.as_ref().unwrap();
     assert!(subresources.status.is_some());
     let scale = subresources

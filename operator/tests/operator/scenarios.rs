@@ -356,9 +356,150 @@ async fn source_change_builds_once_and_rolls_out(h: &Harness) {
         jobs[0].name_any(),
         objects::job_name("hello", &Harness::status_source_digest(&func))
     );
-    // Changing back to the first source builds again (its artifacts were collected),
-    // under the same deterministic name.
     assert_ne!(old_module, new_module);
+}
+
+/// `spec.traffic` naming a kept revision serves it again, without a build; a revision not
+/// kept is a `Ready` condition that names the kept ones, and what serves stays; and
+/// `latestRevision: true` goes back to the latest build.
+async fn traffic_rolls_back_to_a_kept_revision_without_a_build(h: &Harness) {
+    let (_, v1) = ready_function(h, "hello", json!({"source": HELLO})).await;
+    h.update_spec("hello", json!({"source": HELLO_V2})).await;
+    h.reconcile("hello").await.unwrap();
+    let v2 = h.finish_build("hello", &wasm("v2")).await;
+    h.reconcile("hello").await.unwrap();
+    h.make_available("hello").await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(status(&func).latest_ready_revision.as_deref(), Some("hello-2"));
+    let serving = |d: &Deployment| template_annotation(d, annotations::MODULE_DIGEST);
+    let traffic = |func: &Function| -> Vec<(String, i32)> {
+        status(func)
+            .traffic
+            .iter()
+            .map(|t| (t.revision.clone(), t.percent))
+            .collect()
+    };
+    assert_eq!(traffic(&func), [("hello-2".to_string(), 100)]);
+    let jobs = h.jobs("hello").await.len();
+
+    h.update_spec("hello", json!({"traffic": [{"revision": "hello-1", "percent": 100}]}))
+        .await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(serving(&h.deployment("hello").await.unwrap()), v1.to_string());
+    assert_eq!(h.jobs("hello").await.len(), jobs, "a rollback builds nothing");
+    h.make_available("hello").await;
+    let func_ready = h.reconciled("hello").await;
+    assert_eq!(status(&func_ready).phase, Some(Phase::Ready), "{:?}", func.status);
+    assert_eq!(status(&func_ready).module_digest, Some(v1.to_string()));
+    assert_eq!(traffic(&func_ready), [("hello-1".to_string(), 100)]);
+    // Rolling back does not make hello-1 the latest.
+    assert_eq!(status(&func_ready).latest_ready_revision.as_deref(), Some("hello-2"));
+
+    h.update_spec("hello", json!({"traffic": [{"revision": "hello-9", "percent": 100}]}))
+        .await;
+    let func = h.reconciled("hello").await;
+    let ready = condition(&func, "Ready");
+    assert_eq!(ready.status, "False");
+    assert_eq!(ready.reason, "RevisionNotFound");
+    assert!(
+        ready.message.contains("hello-9") && ready.message.contains("hello-2, hello-1"),
+        "{}",
+        ready.message
+    );
+    assert_eq!(
+        serving(&h.deployment("hello").await.unwrap()),
+        v1.to_string(),
+        "what serves stays"
+    );
+
+    h.update_spec("hello", json!({"traffic": [{"latestRevision": true, "percent": 100}]}))
+        .await;
+    h.reconcile("hello").await.unwrap();
+    assert_eq!(serving(&h.deployment("hello").await.unwrap()), v2.to_string());
+    h.make_available("hello").await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(traffic(&func), [("hello-2".to_string(), 100)]);
+}
+
+/// Every successful build is a revision on status; the last `revisionHistoryLimit` keep
+/// their source and chunk ConfigMaps (so a revert builds nothing), older ones lose them.
+async fn revisions_keep_exactly_the_kept_builds(h: &Harness) {
+    let spec = |source: &str| json!({"source": source, "revisionHistoryLimit": 2});
+    let sources_stored = || async {
+        let params = ListParams::default().labels(&format!("{}=hello", labels::FUNCTION));
+        let mut sources: Vec<String> = h
+            .api::<ConfigMap>()
+            .list_metadata(&params)
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter_map(|cm| cm.labels().get(labels::SOURCE_DIGEST).cloned())
+            .collect();
+        sources.sort();
+        sources.dedup();
+        sources
+    };
+    let short = |func: &Function| labels::digest_value(&Harness::status_source_digest(func));
+    let names = |func: &Function| -> Vec<String> { status(func).revisions.iter().map(|r| r.name.clone()).collect() };
+    let (v1, _) = ready_function(h, "hello", spec(HELLO)).await;
+    assert_eq!(names(&v1), ["hello-1"]);
+    assert_eq!(status(&v1).latest_ready_revision.as_deref(), Some("hello-1"));
+    assert_eq!(
+        status(&v1).revisions[0].module_digest,
+        status(&v1).module_digest.clone().unwrap()
+    );
+
+    let mut stages = Vec::new();
+    for (source, tag) in [(HELLO_V2, "v2"), ("package handlers\n\n// v3\n", "v3")] {
+        h.update_spec("hello", spec(source)).await;
+        h.reconcile("hello").await.unwrap();
+        // Built, not yet ready: a revision already, not the latest ready one.
+        h.finish_build("hello", &wasm(tag)).await;
+        let func_built = h.reconciled("hello").await;
+        assert_eq!(names(&func_built)[0], format!("hello-{}", stages.len() + 2));
+        assert_ne!(
+            status(&func_built).latest_ready_revision.as_deref(),
+            Some(names(&func_built)[0].as_str())
+        );
+        h.make_available("hello").await;
+        let func = h.reconciled("hello").await;
+        assert_eq!(status(&func).phase, Some(Phase::Ready));
+        stages.push(func);
+    }
+    let (v2, v3) = (&stages[0], &stages[1]);
+    assert_eq!(names(v3), ["hello-3", "hello-2"], "cut to revisionHistoryLimit 2");
+    assert_eq!(status(v3).latest_ready_revision.as_deref(), Some("hello-3"));
+    let mut kept = vec![short(v2), short(v3)];
+    kept.sort();
+    assert_eq!(
+        sources_stored().await,
+        kept,
+        "the ConfigMaps of exactly the kept revisions"
+    );
+    assert!(
+        !sources_stored().await.contains(&short(&v1)),
+        "hello-1's builds are deleted"
+    );
+
+    // Back to v2's source: its module is still stored, so nothing is built; a new revision.
+    let jobs_before = h.jobs("hello").await.len();
+    h.update_spec("hello", spec(HELLO_V2)).await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(
+        h.jobs("hello").await.len(),
+        jobs_before,
+        "a revert to a kept revision builds nothing"
+    );
+    assert_eq!(names(&func), ["hello-4", "hello-3"]);
+    assert_eq!(
+        status(&func).revisions[0].module_digest,
+        status(v2).module_digest.clone().unwrap()
+    );
+    h.make_available("hello").await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(status(&func).latest_ready_revision.as_deref(), Some("hello-4"));
+    assert_eq!(status(&func).module_digest, status(v2).module_digest);
 }
 
 async fn isolation_reaches_the_runtime_without_a_rebuild(h: &Harness) {
@@ -976,6 +1117,8 @@ scenarios!(
     isolation_reaches_the_runtime_without_a_rebuild,
     unchanged_function_writes_nothing,
     source_change_builds_once_and_rolls_out,
+    revisions_keep_exactly_the_kept_builds,
+    traffic_rolls_back_to_a_kept_revision_without_a_build,
     failed_build_keeps_serving_previous_module,
     replicas_zero_scales_to_zero,
     scaling_a_function_scales_its_deployment,
