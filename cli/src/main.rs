@@ -27,6 +27,9 @@ enum Command {
     Get(cluster::get::GetArgs),
     /// Stream the request and handler log lines of a Function's pods.
     Logs(cluster::logs::LogsArgs),
+    /// Send all of a Function's traffic to a kept revision, without a build (default: the
+    /// revision before the one serving).
+    Rollback(cluster::rollback::RollbackArgs),
     /// Print the Function CustomResourceDefinition (`wasmless crd | kubectl apply -f -`).
     Crd,
 }
@@ -60,6 +63,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Deploy(args) => cluster::deploy::run(args).await,
         Command::Get(args) => cluster::get::run(args).await,
         Command::Logs(args) => cluster::logs::run(args).await,
+        Command::Rollback(args) => cluster::rollback::run(args).await,
         Command::Crd => {
             print!("{}", wasmless_operator::crd_yaml());
             Ok(())

@@ -50,6 +50,57 @@ rolling_update() {
   ok
 }
 
+rollback() {
+  step "revisions: after v2b, wasmless rollback sends hello back to v2 with no build and no failed request; then the latest again"
+  local wasmless=${CARGO_TARGET_DIR:-$HOME/.cache/wasmless/target}/release/wasmless url jobs before
+  url=$(service_url hello)
+  # A source no other step uses (failover's v3 must still need a build).
+  set_source hello "$(go_handler 'v2b')"
+  answers() { [[ $(get "$url" 2>/dev/null) == "$1" ]]; }
+  wait_until 600 "hello to answer v2b" answers v2b
+  kubectl wait fn/hello -n "$NS" --for=condition=Ready --timeout=180s >/dev/null
+  local revisions
+  revisions=$(fn_field hello '.status.revisions[*].name')
+  echo "revisions: $revisions; latest ready: $(fn_field hello .status.latestReadyRevision)"
+  read -r newest previous _ <<<"$revisions"
+  [[ -n $previous ]] || fail "hello keeps fewer than two revisions: $revisions"
+  jobs=$(kubectl get jobs -n "$NS" -l wasmless.io/function=hello --no-headers | wc -l)
+  (
+    while [[ ! -f $WORK/stop-rollback ]]; do
+      if body=$(get "$url" 2>&1); then echo "$(date +%s.%N) ok $body"; else echo "$(date +%s.%N) FAIL $body"; fi
+      sleep 0.05
+    done
+  ) >"$WORK/rollback-requests.log" &
+  PIDS+=($!)
+  local loop=$! started out
+  started=$(date +%s.%N)
+  out=$("$wasmless" rollback hello -n "$NS")
+  echo "$out"
+  expect_contains "$out" "all traffic on $previous (was $newest)" "wasmless rollback's answer"
+  wait_until 60 "hello to answer v2 again" answers v2
+  expect_eq "$(kubectl get fn hello -n "$NS" -o wide --no-headers | awk '{print $(NF)}')" "$previous" "kubectl get fn -o wide's SERVING column"
+  expect_eq "$(kubectl get jobs -n "$NS" -l wasmless.io/function=hello --no-headers | wc -l)" "$jobs" "build Jobs after the rollback (none new)"
+  # Back to the latest build, with v2's source: a new revision of what is kept, built by no one.
+  local patch
+  patch=$(python3 -c 'import json,sys; print(json.dumps([{"op": "replace", "path": "/spec/function", "value": sys.argv[1]}, {"op": "remove", "path": "/spec/traffic"}]))' "$(go_handler 'v2')")
+  kubectl patch fn hello -n "$NS" --type json -p "$patch" >/dev/null
+  latest_is_new() { [[ $(fn_field hello .status.latestReadyRevision) != "$newest" && $(fn_field hello .status.traffic[0].revision) == $(fn_field hello .status.latestReadyRevision) ]]; }
+  wait_until 120 "a new latest revision serving v2" latest_is_new
+  expect_eq "$(kubectl get jobs -n "$NS" -l wasmless.io/function=hello --no-headers | wc -l)" "$jobs" "build Jobs after going back to v2's source (none new)"
+  sleep 1
+  touch "$WORK/stop-rollback"
+  wait "$loop" || true
+  local total failed first_v2
+  total=$(wc -l <"$WORK/rollback-requests.log")
+  failed=$(grep -c ' FAIL' "$WORK/rollback-requests.log" || true)
+  first_v2=$(awk -v t="$started" '$1 > t && $2 == "ok" && $3 == "v2" { print $1 - t; exit }' "$WORK/rollback-requests.log")
+  echo "$total requests during the rollback and back, $failed failed; v2 answered ${first_v2} s after wasmless rollback started; revisions now: $(fn_field hello '.status.revisions[*].name')"
+  grep ' FAIL' "$WORK/rollback-requests.log" | head -5 || true
+  expect_eq "$failed" 0 "failed requests during the rollback"
+  expect_eq "$(get "$url")" "v2" "the answer after going back to the latest"
+  ok
+}
+
 compile_error() {
   step "a compile error: phase Failed, the compiler's message on status and in an Event, v2 keeps answering"
   set_source hello "$(printf 'package handlers\n\nimport "net/http"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {\n\tundefinedHelper(w)\n}\n')"

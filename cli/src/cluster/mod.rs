@@ -1,10 +1,12 @@
 //! The commands that work on the cluster of the current kubeconfig, as `kubectl` would:
 //! `deploy` applies a Function and follows it to Ready, `get` lists Functions, `logs`
-//! streams their pods' lines. kube-rs throughout: no `kubectl` needed.
+//! streams their pods' lines, `rollback` sends a Function's traffic back to a kept
+//! revision. kube-rs throughout: no `kubectl` needed.
 
 pub mod deploy;
 pub mod get;
 pub mod logs;
+pub mod rollback;
 
 use anyhow::Context;
 use kube::Client;
