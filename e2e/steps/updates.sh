@@ -213,7 +213,7 @@ build_cache_hit() {
   events_say_cache_hit() { [[ $(hello_again_events) == *"code cache hit"* ]]; }
   wait_until 30 "an Event of hello-again saying 'code cache hit'" events_say_cache_hit
   expect_contains "$(hello_again_events)" "code cache hit" "the Events of hello-again"
-  expect_eq "$(get_service hello-again)" "v2" "hello-again's answer"
+  expect_service_answer hello-again v2
   kubectl delete fn hello-again -n "$NS" --wait=false >/dev/null
   ok
 }
