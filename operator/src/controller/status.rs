@@ -310,11 +310,16 @@ fn ready_condition(
 ) -> Condition {
     let generation = func.metadata.generation;
     let deploy_status = deployment.and_then(|d| d.status.clone()).unwrap_or_default();
+    // As `kubectl rollout status` judges a rollout done: every pod of the new template, no
+    // pod of an older one left (a surge pod counts as updated while an old pod still
+    // serves), and the new ones available.
+    let updated = deploy_status.updated_replicas.unwrap_or(0);
     let up_to_date = deployment.is_some_and(|d| {
         d.status.as_ref().and_then(|s| s.observed_generation) >= d.metadata.generation
-            && deploy_status.updated_replicas.unwrap_or(0) >= replicas
+            && updated >= replicas
+            && deploy_status.replicas.unwrap_or(0) <= updated
     });
-    let available = deploy_status.available_replicas.unwrap_or(0);
+    let available = deploy_status.available_replicas.unwrap_or(0).min(updated);
     let ready = |ok, reason: &str, message| condition(CONDITION_READY, ok, reason, message, generation);
     if serving.is_none() {
         ready(false, "NoModule", "no module has been built yet".into())
