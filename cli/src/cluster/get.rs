@@ -4,6 +4,7 @@ use super::{Target, explain};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams};
 use wasmless_operator::Function;
+use wasmless_operator::crd::ServedBy;
 
 #[derive(clap::Args)]
 pub struct GetArgs {
@@ -39,8 +40,8 @@ pub async fn run(args: GetArgs) -> anyhow::Result<()> {
 
 /// The columns of the CRD's printer columns, in their order.
 pub fn table(functions: &[Function], now: Timestamp) -> String {
-    let header = ["NAME", "LANGUAGE", "PHASE", "READY", "DIGEST", "URL", "AGE"].map(String::from);
-    let rows: Vec<[String; 7]> = functions
+    let header = ["NAME", "LANGUAGE", "PHASE", "READY", "SERVED", "DIGEST", "URL", "AGE"].map(String::from);
+    let rows: Vec<[String; 8]> = functions
         .iter()
         .map(|f| {
             let status = f.status.clone().unwrap_or_default();
@@ -50,6 +51,13 @@ pub fn table(functions: &[Function], now: Timestamp) -> String {
                 f.spec.language.as_str().to_string(),
                 status.phase.map(|p| p.as_str().to_string()).unwrap_or_else(dash),
                 status.ready_replicas.map(|r| r.to_string()).unwrap_or_else(dash),
+                status
+                    .served_by
+                    .map(|served| match served {
+                        ServedBy::Pods => "pods".to_string(),
+                        ServedBy::Pool => "pool".to_string(),
+                    })
+                    .unwrap_or_else(dash),
                 status.module_digest_short.unwrap_or_else(dash),
                 status.url.unwrap_or_else(dash),
                 f.metadata
@@ -60,7 +68,7 @@ pub fn table(functions: &[Function], now: Timestamp) -> String {
             ]
         })
         .collect();
-    let widths: Vec<usize> = (0..7)
+    let widths: Vec<usize> = (0..header.len())
         .map(|i| {
             rows.iter()
                 .map(|r| r[i].len())
@@ -86,5 +94,43 @@ fn age(elapsed: SignedDuration) -> String {
         s if s < 2 * 3600 => format!("{}m", s / 60),
         s if s < 2 * 86400 => format!("{}h", s / 3600),
         s => format!("{}d", s / 86400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_has_kubectls_default_columns_with_served() {
+        let function: Function = serde_json::from_value(serde_json::json!({
+            "apiVersion": "wasmless.io/v1alpha1",
+            "kind": "Function",
+            "metadata": {"name": "idle", "creationTimestamp": "2026-11-26T10:00:00Z"},
+            "spec": {"language": "go", "source": "package handlers"},
+            "status": {"phase": "Ready", "readyReplicas": 0, "servedBy": "pool",
+                       "moduleDigestShort": "0c6702ecae", "url": "http://idle.ns.svc.cluster.local:8080"},
+        }))
+        .unwrap();
+        let now: Timestamp = "2026-11-26T10:05:00Z".parse().unwrap();
+        let table = table(&[function], now);
+        let lines: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(
+            lines[0],
+            ["NAME", "LANGUAGE", "PHASE", "READY", "SERVED", "DIGEST", "URL", "AGE"]
+        );
+        assert_eq!(
+            lines[1],
+            [
+                "idle",
+                "go",
+                "Ready",
+                "0",
+                "pool",
+                "0c6702ecae",
+                "http://idle.ns.svc.cluster.local:8080",
+                "5m"
+            ]
+        );
     }
 }
