@@ -48,40 +48,43 @@ pub(super) fn serving_module(deployment: &Deployment) -> Option<Module> {
 /// current build, or a kept revision's.
 pub(super) fn oci_module_from_status(func: &Function, digest: &Digest) -> Option<Module> {
     let status = func.status.as_ref()?;
-    if status.source_digest.as_deref() != Some(&digest.to_string()) {
-        let revision = status
-            .revisions
-            .iter()
-            .find(|revision| revision.source_digest == digest.to_string())?;
-        let reference = revision
-            .module_ref
-            .as_deref()?
-            .strip_prefix(wasmless_artifact::oci::SCHEME)?;
+    if status.source_digest.as_deref() == Some(&digest.to_string()) {
+        let module = oci_module(
+            digest,
+            status.module_digest.as_deref()?,
+            status.code_digest.as_deref(),
+            status.module_ref.as_deref()?,
+        )?;
         return Some(Module {
-            digest: revision.module_digest.parse().ok()?,
-            size: None,
-            source_digest: *digest,
-            code: revision
-                .code_digest
-                .as_deref()
-                .and_then(|d| d.parse().ok())
-                .map(|digest| Code { digest, chunks: 0 }),
-            location: ModuleLocation::Oci {
-                reference: reference.to_string(),
-            },
+            size: status.module_size.and_then(|s| u64::try_from(s).ok()),
+            ..module
         });
     }
-    let reference = status
-        .module_ref
-        .as_deref()?
-        .strip_prefix(wasmless_artifact::oci::SCHEME)?;
+    let revision = status
+        .revisions
+        .iter()
+        .find(|revision| revision.source_digest == digest.to_string())?;
+    oci_module(
+        digest,
+        &revision.module_digest,
+        revision.code_digest.as_deref(),
+        revision.module_ref.as_deref()?,
+    )
+}
+
+/// An OCI module from the digests and `oci://` reference status records of it.
+fn oci_module(
+    source_digest: &Digest,
+    module_digest: &str,
+    code_digest: Option<&str>,
+    module_ref: &str,
+) -> Option<Module> {
+    let reference = module_ref.strip_prefix(wasmless_artifact::oci::SCHEME)?;
     Some(Module {
-        digest: status.module_digest.as_deref()?.parse().ok()?,
-        size: status.module_size.and_then(|s| u64::try_from(s).ok()),
-        source_digest: *digest,
-        code: status
-            .code_digest
-            .as_deref()
+        digest: module_digest.parse().ok()?,
+        size: None,
+        source_digest: *source_digest,
+        code: code_digest
             .and_then(|d| d.parse().ok())
             .map(|digest| Code { digest, chunks: 0 }),
         location: ModuleLocation::Oci {
