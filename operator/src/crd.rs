@@ -70,7 +70,7 @@ pub const MAX_SOURCE_BYTES: usize = 512 * 1024;
     printcolumn(name = "URL", type_ = "string", json_path = ".status.url"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     printcolumn(name = "Revision", type_ = "string", json_path = ".status.latestReadyRevision", priority = 1),
-    printcolumn(name = "Serving", type_ = "string", json_path = ".status.traffic[0].revision", priority = 1),
+    printcolumn(name = "Serving", type_ = "string", json_path = ".status.serving", priority = 1),
     // `kubectl scale fn/hello` and a HorizontalPodAutoscaler write spec.replicas through
     // this; the HPA finds the pods to measure by status.selector.
     scale(
@@ -177,11 +177,14 @@ pub struct FunctionSpec {
     #[schemars(range(min = 1, max = 100))]
     pub revision_history_limit: i32,
 
-    /// Which revision serves: absent, the latest build. `[{revision: hello-2, percent: 100}]`
-    /// rolls back to a kept revision without a build; `[{latestRevision: true, percent: 100}]`
-    /// is the default written out. One target takes all the traffic for now.
+    /// Which revisions serve, and each one's share of the requests (the percents add up to
+    /// 100): absent, the latest build. `[{revision: hello-2, percent: 100}]` rolls back to
+    /// a kept revision without a build; `[{revision: hello-1, percent: 90},
+    /// {latestRevision: true, percent: 10, tag: canary}]` sends a tenth to the latest build,
+    /// and every request with `Wasmless-Tag: canary` to it too. The split is made in the
+    /// Function's pods, which hold every revision named here.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 1))]
+    #[schemars(length(max = 10))]
     pub traffic: Vec<TrafficTarget>,
 }
 
@@ -191,8 +194,6 @@ pub struct FunctionSpec {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.revision) != (has(self.latestRevision) && self.latestRevision)")
     .message("a traffic target names a revision or sets latestRevision: true (one of the two)"))]
-#[x_kube(validation = Rule::new("self.percent == 100")
-    .message("one traffic target takes all the traffic (percent: 100): splitting it between revisions is not served yet"))]
 pub struct TrafficTarget {
     /// A revision on `status.revisions` (`<function>-<n>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -203,6 +204,11 @@ pub struct TrafficTarget {
     pub latest_revision: Option<bool>,
     #[schemars(range(min = 0, max = 100))]
     pub percent: i32,
+    /// Requests with the header `Wasmless-Tag: <tag>` go to this revision, whatever its
+    /// share (0 included): a new revision can be tried before it takes traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub tag: Option<String>,
 }
 
 fn default_server_port() -> i32 {
@@ -643,6 +649,9 @@ pub struct FunctionStatus {
     /// The revisions serving and their shares, as `spec.traffic` resolved.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub traffic: Vec<TrafficStatus>,
+    /// `traffic` in one line for `kubectl get -o wide`: `hello-1 90%, hello-2 10% (canary)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving: Option<String>,
 }
 
 /// A revision that serves, and its share of the requests.
@@ -651,6 +660,8 @@ pub struct FunctionStatus {
 pub struct TrafficStatus {
     pub revision: String,
     pub percent: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
 }
 
 /// A successful build of a Function: what it serves, by digest.
@@ -764,6 +775,11 @@ impl FunctionSpec {
     /// environment and volumes, one pod per Function), and it keeps no instance between
     /// requests (`isolation: shared` keeps one per pod, on purpose).
     pub fn pool_refusal(&self) -> Option<String> {
+        if self.traffic.iter().filter(|t| t.percent > 0 || t.tag.is_some()).count() > 1 {
+            return Some(
+                "spec.traffic splits it between revisions, which its own pods hold side by side: it keeps one pod of its own".into(),
+            );
+        }
         let mut reads = Vec::new();
         if self.env.iter().any(|var| var.value_from.is_some()) {
             reads.push("env[].valueFrom");

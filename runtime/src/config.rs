@@ -22,10 +22,23 @@ pub struct Config {
     #[arg(
         long,
         env = "WASMLESS_MODULE",
-        required_unless_present = "pool",
+        required_unless_present_any = ["pool", "traffic"],
         conflicts_with = "pool"
     )]
     pub module: Option<String>,
+
+    /// Several revisions of the Function side by side, instead of `--module`: a JSON list
+    /// of `{"revision", "percent", "tag", "module", "moduleDigest", "code", "codeDigest"}`
+    /// (module and code as `--module` and `--code` take them). The percents add up to 100;
+    /// a revision with a `tag` also answers every request that has `Wasmless-Tag: <tag>`.
+    /// Every revision is loaded, its digests checked, before the runtime reports ready.
+    #[arg(
+        long,
+        env = "WASMLESS_TRAFFIC",
+        value_parser = crate::split::Traffic::parse,
+        conflicts_with_all = ["module", "module_digest", "code", "code_digest", "pool"]
+    )]
+    pub traffic: Option<crate::split::Traffic>,
 
     /// The module's `sha256:<hex>`; nothing runs unless the bytes match. When absent,
     /// the digest is read from `<module>.sha256` (or `module.sha256` in a chunk

@@ -28,6 +28,7 @@ pub mod precompiled;
 mod reload;
 pub mod server;
 pub mod snapshot;
+pub mod split;
 pub mod tenant;
 pub mod traces;
 
@@ -125,9 +126,10 @@ pub async fn serve(
         .into_future(),
     );
 
-    let (routes, listeners, function_addr) = match &config.pool {
-        None => serve_one(&config, &metrics, admin_addr.port()).await?,
-        Some(source) => serve_many(&config, &metrics, source, admin_addr.port(), &pool_slot).await?,
+    let (routes, listeners, function_addr) = match (&config.pool, &config.traffic) {
+        (Some(source), _) => serve_many(&config, &metrics, source, admin_addr.port(), &pool_slot).await?,
+        (None, Some(traffic)) => serve_split(&config, &metrics, traffic, admin_addr.port()).await?,
+        (None, None) => serve_one(&config, &metrics, admin_addr.port()).await?,
     };
     let state = FunctionState::new(routes, server::Uploads::from_config(&config));
     let (phase_tx, phase) = tokio::sync::watch::channel(edge::Phase::Serving);
@@ -189,6 +191,47 @@ async fn serve_one(config: &Config, metrics: &Arc<Metrics>, admin_port: u16) -> 
     // The sender is dropped: the one listener never changes.
     let (_, listeners) = tokio::sync::watch::channel(listeners);
     Ok((server::Routes::Single(tenant), listeners, function_addr))
+}
+
+/// A dedicated runtime serving several revisions of its Function (`--traffic`), each a
+/// tenant of its own on one engine, all loaded before the port opens.
+async fn serve_split(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    traffic: &split::Traffic,
+    admin_port: u16,
+) -> Result<Serving, ServeError> {
+    let engine = loader::EngineHost::new(&limits::RequestLimits::from_config(config), config.cache_dir.clone())?;
+    let mut tenants = Vec::new();
+    for target in &traffic.0 {
+        let checked = "digests checked by Traffic::parse";
+        let revision_config = Config {
+            module: Some(target.module.clone()),
+            module_digest: Some(target.module_digest.parse().expect(checked)),
+            code: target.code.clone(),
+            code_digest: target.code_digest.as_ref().map(|digest| digest.parse().expect(checked)),
+            traffic: None,
+            ..config.clone()
+        };
+        let revision_metrics = Arc::new(metrics.for_revision(&config.function, Some(&target.revision)));
+        let mut tenant = Tenant::new(
+            &engine,
+            &revision_config,
+            revision_metrics,
+            admin_port,
+            std::env::vars(),
+        )?;
+        tenant.revision = Some(target.revision.as_str().into());
+        tenants.push(Arc::new(tenant));
+    }
+    futures::future::try_join_all(tenants.iter().map(|tenant| tenant.handler())).await?;
+    let split = split::Split::new(&config.function, traffic, tenants);
+
+    let listener = bind(config.listen_addr()).await?;
+    let function_addr = listener.local_addr()?;
+    let listeners: edge::Listeners = Arc::new(vec![Arc::new(listener.into_std()?)]);
+    let (_, listeners) = tokio::sync::watch::channel(listeners);
+    Ok((server::Routes::Split(Arc::new(split)), listeners, function_addr))
 }
 
 /// The pool: its table followed from `source` (each Function's port open, nothing loaded

@@ -12,10 +12,37 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-type Function = Arc<String>;
+/// The `function` label, and `revision` where one process serves several revisions of
+/// the Function (a traffic split): a Function with one revision has no `revision` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Function {
+    name: Arc<String>,
+    revision: Option<Arc<String>>,
+}
+
+impl Function {
+    fn new(name: &str, revision: Option<&str>) -> Self {
+        Self {
+            name: Arc::new(name.to_string()),
+            revision: revision.map(|revision| Arc::new(revision.to_string())),
+        }
+    }
+}
+
+impl EncodeLabelSet for Function {
+    fn encode(&self, encoder: &mut prometheus_client::encoding::LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeLabel;
+        ("function", self.name.as_str()).encode(encoder.encode_label())?;
+        if let Some(revision) = &self.revision {
+            ("revision", revision.as_str()).encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
+    #[prometheus(flatten)]
     function: Function,
     method: &'static str,
     status: u16,
@@ -48,29 +75,34 @@ fn method_label(method: &http::Method) -> &'static str {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FunctionLabels {
+    #[prometheus(flatten)]
     function: Function,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TrapLabels {
+    #[prometheus(flatten)]
     function: Function,
     kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FallbackLabels {
+    #[prometheus(flatten)]
     function: Function,
     reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RefusedLabels {
+    #[prometheus(flatten)]
     function: Function,
     reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutboundLabels {
+    #[prometheus(flatten)]
     function: Function,
     host: String,
     /// The response's HTTP status, `denied` or `error`.
@@ -79,6 +111,7 @@ struct OutboundLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutboundHostLabels {
+    #[prometheus(flatten)]
     function: Function,
     host: String,
 }
@@ -132,6 +165,7 @@ impl Refusal {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModuleLabels {
+    #[prometheus(flatten)]
     function: Function,
     digest: String,
     abi: &'static str,
@@ -303,7 +337,7 @@ impl Metrics {
             );
             families
         });
-        let function = Arc::new(function.to_string());
+        let function = Function::new(function, None);
         // Every reason is exported from the start (at 0), so a rate over it has a baseline.
         for refusal in Refusal::ALL {
             let _ = refused.get_or_create(&RefusedLabels {
@@ -343,7 +377,13 @@ impl Metrics {
 
     /// The handle of another Function in the same registry (the pool's).
     pub fn for_function(&self, function: &str) -> Self {
-        let function = Arc::new(function.to_string());
+        self.for_revision(function, None)
+    }
+
+    /// The handle of one revision of a Function in the same registry (a split's), its
+    /// series labelled `revision` when there is one.
+    pub fn for_revision(&self, function: &str, revision: Option<&str>) -> Self {
+        let function = Function::new(function, revision);
         for refusal in [
             Refusal::BodyTooLarge,
             Refusal::BodyTimeout,

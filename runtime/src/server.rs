@@ -35,15 +35,13 @@ pub enum Routes {
     Single(Arc<Tenant>),
     /// The pool: the Function whose port the connection came in on.
     Pool(Arc<crate::pool::Pool>),
+    /// Several revisions of one Function: the one its tag names, or the next in its shares.
+    Split(Arc<crate::split::Split>),
 }
 
-impl Routes {
-    pub fn tenant(&self, port: LocalPort) -> Option<Arc<Tenant>> {
-        match self {
-            Self::Single(tenant) => Some(tenant.clone()),
-            Self::Pool(pool) => pool.tenant(port.0),
-        }
-    }
+/// The tenant [`route`] chose for a request, for every layer inside it.
+fn routed<B>(request: &http::Request<B>) -> Option<&Arc<Tenant>> {
+    request.extensions().get::<Arc<Tenant>>()
 }
 
 /// The port a request's connection was accepted on (the edge puts it in the extensions).
@@ -87,26 +85,26 @@ impl FunctionState {
     }
 }
 
-/// Every path and method goes to the handler. Outermost first: the request's trace span
-/// (when tracing is on), one log line per request, then the request metrics.
+/// Every path and method goes to the handler. Outermost first: which Function (and
+/// revision) the request is for, the request's trace span (when tracing is on), one log
+/// line per request, then the request metrics.
 pub fn function_router(state: FunctionState) -> Router {
-    let span_state = state.clone();
-    let trace_state = state.clone();
     let router = Router::new()
         .fallback(serve_function)
-        .layer(middleware::from_fn_with_state(state.clone(), record_metrics))
+        .layer(middleware::from_fn(record_metrics))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(move |request: &Request| {
-                    let tenant = span_state.routes.tenant(local_port(request));
-                    let function = tenant.as_ref().map_or("", |tenant| &tenant.function);
-                    let digest = tenant.as_ref().and_then(|tenant| {
+                    let tenant = routed(request);
+                    let function = tenant.map_or("", |tenant| &tenant.function);
+                    let digest = tenant.and_then(|tenant| {
                         let loaded = tenant.handler.load();
                         loaded.as_ref().map(|handler| handler.digest).or(tenant.pinned)
                     });
                     let span = tracing::info_span!(
                         "request",
                         function = %function,
+                        revision = tenant.and_then(|tenant| tenant.revision.as_deref()),
                         method = %request.method(),
                         path = %request.uri().path(),
                         digest = %digest.map(|digest| digest.to_string()).unwrap_or_default(),
@@ -143,19 +141,52 @@ pub fn function_router(state: FunctionState) -> Router {
                 .on_failure(()),
         );
     let router = if traces::enabled() {
-        router.layer(middleware::from_fn_with_state(trace_state, trace_request))
+        router.layer(middleware::from_fn(trace_request))
     } else {
         router
     };
-    router.with_state(state)
+    router
+        .layer(middleware::from_fn_with_state(state.clone(), route))
+        .with_state(state)
+}
+
+/// Finds the request's Function, or the revision of it a split chooses, once for every
+/// layer inside: a pool port nobody serves any more, or a tag no revision has, is a 404.
+/// A split's answers say which revision gave them.
+async fn route(State(state): State<FunctionState>, mut request: Request, next: Next) -> Response {
+    let tenant = match &state.routes {
+        Routes::Single(tenant) => tenant.clone(),
+        Routes::Pool(pool) => match pool.tenant(local_port(&request).0) {
+            Some(tenant) => tenant,
+            None => {
+                return (
+                    StatusCode::NOT_FOUND,
+                    "no function is served on this port (it was removed from the pool)\n",
+                )
+                    .into_response();
+            }
+        },
+        Routes::Split(split) => match split.choose(request.headers()) {
+            Ok(tenant) => tenant,
+            Err(unknown) => return (StatusCode::NOT_FOUND, format!("{unknown}\n")).into_response(),
+        },
+    };
+    let revision = tenant.revision.clone();
+    request.extensions_mut().insert(tenant);
+    let mut response = next.run(request).await;
+    if let Some(value) = revision.and_then(|revision| http::HeaderValue::from_str(&revision).ok()) {
+        response.headers_mut().insert(crate::split::REVISION_HEADER, value);
+    }
+    response
 }
 
 /// The server span of a request, following OpenTelemetry's HTTP conventions, continuing
 /// the caller's trace (`traceparent`), with the Function and its module's digest: in the
 /// pool, several Functions share the process, so these are the span's, not the resource's.
-async fn trace_request(State(state): State<FunctionState>, mut request: Request, next: Next) -> Response {
-    let tenant = state.routes.tenant(local_port(&request));
+async fn trace_request(mut request: Request, next: Next) -> Response {
+    let tenant = routed(&request).cloned();
     let function: &str = tenant.as_ref().map_or("", |tenant| &tenant.function);
+    let revision = tenant.as_ref().and_then(|tenant| tenant.revision.clone());
     let digest = tenant.as_ref().and_then(|tenant| {
         let loaded = tenant.handler.load();
         loaded.as_ref().map(|handler| handler.digest).or(tenant.pinned)
@@ -176,6 +207,7 @@ async fn trace_request(State(state): State<FunctionState>, mut request: Request,
         http.response.status_code = tracing::field::Empty,
         error.type = tracing::field::Empty,
         faas.name = function,
+        faas.version = revision.as_deref(),
         wasmless.module.digest = digest.map(tracing::field::display),
     );
     traces::continue_from(&span, request.headers());
@@ -203,22 +235,15 @@ fn version_name(version: http::Version) -> &'static str {
     }
 }
 
-/// Finds the request's Function (a pool port nobody serves any more: 404) and counts the
-/// request under its name.
-async fn record_metrics(State(state): State<FunctionState>, mut request: Request, next: Next) -> Response {
-    let Some(tenant) = state.routes.tenant(local_port(&request)) else {
-        return (
-            StatusCode::NOT_FOUND,
-            "no function is served on this port (it was removed from the pool)\n",
-        )
-            .into_response();
+/// Counts the request under its Function's (and revision's) name.
+async fn record_metrics(request: Request, next: Next) -> Response {
+    let Some(metrics) = routed(&request).map(|tenant| tenant.metrics().clone()) else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };
-    let metrics = tenant.metrics().clone();
     let _in_flight = metrics.in_flight();
     let method = request.method().clone();
     let trace = request.extensions().get::<traces::TraceIds>().copied();
     let started = Instant::now();
-    request.extensions_mut().insert(tenant);
     let response = next.run(request).await;
     metrics.observe_request(&method, response.status().as_u16(), started.elapsed(), trace.as_ref());
     response

@@ -32,6 +32,8 @@ pub fn fetch_code(config: &Config) -> Option<CodeFetch> {
 
 pub struct Tenant {
     pub function: Arc<str>,
+    /// Which revision of the Function this is, where one process serves several.
+    pub revision: Option<Arc<str>>,
     pub loader: Arc<Loader>,
     /// `None` until the first load, and again once unloaded.
     pub handler: ArcSwapOption<LoadedHandler>,
@@ -84,6 +86,7 @@ impl Tenant {
         );
         Ok(Self {
             function: config.function.as_str().into(),
+            revision: None,
             loader: Arc::new(loader),
             handler: ArcSwapOption::empty(),
             permits,

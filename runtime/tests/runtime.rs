@@ -14,4 +14,5 @@ mod outbound;
 mod pool;
 mod precompiled;
 mod reactor;
+mod split;
 mod traces;

@@ -162,3 +162,61 @@ fn the_runtime_builds_the_outbound_policy_the_operator_writes() {
         panic!("the runtime refuses the operator's outbound policy: {error}");
     }
 }
+
+#[test]
+fn the_runtime_parses_what_the_operator_writes_for_a_traffic_split() {
+    use wasmless_operator::objects::{Share, split_args};
+    let func = function(json!({"language": "go", "source": "package handlers", "limits": {"maxConcurrency": 8}}));
+    let module = |name: &str, location| Module {
+        digest: Digest::of(name.as_bytes()),
+        size: None,
+        source_digest: Digest::of(format!("source of {name}").as_bytes()),
+        location,
+        code: Some(Code {
+            digest: Digest::of(format!("code of {name}").as_bytes()),
+            chunks: 1,
+        }),
+    };
+    let shares = [
+        Share {
+            revision: "hello-1".into(),
+            module: module("v1", ModuleLocation::ConfigMaps { count: 1 }),
+            percent: 90,
+            tag: None,
+        },
+        Share {
+            revision: "hello-2".into(),
+            module: module(
+                "v2",
+                ModuleLocation::Oci {
+                    reference: "registry.local/fn/hello@sha256:abc".into(),
+                },
+            ),
+            percent: 10,
+            tag: Some("canary".into()),
+        },
+    ];
+    let config = parse(split_args(&func, &shares));
+    assert_eq!(config.module, None, "a split names its modules in --traffic");
+    assert_eq!(config.function, "hello");
+    assert_eq!(
+        config.max_concurrency, 8,
+        "the Function's limits hold for every revision"
+    );
+    let traffic = config.traffic.expect("--traffic").0;
+    assert_eq!(traffic.len(), 2);
+    assert_eq!(
+        (
+            traffic[0].revision.as_str(),
+            traffic[0].percent,
+            traffic[0].tag.as_deref()
+        ),
+        ("hello-1", 90, None)
+    );
+    assert_eq!(traffic[0].module, "/revisions/hello-1");
+    assert_eq!(traffic[0].code.as_deref(), Some("/revisions/hello-1"));
+    assert_eq!(traffic[0].module_digest, Digest::of(b"v1").to_string());
+    assert_eq!(traffic[0].code_digest, Some(Digest::of(b"code of v1").to_string()));
+    assert_eq!(traffic[1].tag.as_deref(), Some("canary"));
+    assert_eq!(traffic[1].module, "oci://registry.local/fn/hello@sha256:abc");
+}

@@ -244,7 +244,10 @@ struct Served {
     /// The Function's port in the pool while it has an entry there.
     pub entry_port: Option<u16>,
     /// Why the revision `spec.traffic` names does not serve.
-    pub traffic_problem: Option<String>,
+    pub traffic_problem: Option<revisions::TrafficProblem>,
+    /// The revisions a split sends requests to, side by side in the pods (none: one
+    /// revision serves, `module`).
+    pub shares: Vec<objects::Share>,
 }
 
 /// Step 4: the Deployment serves the new module once built, and the previous one (read
@@ -267,10 +270,21 @@ async fn serve(
         .await
         .doing(READY, || format!("reading the Deployment {name}"))?;
     let already_serving = || existing.as_ref().and_then(find::serving_module);
+    // The revisions a split names, each read; while one cannot be, the pods stay as they are.
+    let mut traffic_problem = None;
+    let mut shares = Vec::new();
+    if let Some(split) = revisions::split(func) {
+        match resolve_split(ctx, func, ns, build, split).await? {
+            Ok(resolved) => shares = resolved,
+            Err(problem) => traffic_problem = Some(problem),
+        }
+    }
+    let keep_template = traffic_problem.is_some();
     // The revision `spec.traffic` names, else the latest build; while either cannot serve,
     // what serves now.
-    let mut traffic_problem = None;
     let serving = match (revisions::wanted(func), build) {
+        _ if keep_template => already_serving(),
+        _ if !shares.is_empty() => primary(&shares).map(|share| share.module.clone()),
         (revisions::Wanted::Latest, Build::Done(module)) => Some(module.clone()),
         (revisions::Wanted::Latest, _) => already_serving(),
         (revisions::Wanted::Revision(revision), _) => {
@@ -278,15 +292,15 @@ async fn serve(
                 .await
                 .doing(READY, || format!("reading the module of revision {}", revision.name))?;
             if found.is_none() {
-                traffic_problem = Some(format!(
+                traffic_problem = Some(revisions::TrafficProblem::not_found(format!(
                     "the module of revision {} is no longer stored: name another revision in spec.traffic",
                     revision.name
-                ));
+                )));
             }
             found.or_else(already_serving)
         }
         (revisions::Wanted::NotKept(problem), _) => {
-            traffic_problem = Some(problem);
+            traffic_problem = Some(revisions::TrafficProblem::not_found(problem));
             already_serving()
         }
     };
@@ -301,14 +315,23 @@ async fn serve(
         pending: false,
         entry_port: None,
         traffic_problem,
+        shares,
     };
     let Some(module) = serving.as_ref().filter(|_| !matches!(build, Build::Invalid(_))) else {
         return Ok(served);
     };
+    let shares = &served.shares;
     let mut desired = match (config, &existing) {
-        (Some(Config::Complete(hash)), _) => objects::deployment(func, &ctx.settings, module, hash.as_ref()),
+        (Some(Config::Complete(hash)), Some(existing)) if keep_template => {
+            let mut desired = objects::deployment(func, &ctx.settings, module, hash.as_ref(), shares);
+            if let (Some(spec), Some(live)) = (desired.spec.as_mut(), existing.spec.as_ref()) {
+                spec.template = live.template.clone();
+            }
+            desired
+        }
+        (Some(Config::Complete(hash)), _) => objects::deployment(func, &ctx.settings, module, hash.as_ref(), shares),
         (Some(Config::Missing(_)), Some(existing)) => {
-            let mut desired = objects::deployment(func, &ctx.settings, module, None);
+            let mut desired = objects::deployment(func, &ctx.settings, module, None, shares);
             if let (Some(spec), Some(live)) = (desired.spec.as_mut(), existing.spec.as_ref()) {
                 spec.template = live.template.clone();
             }
@@ -375,6 +398,70 @@ async fn serve(
         served.deployment = None;
     }
     Ok(served)
+}
+
+/// The revisions of a split, each with its module: the latest build's is the one just
+/// built, or while a build runs (or after one failed) the newest kept revision's. Two
+/// targets on one revision are one share. `Err`: why a revision cannot be served.
+async fn resolve_split(
+    ctx: &Context,
+    func: &Function,
+    ns: &str,
+    build: &Build,
+    split: Result<Vec<revisions::Share<'_>>, revisions::TrafficProblem>,
+) -> Result<Result<Vec<objects::Share>, revisions::TrafficProblem>, StepError> {
+    let split = match split {
+        Ok(split) => split,
+        Err(problem) => return Ok(Err(problem)),
+    };
+    let newest = func.status.as_ref().and_then(|status| status.revisions.first());
+    let mut shares: Vec<objects::Share> = Vec::new();
+    for share in split {
+        let (revision, module) = match (share.revision, build) {
+            (None, Build::Done(module)) => (revisions::name_of(func, module), module.clone()),
+            _ => {
+                let Some(revision) = share.revision.or(newest) else {
+                    return Ok(Err(revisions::TrafficProblem::not_found(
+                        "spec.traffic sends requests to the latest revision, and none is built yet".into(),
+                    )));
+                };
+                let found = find::revision_module(ctx, func, ns, revision)
+                    .await
+                    .doing(READY, || format!("reading the module of revision {}", revision.name))?;
+                let Some(module) = found else {
+                    return Ok(Err(revisions::TrafficProblem::not_found(format!(
+                        "the module of revision {} is no longer stored: name another revision in spec.traffic",
+                        revision.name
+                    ))));
+                };
+                (revision.name.clone(), module)
+            }
+        };
+        match shares.iter_mut().find(|known| known.revision == revision) {
+            Some(known) => {
+                known.percent = known.percent.saturating_add(share.percent);
+                known.tag = known.tag.take().or(share.tag.map(str::to_string));
+            }
+            None => shares.push(objects::Share {
+                revision,
+                module,
+                percent: share.percent,
+                tag: share.tag.map(str::to_string),
+            }),
+        }
+    }
+    // Every share on one revision (the latest while it is the one being split from): no
+    // split, so the pods are not restarted for one.
+    if shares.len() == 1 {
+        shares.clear();
+    }
+    Ok(Ok(shares))
+}
+
+/// The share with the most requests (the first of equals): its module is the one the
+/// pods' module annotations name.
+fn primary(shares: &[objects::Share]) -> Option<&objects::Share> {
+    shares.iter().rev().max_by_key(|share| share.percent)
 }
 
 /// Requeues a failed reconcile after 1 s, 2 s, 4 s … up to 5 minutes.

@@ -85,12 +85,17 @@ pub(super) fn wanted(func: &Function) -> Wanted<'_> {
     else {
         return Wanted::Latest;
     };
+    wanted_by_name(func, name)
+}
+
+/// The kept revision called `name`, or why there is none.
+fn wanted_by_name<'a>(func: &'a Function, name: &str) -> Wanted<'a> {
     let kept = func
         .status
         .as_ref()
         .map(|status| status.revisions.as_slice())
         .unwrap_or_default();
-    match kept.iter().find(|revision| &revision.name == name) {
+    match kept.iter().find(|revision| revision.name == name) {
         Some(revision) => Wanted::Revision(revision),
         None => {
             let names: Vec<&str> = kept.iter().map(|revision| revision.name.as_str()).collect();
@@ -106,6 +111,112 @@ pub(super) fn wanted(func: &Function) -> Wanted<'_> {
     }
 }
 
+/// Why `spec.traffic` cannot be served as written: the `Ready` condition's reason and
+/// message, while what served before serves on.
+#[derive(Clone, Debug)]
+pub(super) struct TrafficProblem {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl TrafficProblem {
+    /// A revision that is not kept, or whose module is no longer stored.
+    pub fn not_found(message: String) -> Self {
+        Self {
+            reason: super::status::REASON_REVISION_NOT_FOUND,
+            message,
+        }
+    }
+
+    /// Shares that do not add up, or a tag given twice.
+    fn invalid(message: String) -> Self {
+        Self {
+            reason: super::status::REASON_TRAFFIC_INVALID,
+            message,
+        }
+    }
+}
+
+/// One target of a split `spec.traffic`, its revision not yet read.
+pub(super) struct Share<'a> {
+    /// `None`: the latest build.
+    pub revision: Option<&'a Revision>,
+    pub percent: u8,
+    pub tag: Option<&'a str>,
+}
+
+/// The targets of `spec.traffic` when it splits, that is when more than one target can be
+/// reached (a share or a tag): `None` when it does not. An `Err` says why the split cannot
+/// be served as written, for the `Ready` condition; what serves meanwhile stays.
+pub(super) fn split(func: &Function) -> Option<Result<Vec<Share<'_>>, TrafficProblem>> {
+    let reachable: Vec<_> = func
+        .spec
+        .traffic
+        .iter()
+        .filter(|target| target.percent > 0 || target.tag.is_some())
+        .collect();
+    if reachable.len() < 2 {
+        return None;
+    }
+    let total: i32 = reachable.iter().map(|target| target.percent).sum();
+    if total != 100 {
+        return Some(Err(TrafficProblem::invalid(format!(
+            "spec.traffic's percents add up to {total}: make them add up to 100"
+        ))));
+    }
+    let mut shares: Vec<Share> = Vec::new();
+    for (index, target) in reachable.iter().enumerate() {
+        if let Some(tag) = &target.tag
+            && reachable[..index].iter().any(|other| other.tag.as_ref() == Some(tag))
+        {
+            return Some(Err(TrafficProblem::invalid(format!(
+                "spec.traffic gives the tag {tag} twice: a tag names one revision"
+            ))));
+        }
+        let revision = match &target.revision {
+            None => None,
+            Some(name) => match wanted_by_name(func, name) {
+                Wanted::Revision(revision) => Some(revision),
+                Wanted::NotKept(problem) => return Some(Err(TrafficProblem::not_found(problem))),
+                Wanted::Latest => unreachable!("a name is looked up"),
+            },
+        };
+        shares.push(Share {
+            revision,
+            percent: u8::try_from(target.percent.clamp(0, 100)).unwrap_or(100),
+            tag: target.tag.as_deref(),
+        });
+    }
+    Some(Ok(shares))
+}
+
+/// `status.traffic` for a split the pods serve.
+pub(super) fn split_traffic(shares: &[crate::objects::Share]) -> Vec<TrafficStatus> {
+    shares
+        .iter()
+        .map(|share| TrafficStatus {
+            revision: share.revision.clone(),
+            percent: i32::from(share.percent),
+            tag: share.tag.clone(),
+        })
+        .collect()
+}
+
+/// The name the revision of `module` has, or will have once status records it.
+pub(super) fn name_of(func: &Function, module: &Module) -> String {
+    let old = func
+        .status
+        .as_ref()
+        .map(|status| status.revisions.as_slice())
+        .unwrap_or_default();
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    record(func, old, module, now)
+        .into_iter()
+        .next()
+        .map(|revision| revision.name)
+        .unwrap_or_default()
+}
+
 /// `status.traffic`: the revision serving `module`, with all the requests.
 pub(super) fn traffic(revisions: &[Revision], module: Option<&Module>) -> Vec<TrafficStatus> {
     module
@@ -113,6 +224,7 @@ pub(super) fn traffic(revisions: &[Revision], module: Option<&Module>) -> Vec<Tr
         .map(|revision| TrafficStatus {
             revision: revision.name.clone(),
             percent: 100,
+            tag: None,
         })
         .into_iter()
         .collect()
@@ -226,6 +338,7 @@ mod tests {
             revision: Some("hello-1".into()),
             latest_revision: None,
             percent: 100,
+            tag: None,
         }];
         let mut revisions = Vec::new();
         for source in ["v1", "v2", "v3", "v4"] {
@@ -234,6 +347,71 @@ mod tests {
         assert_eq!(names(&revisions), ["hello-4", "hello-3", "hello-1"]);
         func.spec.traffic.clear();
         assert_eq!(names(&keep(&func, &revisions)), ["hello-4", "hello-3"]);
+    }
+
+    #[test]
+    fn a_split_is_read_only_when_it_adds_up_and_names_kept_revisions() {
+        let mut func = function(5);
+        let mut revisions = Vec::new();
+        for source in ["v1", "v2"] {
+            revisions = record(&func, &revisions, &module(source), Time(Timestamp::now()));
+        }
+        func.status = Some(crate::crd::FunctionStatus {
+            revisions,
+            ..Default::default()
+        });
+        let set = |func: &mut Function, traffic: serde_json::Value| {
+            func.spec.traffic = serde_json::from_value(traffic).unwrap();
+        };
+        let problem = |func: &Function| match split(func) {
+            Some(Err(problem)) => (problem.reason, problem.message),
+            Some(Ok(_)) => panic!("split accepted"),
+            None => panic!("not a split"),
+        };
+
+        set(&mut func, json!([{"revision": "hello-1", "percent": 100}]));
+        assert!(split(&func).is_none(), "one target is not a split");
+        set(
+            &mut func,
+            json!([{"revision": "hello-1", "percent": 100}, {"latestRevision": true, "percent": 0}]),
+        );
+        assert!(split(&func).is_none(), "a target no request can reach is not a split");
+
+        set(
+            &mut func,
+            json!([{"revision": "hello-1", "percent": 90}, {"latestRevision": true, "percent": 10, "tag": "canary"}]),
+        );
+        let Some(Ok(shares)) = split(&func) else {
+            panic!("a split")
+        };
+        let read: Vec<_> = shares
+            .iter()
+            .map(|share| (share.revision.map(|r| r.name.as_str()), share.percent, share.tag))
+            .collect();
+        assert_eq!(read, [(Some("hello-1"), 90, None), (None, 10, Some("canary"))]);
+
+        set(
+            &mut func,
+            json!([{"revision": "hello-1", "percent": 50}, {"latestRevision": true, "percent": 40}]),
+        );
+        let (reason, message) = problem(&func);
+        assert_eq!(reason, "TrafficInvalid");
+        assert!(message.contains("add up to 90"), "{message}");
+        set(
+            &mut func,
+            json!([{"revision": "hello-1", "percent": 50, "tag": "a"}, {"latestRevision": true, "percent": 50, "tag": "a"}]),
+        );
+        assert!(problem(&func).1.contains("tag a twice"));
+        set(
+            &mut func,
+            json!([{"revision": "hello-7", "percent": 50}, {"latestRevision": true, "percent": 50}]),
+        );
+        let (reason, message) = problem(&func);
+        assert_eq!(reason, "RevisionNotFound");
+        assert!(
+            message.contains("hello-7") && message.contains("hello-2, hello-1"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub const REASON_RECONCILE_ERROR: &str = "ReconcileError";
 pub const REASON_REFERENCE_NOT_FOUND: &str = "ReferenceNotFound";
 /// The Ready condition's reason while `spec.traffic` names a revision that cannot serve.
 pub const REASON_REVISION_NOT_FOUND: &str = "RevisionNotFound";
+/// The Ready condition's reason while `spec.traffic`'s shares cannot be served as written
+/// (they do not add up to 100, or a tag is given twice).
+pub const REASON_TRAFFIC_INVALID: &str = "TrafficInvalid";
 /// The Ready condition's reason while the namespace's pool serves the Function.
 pub const REASON_SERVED_BY_POOL: &str = "ServedByPool";
 /// Longest Event note the API server accepts, in bytes.
@@ -48,10 +51,26 @@ pub(super) async fn update(
         Build::Done(module) => revisions::record(func, &old.revisions, module, Time(Timestamp::now())),
         _ => revisions::keep(func, &old.revisions),
     };
-    let ready_with = served.module.as_ref().filter(|_| status.phase == Some(Phase::Ready));
+    // Of a split, the newest revision it serves.
+    let position = |module: &&crate::module::Module| {
+        revisions::serving(&status.revisions, module)
+            .and_then(|revision| status.revisions.iter().position(|r| r.name == revision.name))
+            .unwrap_or(usize::MAX)
+    };
+    let newest_served = served.shares.iter().map(|share| &share.module).min_by_key(position);
+    let ready_with = newest_served
+        .or(served.module.as_ref())
+        .filter(|_| status.phase == Some(Phase::Ready));
     status.latest_ready_revision =
         revisions::latest_ready(&status.revisions, old.latest_ready_revision.as_deref(), ready_with);
-    status.traffic = revisions::traffic(&status.revisions, served.module.as_ref());
+    status.traffic = match served.shares.as_slice() {
+        [] => revisions::traffic(&status.revisions, served.module.as_ref()),
+        shares => revisions::split_traffic(shares),
+    };
+    status.serving = match served.shares.as_slice() {
+        [] => status.traffic.first().map(|traffic| traffic.revision.clone()),
+        shares => Some(crate::objects::traffic_summary(shares)),
+    };
     status.served_by_since = match status.served_by {
         None => None,
         same if same == old.served_by => old.served_by_since.clone(),
@@ -211,8 +230,8 @@ fn status_for(
         (None, Some(problem)) => condition(
             CONDITION_READY,
             false,
-            REASON_REVISION_NOT_FOUND,
-            problem.clone(),
+            problem.reason,
+            problem.message.clone(),
             generation,
         ),
         (None, None) => match (&served.route, &served.pool) {
@@ -254,6 +273,7 @@ fn status_for(
         revisions: Vec::new(),
         latest_ready_revision: None,
         traffic: Vec::new(),
+        serving: None,
     }
 }
 

@@ -19,8 +19,9 @@ pub use pool::{
     pool_rbac,
 };
 pub use runtime::{
-    DRAIN_DELAY_SECONDS, HANDLER_ENV_PREFIX, POD_IP_ENV, SHUTDOWN_GRACE_SECONDS, TERMINATION_GRACE_PERIOD_SECONDS,
-    deployment, outbound_header_env, runtime_args,
+    DRAIN_DELAY_SECONDS, HANDLER_ENV_PREFIX, POD_IP_ENV, SHUTDOWN_GRACE_SECONDS, Share,
+    TERMINATION_GRACE_PERIOD_SECONDS, TRAFFIC_ANNOTATION, deployment, outbound_header_env, runtime_args, split_args,
+    traffic_summary,
 };
 
 use crate::crd::{Function, Language};

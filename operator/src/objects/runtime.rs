@@ -30,6 +30,10 @@ pub const SHUTDOWN_GRACE_SECONDS: i64 = 30;
 pub const TERMINATION_GRACE_PERIOD_SECONDS: i64 = DRAIN_DELAY_SECONDS + SHUTDOWN_GRACE_SECONDS + 5;
 /// Where the chunk ConfigMaps (module and code) are mounted, one projected volume.
 const MODULE_DIR: &str = "/module";
+/// Where each revision of a traffic split is mounted, in a directory named after it.
+const REVISIONS_DIR: &str = "/revisions";
+/// The pod annotation that says which revisions a split's pods serve, and their shares.
+pub const TRAFFIC_ANNOTATION: &str = "wasmless.io/traffic";
 /// The runtime's compiled-code cache, an emptyDir.
 const CACHE_DIR: &str = "/cache";
 /// Where `outbound.caBundle`'s key is mounted, as [`OUTBOUND_CA_FILE`]: the runtime's
@@ -42,12 +46,30 @@ fn outbound_ca(func: &Function) -> Option<&crate::crd::CaBundle> {
     func.spec.outbound.as_ref()?.ca_bundle.as_ref()
 }
 
-/// The runtime Deployment serving `module`. Everything in the pod template is a function
-/// of the spec, the module digest and `config_hash` (over the versions of the Secrets and
+/// One revision of a traffic split, as the pods serve it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Share {
+    /// `<function>-<n>`: the runtime labels the revision's metrics with it.
+    pub revision: String,
+    pub module: Module,
+    pub percent: u8,
+    pub tag: Option<String>,
+}
+
+/// The runtime Deployment serving `module`, or, when `shares` has any, the revisions they
+/// name side by side (`module` is then the one with the largest share, which the pod's
+/// module annotations name). Everything in the pod template is a function of the spec,
+/// the modules' digests and `config_hash` (over the versions of the Secrets and
 /// ConfigMaps the pods read, `references::config_hash`), so an unchanged module and
 /// configuration apply an identical template and restart nothing, and a changed Secret
 /// rolls the pods, which read it only when they start.
-pub fn deployment(func: &Function, settings: &Settings, module: &Module, config_hash: Option<&Digest>) -> Deployment {
+pub fn deployment(
+    func: &Function,
+    settings: &Settings,
+    module: &Module,
+    config_hash: Option<&Digest>,
+    shares: &[Share],
+) -> Deployment {
     let labels = labels_for(func, "runtime");
     let mut annotations = prometheus_annotations();
     module.write_pod_annotations(&mut annotations);
@@ -56,9 +78,20 @@ pub fn deployment(func: &Function, settings: &Settings, module: &Module, config_
     }
     let mut volumes = vec![empty_dir("cache", "512Mi")];
     let mut mounts = vec![mount("cache", CACHE_DIR, false)];
-    if let Some(chunks) = chunk_volume(func, module) {
-        volumes.push(chunks);
-        mounts.push(mount("module", MODULE_DIR, true));
+    if shares.is_empty() {
+        if let Some(chunks) = chunk_volume(func, module, "module") {
+            volumes.push(chunks);
+            mounts.push(mount("module", MODULE_DIR, true));
+        }
+    } else {
+        annotations.insert(TRAFFIC_ANNOTATION.into(), traffic_summary(shares));
+        for (index, share) in shares.iter().enumerate() {
+            let name = format!("revision-{index}");
+            if let Some(chunks) = chunk_volume(func, &share.module, &name) {
+                volumes.push(chunks);
+                mounts.push(mount(&name, &format!("{REVISIONS_DIR}/{}", share.revision), true));
+            }
+        }
     }
     if let Some(bundle) = outbound_ca(func) {
         volumes.push(Volume {
@@ -77,9 +110,14 @@ pub fn deployment(func: &Function, settings: &Settings, module: &Module, config_
         });
         mounts.push(mount("outbound-ca", OUTBOUND_CA_DIR, true));
     }
+    let args = match shares {
+        [] => runtime_args(func, module),
+        shares => split_args(func, shares),
+    };
     let container = Container {
         volume_mounts: Some(mounts),
-        ..runtime_container(func, settings, module)
+        args: Some(args),
+        ..runtime_container(func, settings)
     };
     Deployment {
         metadata: meta(func, func.name_any(), labels.clone()),
@@ -115,13 +153,12 @@ pub fn deployment(func: &Function, settings: &Settings, module: &Module, config_
     }
 }
 
-/// The `runtime` container, without its volume mounts.
-fn runtime_container(func: &Function, settings: &Settings, module: &Module) -> Container {
+/// The `runtime` container, without its arguments and volume mounts.
+fn runtime_container(func: &Function, settings: &Settings) -> Container {
     let probe = admin_probe;
     Container {
         name: "runtime".into(),
         image: Some(settings.runtime_image.clone()),
-        args: Some(runtime_args(func, module)),
         ports: Some(vec![
             container_port("http", ports::HTTP),
             container_port("metrics", ports::ADMIN),
@@ -157,10 +194,69 @@ pub(super) fn args_with_locations(
     location: String,
     code_location: String,
 ) -> Vec<String> {
+    let mut args = vec![
+        "--module".into(),
+        location,
+        "--module-digest".into(),
+        module.digest.to_string(),
+    ];
+    args.extend(function_args(func));
+    if let Some(code) = &module.code {
+        args.extend([
+            "--code".into(),
+            code_location,
+            "--code-digest".into(),
+            code.digest.to_string(),
+        ]);
+    }
+    args
+}
+
+/// The runtime's command line for serving the revisions of a traffic split side by side
+/// (`--traffic`), each read from its directory under [`REVISIONS_DIR`] or its OCI artifact.
+pub fn split_args(func: &Function, shares: &[Share]) -> Vec<String> {
+    let targets: Vec<serde_json::Value> = shares
+        .iter()
+        .map(|share| {
+            let location = match &share.module.location {
+                ModuleLocation::ConfigMaps { .. } => format!("{REVISIONS_DIR}/{}", share.revision),
+                ModuleLocation::Oci { reference } => format!("{}{reference}", wasmless_artifact::oci::SCHEME),
+            };
+            let code = share.module.code.as_ref();
+            serde_json::json!({
+                "revision": share.revision,
+                "percent": share.percent,
+                "tag": share.tag,
+                "module": location,
+                "moduleDigest": share.module.digest.to_string(),
+                "code": code.map(|_| location.clone()),
+                "codeDigest": code.map(|code| code.digest.to_string()),
+            })
+        })
+        .collect();
+    let mut args = function_args(func);
+    args.extend(["--traffic".into(), serde_json::Value::from(targets).to_string()]);
+    args
+}
+
+/// `hello-1 90%, hello-2 10% (canary)`: a split for people, in the pods' annotation and
+/// the Function's status.
+pub fn traffic_summary(shares: &[Share]) -> String {
+    shares
+        .iter()
+        .map(|share| match &share.tag {
+            Some(tag) => format!("{} {}% ({tag})", share.revision, share.percent),
+            None => format!("{} {}%", share.revision, share.percent),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Every runtime flag but where the module and its code are: the Function's name, ports,
+/// limits and outbound policy.
+fn function_args(func: &Function) -> Vec<String> {
     let limits = &func.spec.limits;
     let mut args: Vec<String> = [
-        ("--module", location.clone()),
-        ("--module-digest", module.digest.to_string()),
         ("--function", func.name_any()),
         ("--port", ports::HTTP.to_string()),
         ("--admin-port", ports::ADMIN.to_string()),
@@ -206,14 +302,6 @@ pub(super) fn args_with_locations(
                 format!("{} {} {}", header.url, header.name, outbound_header_env(index)),
             ]);
         }
-    }
-    if let Some(code) = &module.code {
-        args.extend([
-            "--code".into(),
-            code_location,
-            "--code-digest".into(),
-            code.digest.to_string(),
-        ]);
     }
     args
 }
@@ -320,7 +408,7 @@ fn handler_env_from(func: &Function) -> Vec<EnvFromSource> {
 /// One projected volume of the module's chunk ConfigMaps and its code's: the runtime reads
 /// a directory of `NNNN.wasm.zst` chunks, and of `NNNN.cwasm.lz4` chunks for the code.
 /// `None` for a module in a registry.
-pub(super) fn chunk_volume(func: &Function, module: &Module) -> Option<Volume> {
+pub(super) fn chunk_volume(func: &Function, module: &Module, volume_name: &str) -> Option<Volume> {
     let ModuleLocation::ConfigMaps { count } = module.location else {
         return None;
     };
@@ -344,7 +432,7 @@ pub(super) fn chunk_volume(func: &Function, module: &Module) -> Option<Volume> {
         })
         .collect();
     Some(Volume {
-        name: "module".into(),
+        name: volume_name.into(),
         projected: Some(ProjectedVolumeSource {
             sources: Some(sources),
             ..Default::default()

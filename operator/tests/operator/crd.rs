@@ -193,11 +193,11 @@ fn crd_refuses_bad_functions() {
             "one of the two",
         ),
         (
-            json!({"source": HELLO, "traffic": [{"revision": "hello-1", "percent": 90}]}),
-            "splitting it between revisions is not served yet",
+            json!({"source": HELLO, "traffic": [{"revision": "hello-1", "percent": 90, "tag": "Canary!"}]}),
+            "does not match",
         ),
         (
-            json!({"source": HELLO, "traffic": [{"revision": "hello-1", "percent": 50}, {"latestRevision": true, "percent": 50}]}),
+            json!({"source": HELLO, "traffic": (1..=11).map(|n| json!({"revision": format!("hello-{n}"), "percent": 1})).collect::<Vec<_>>()}),
             "more items than maxItems",
         ),
         (json!({"source": HELLO, "revisionHistoryLimit": 0}), "below the minimum"),
@@ -216,6 +216,7 @@ fn crd_accepts_a_rollback_and_the_latest_written_out() {
     for traffic in [
         json!([{"revision": "hello-2", "percent": 100}]),
         json!([{"latestRevision": true, "percent": 100}]),
+        json!([{"revision": "hello-1", "percent": 90}, {"latestRevision": true, "percent": 10, "tag": "canary"}]),
     ] {
         assert_eq!(
             refused(json!({"source": HELLO, "traffic": traffic})),

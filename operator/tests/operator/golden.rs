@@ -55,7 +55,7 @@ fn render(func: &Function, settings: &Settings, module: &Module, storage: Storag
     doc(
         &mut out,
         "Deployment",
-        &objects::deployment(func, settings, module, config_hash.as_ref()),
+        &objects::deployment(func, settings, module, config_hash.as_ref(), &[]),
     );
     doc(&mut out, "Service", &objects::service(func, objects::Route::Pods));
     let (account, role, binding) = objects::builder_rbac("shop");

@@ -421,6 +421,118 @@ async fn traffic_rolls_back_to_a_kept_revision_without_a_build(h: &Harness) {
     assert_eq!(traffic(&func), [("hello-2".to_string(), 100)]);
 }
 
+/// The runtime arguments of the Deployment's pod template.
+fn runtime_args_of(deployment: &Deployment) -> Vec<String> {
+    let spec = deployment.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    spec.containers[0].args.clone().unwrap_or_default()
+}
+
+/// `--traffic`'s revisions, shares, tags and module digests, as the pods are given them.
+fn split_of(deployment: &Deployment) -> Vec<(String, u64, Option<String>, String)> {
+    let args = runtime_args_of(deployment);
+    let Some(at) = args.iter().position(|arg| arg == "--traffic") else {
+        return Vec::new();
+    };
+    let targets: Vec<serde_json::Value> = serde_json::from_str(&args[at + 1]).unwrap();
+    targets
+        .iter()
+        .map(|t| {
+            (
+                t["revision"].as_str().unwrap().to_string(),
+                t["percent"].as_u64().unwrap(),
+                t["tag"].as_str().map(str::to_string),
+                t["moduleDigest"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// A split `spec.traffic` puts both revisions in the Function's pods, side by side, with
+/// their shares and tag (no build for the kept one); status lists the split; shares that
+/// do not add up leave the pods as they are and say so; promoting the latest to 100%
+/// serves it alone.
+async fn traffic_splits_between_revisions_in_the_pods(h: &Harness) {
+    let (_, v1) = ready_function(h, "hello", json!({"source": HELLO})).await;
+    let split = json!([
+        {"revision": "hello-1", "percent": 90},
+        {"latestRevision": true, "percent": 10, "tag": "canary"},
+    ]);
+    h.update_spec("hello", json!({"source": HELLO_V2, "traffic": split}))
+        .await;
+    h.reconcile("hello").await.unwrap();
+    assert_eq!(
+        split_of(&h.deployment("hello").await.unwrap()),
+        [],
+        "while v2 builds, every share is on hello-1: no split, no restart"
+    );
+    let v2 = h.finish_build("hello", &wasm("v2")).await;
+    h.reconcile("hello").await.unwrap();
+    let deployment = h.deployment("hello").await.unwrap();
+    let expected = vec![
+        ("hello-1".to_string(), 90, None, v1.to_string()),
+        ("hello-2".to_string(), 10, Some("canary".to_string()), v2.to_string()),
+    ];
+    assert_eq!(split_of(&deployment), expected);
+    let pod = deployment.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let mounts: Vec<&str> = pod.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.mount_path.as_str())
+        .collect();
+    assert!(
+        mounts.contains(&"/revisions/hello-1") && mounts.contains(&"/revisions/hello-2"),
+        "{mounts:?}"
+    );
+    assert_eq!(
+        template_annotation(&deployment, objects::TRAFFIC_ANNOTATION),
+        "hello-1 90%, hello-2 10% (canary)"
+    );
+    h.make_available("hello").await;
+    let func = h.reconciled("hello").await;
+    let st = status(&func);
+    assert_eq!(st.phase, Some(Phase::Ready), "{:?}", func.status);
+    let traffic: Vec<_> = st
+        .traffic
+        .iter()
+        .map(|t| (t.revision.as_str(), t.percent, t.tag.as_deref()))
+        .collect();
+    assert_eq!(traffic, [("hello-1", 90, None), ("hello-2", 10, Some("canary"))]);
+    assert_eq!(st.serving.as_deref(), Some("hello-1 90%, hello-2 10% (canary)"));
+    assert_eq!(st.latest_ready_revision.as_deref(), Some("hello-2"));
+
+    h.update_spec(
+        "hello",
+        json!({"traffic": [{"revision": "hello-1", "percent": 50}, {"latestRevision": true, "percent": 40}]}),
+    )
+    .await;
+    let func = h.reconciled("hello").await;
+    let ready = condition(&func, "Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "TrafficInvalid")
+    );
+    assert!(ready.message.contains("add up to 90"), "{}", ready.message);
+    assert_eq!(
+        split_of(&h.deployment("hello").await.unwrap()),
+        expected,
+        "what serves stays"
+    );
+
+    h.update_spec("hello", json!({"traffic": [{"latestRevision": true, "percent": 100}]}))
+        .await;
+    h.reconcile("hello").await.unwrap();
+    let deployment = h.deployment("hello").await.unwrap();
+    assert_eq!(split_of(&deployment), [], "promoted: one revision");
+    assert_eq!(
+        template_annotation(&deployment, annotations::MODULE_DIGEST),
+        v2.to_string()
+    );
+    h.make_available("hello").await;
+    let func = h.reconciled("hello").await;
+    assert_eq!(status(&func).serving.as_deref(), Some("hello-2"));
+}
+
 /// Every successful build is a revision on status; the last `revisionHistoryLimit` keep
 /// their source and chunk ConfigMaps (so a revert builds nothing), older ones lose them.
 async fn revisions_keep_exactly_the_kept_builds(h: &Harness) {
@@ -1119,6 +1231,7 @@ scenarios!(
     source_change_builds_once_and_rolls_out,
     revisions_keep_exactly_the_kept_builds,
     traffic_rolls_back_to_a_kept_revision_without_a_build,
+    traffic_splits_between_revisions_in_the_pods,
     failed_build_keeps_serving_previous_module,
     replicas_zero_scales_to_zero,
     scaling_a_function_scales_its_deployment,

@@ -250,6 +250,19 @@ impl Runtime {
         Self::spawn(command)
     }
 
+    /// The runtime serving several revisions side by side (`--traffic <json>`), on
+    /// loopback with ports chosen by the OS.
+    pub fn start_split(traffic: &serde_json::Value, args: &[&str]) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_wasmless-runtime"));
+        command
+            .arg("--traffic")
+            .arg(traffic.to_string())
+            .args(["--bind", "127.0.0.1", "--port", "0", "--admin-port", "0"])
+            .args(args)
+            .env("RUST_LOG", "info");
+        Self::spawn(command)
+    }
+
     /// The runtime with `--pool <source>` (`api:<selector>`, or a directory) and these
     /// environment variables, its admin port chosen by the OS.
     pub fn start_pool_from(source: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
