@@ -46,7 +46,7 @@ steps=(
   go_modules                                                   # steps/modules.sh
   prometheus_scrapes dashboard_queries                         # steps/prometheus.sh
   port_clash                                                   # steps/lifecycle.sh
-  rolling_update build_cache_hit rollback compile_error oci_storage failover  # steps/updates.sh
+  rolling_update build_cache_hit rollback traffic_split compile_error oci_storage failover  # steps/updates.sh
   build_deadline delete_during_build                           # steps/lifecycle.sh
   namespaced_install                                           # steps/security.sh
   helm_install                                                 # steps/helm.sh

@@ -104,6 +104,82 @@ rollback() {
   ok
 }
 
+traffic_split() {
+  step "a split: a new build takes 10% and its tag, 500 requests split within a few percent; promoted to 100%; wasmless rollback to the old one; no failed request throughout"
+  local wasmless=${CARGO_TARGET_DIR:-$HOME/.cache/wasmless/target}/release/wasmless url old patch
+  url=$(service_url hello)
+  old=$(fn_field hello .status.latestReadyRevision)
+  expect_eq "$(get "$url")" "v2" "hello's answer before the split"
+  (
+    while [[ ! -f $WORK/stop-split ]]; do
+      if body=$(get "$url" 2>&1); then echo "$(date +%s.%N) ok $body"; else echo "$(date +%s.%N) FAIL $body"; fi
+      sleep 0.05
+    done
+  ) >"$WORK/split-requests.log" &
+  PIDS+=($!)
+  local loop=$!
+  # The new source and the split in one edit, as a canary is rolled out: 90% stay on the
+  # revision serving now, 10% (and every request tagged canary) go to the new build.
+  patch=$(python3 -c 'import json,sys; print(json.dumps({"spec": {"function": sys.argv[1], "traffic": [{"revision": sys.argv[2], "percent": 90}, {"latestRevision": True, "percent": 10, "tag": "canary"}]}}))' "$(go_handler 'v4')" "$old")
+  kubectl patch fn hello -n "$NS" --type merge -p "$patch" >/dev/null
+  split_serves() { [[ $(fn_field hello .status.serving) == *"10% (canary)"* ]] && kubectl wait fn/hello -n "$NS" --for=condition=Ready --timeout=1s >/dev/null 2>&1; }
+  wait_until 600 "the split to serve" split_serves
+  local serving new
+  serving=$(fn_field hello .status.serving)
+  new=$(fn_field hello .status.latestReadyRevision)
+  echo "serving: $serving"
+  expect_eq "$serving" "$old 90%, $new 10% (canary)" "status.serving"
+  expect_contains "$(kubectl get fn hello -n "$NS" -o wide --no-headers)" "$new 10% (canary)" "kubectl get fn -o wide"
+  # Old pods may still be draining: the split is measured once only split pods answer.
+  wait_until 60 "only the split's pods to answer" bash -c "[[ \$(curl -fsS -o /dev/null -w '%header{wasmless-revision}' '$url') == $old ]]"
+  sleep 6
+  local v2=0 v4=0 other=0 answer
+  for _ in $(seq 500); do
+    answer=$(get "$url") || fail "a request failed while measuring the split"
+    case $answer in v2) v2=$((v2 + 1)) ;; v4) v4=$((v4 + 1)) ;; *) other=$((other + 1)) ;; esac
+  done
+  echo "500 requests through the Service: v2 (${old}) $v2, v4 (${new}) $v4, other $other"
+  expect_eq "$other" 0 "answers from neither revision"
+  ((v4 >= 35 && v4 <= 65)) || fail "the new revision took $v4 of 500 requests, not 10% within 3 points (35-65)"
+  local tagged
+  tagged=$(for _ in $(seq 20); do curl -fsS --max-time 5 -H 'Wasmless-Tag: canary' "$url"; echo; done | sort | uniq -c | xargs)
+  expect_eq "$tagged" "20 v4" "20 requests tagged canary"
+  expect_contains "$(curl -sS --max-time 5 -H 'Wasmless-Tag: nope' "$url")" "its tags: canary" "an unknown tag's answer"
+
+  # Promoted: all traffic on the new build.
+  kubectl patch fn hello -n "$NS" --type merge -p '{"spec": {"traffic": [{"latestRevision": true, "percent": 100}]}}' >/dev/null
+  promoted() { [[ $(fn_field hello .status.serving) == "$new" ]] && kubectl wait fn/hello -n "$NS" --for=condition=Ready --timeout=1s >/dev/null 2>&1; }
+  wait_until 120 "the new revision to take all the traffic" promoted
+  all_v4() { for _ in 1 2 3 4 5 6 7 8 9 10; do [[ $(get "$url" 2>/dev/null) == v4 ]] || return 1; done; }
+  wait_until 30 "ten answers in a row from v4" all_v4
+
+  # Rolled back to the revision before, by the CLI.
+  local started out first_v2
+  started=$(date +%s.%N)
+  out=$("$wasmless" rollback hello -n "$NS")
+  echo "$out"
+  expect_contains "$out" "all traffic on $old (was $new)" "wasmless rollback's answer"
+  answers_v2() { [[ $(get "$url" 2>/dev/null) == v2 ]]; }
+  wait_until 60 "v2 after the rollback" answers_v2
+  # Back to where later steps expect hello: v2's source, no traffic pinned.
+  patch=$(python3 -c 'import json,sys; print(json.dumps([{"op": "replace", "path": "/spec/function", "value": sys.argv[1]}, {"op": "remove", "path": "/spec/traffic"}]))' "$(go_handler 'v2')")
+  kubectl patch fn hello -n "$NS" --type json -p "$patch" >/dev/null
+  latest_again() { [[ $(fn_field hello .status.latestReadyRevision) != "$new" && $(fn_field hello .status.serving) == $(fn_field hello .status.latestReadyRevision) ]]; }
+  wait_until 120 "a new latest revision serving v2" latest_again
+  sleep 1
+  touch "$WORK/stop-split"
+  wait "$loop" || true
+  local total failed
+  total=$(wc -l <"$WORK/split-requests.log")
+  failed=$(grep -c ' FAIL' "$WORK/split-requests.log" || true)
+  first_v2=$(awk -v t="$started" '$1 > t && $2 == "ok" && $3 == "v2" { print $1 - t; exit }' "$WORK/split-requests.log")
+  echo "$total requests in the loop through the split, the promotion and the rollback, $failed failed; v2 answered the loop ${first_v2} s after wasmless rollback started"
+  grep ' FAIL' "$WORK/split-requests.log" | head -5 || true
+  expect_eq "$failed" 0 "failed requests in the loop"
+  expect_eq "$(get "$url")" "v2" "the answer after going back to the latest"
+  ok
+}
+
 compile_error() {
   step "a compile error: phase Failed, the compiler's message on status and in an Event, v2 keeps answering"
   set_source hello "$(printf 'package handlers\n\nimport "net/http"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {\n\tundefinedHelper(w)\n}\n')"
