@@ -68,6 +68,11 @@ impl BuildCache {
         ))
     }
 
+    /// Cranelift's compiled functions, in this cache's `functions/`.
+    pub fn functions(&self) -> std::sync::Arc<FunctionCache> {
+        FunctionCache::new(&self.dir)
+    }
+
     /// The module built from `source_digest`.
     pub fn get_module(&self, source_digest: &Digest) -> Lookup {
         read_entry(&self.module_path(source_digest))
@@ -93,33 +98,106 @@ impl BuildCache {
     }
 }
 
+/// Cranelift's incremental cache on disk (wasmtime's `CacheStore`): one entry per compiled
+/// function, named by the sha256 of the key Cranelift gives it (the function's body, its
+/// signature and the compiler's flags), so an edited module compiles only the functions
+/// the edit changed — in the snapshot's one run and in the precompile, which compile the
+/// same bodies with the same flags. Entries are checked like every other one: a corrupt
+/// entry is removed and is a miss, and Cranelift compiles that function again.
+#[derive(Debug)]
+pub struct FunctionCache {
+    dir: PathBuf,
+    hits: std::sync::atomic::AtomicUsize,
+    misses: std::sync::atomic::AtomicUsize,
+    /// Whether a torn entry was logged: one line, not one per function.
+    said_corrupt: std::sync::atomic::AtomicBool,
+}
+
+impl FunctionCache {
+    pub fn new(cache_dir: &Path) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            dir: cache_dir.join("functions"),
+            hits: Default::default(),
+            misses: Default::default(),
+            said_corrupt: Default::default(),
+        })
+    }
+
+    fn path(&self, key: &[u8]) -> PathBuf {
+        let hex = Digest::of(key).hex();
+        // 256 directories, so that none holds the tens of thousands a few Go modules make.
+        self.dir.join(&hex[..2]).join(&hex[2..])
+    }
+
+    /// Functions found compiled, and compiled anew, since this cache was opened.
+    pub fn counts(&self) -> (usize, usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.hits.load(Relaxed), self.misses.load(Relaxed))
+    }
+}
+
+impl wasmless_runtime::precompiled::CacheStore for FunctionCache {
+    fn get(&self, key: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let path = self.path(key);
+        match check_entry(&path) {
+            Ok(Some(bytes)) => {
+                self.hits.fetch_add(1, Relaxed);
+                return Some(bytes.into());
+            }
+            Ok(None) => {}
+            Err(why) => {
+                let _ = std::fs::remove_file(&path);
+                if !self.said_corrupt.swap(true, Relaxed) {
+                    tracing::warn!(
+                        entry = %path.display(),
+                        "compiled functions in the build cache failed their check and are compiled again (this is the first): {why}"
+                    );
+                }
+            }
+        }
+        self.misses.fetch_add(1, Relaxed);
+        None
+    }
+
+    fn insert(&self, key: &[u8], value: Vec<u8>) -> bool {
+        write_entry(&self.path(key), &value).is_ok()
+    }
+}
+
 fn header(bytes: &[u8]) -> String {
     format!("{MAGIC} {} {}\n", Digest::of(bytes), bytes.len())
 }
 
 fn read_entry(path: &Path) -> Lookup {
+    match check_entry(path) {
+        Ok(Some(payload)) => Lookup::Hit(payload),
+        Ok(None) => Lookup::Miss,
+        Err(why) => corrupt(path, why),
+    }
+}
+
+/// An entry's payload if it is there and whole, or why it is not.
+fn check_entry(path: &Path) -> Result<Option<Vec<u8>>, String> {
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Lookup::Miss,
-        Err(error) => return corrupt(path, format!("cannot read it: {error}")),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(format!("cannot read it: {error}")),
     };
     let Some(end) = bytes.iter().position(|b| *b == b'\n') else {
-        return corrupt(path, "no header line".into());
+        return Err("no header line".into());
     };
     let (line, payload) = (String::from_utf8_lossy(&bytes[..=end]), &bytes[end + 1..]);
     let expected = header(payload);
     if line != expected {
-        return corrupt(
-            path,
-            format!(
-                "header {:?} does not match its {} bytes ({:?})",
-                line.trim_end(),
-                payload.len(),
-                expected.trim_end()
-            ),
-        );
+        return Err(format!(
+            "header {:?} does not match its {} bytes ({:?})",
+            line.trim_end(),
+            payload.len(),
+            expected.trim_end()
+        ));
     }
-    Lookup::Hit(payload.to_vec())
+    Ok(Some(payload.to_vec()))
 }
 
 /// Removes an entry that failed its check, so the rebuild replaces it, and says why.

@@ -205,6 +205,14 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<Stri
         "module": built.cache,
         "code": code.as_ref().map(|(code, _)| code.cache),
     });
+    // Cranelift's function cache: what an edit compiled again, and what it found compiled.
+    let counts = |(reused, compiled): (usize, usize)| serde_json::json!({"reused": reused, "compiled": compiled});
+    if let Some(snapshot) = &built.snapshot {
+        result["cache"]["functions"]["snapshot"] = counts(snapshot.functions);
+    }
+    if let Some(functions) = code.as_ref().and_then(|(code, _)| code.functions) {
+        result["cache"]["functions"]["precompile"] = counts(functions);
+    }
     if !problems.is_empty() {
         result["cache"]["problems"] = serde_json::json!(problems);
     }

@@ -209,6 +209,8 @@ pub struct SnapshotReport {
     pub segments_written: usize,
     pub segments_kept: usize,
     pub seconds: f64,
+    /// Functions the snapshot's run found compiled in the cache, and compiled.
+    pub functions: (usize, usize),
 }
 
 /// Compiled code for a built module: what a new pod loads instead of compiling.
@@ -231,6 +233,9 @@ pub struct CompiledCode {
     pub cache: &'static str,
     /// Why the cached entry was not used, when it failed its check.
     pub cache_problem: Option<String>,
+    /// Functions found compiled in the cache, and compiled, when the module was compiled
+    /// through it.
+    pub functions: Option<(usize, usize)>,
 }
 
 /// Compiles a built module with the runtime's engine configuration for the portable
@@ -249,8 +254,12 @@ pub fn precompile_cached(built: &Built, cache_dir: &std::path::Path) -> Result<C
 
 fn precompile_with(built: &Built, cache: Option<&cache::BuildCache>) -> Result<CompiledCode, BuildError> {
     let started = std::time::Instant::now();
-    let engine =
-        wasmless_runtime::precompiled::precompile_engine().map_err(|e| BuildError::Precompile(format!("{e:#}")))?;
+    let functions = cache.map(cache::BuildCache::functions);
+    let store = functions
+        .clone()
+        .map(|functions| functions as std::sync::Arc<dyn wasmless_runtime::precompiled::CacheStore>);
+    let engine = wasmless_runtime::precompiled::precompile_engine_with(store)
+        .map_err(|e| BuildError::Precompile(format!("{e:#}")))?;
     let engine_hash = wasmless_runtime::engine::engine_hash(&engine);
     let target = wasmless_runtime::engine::PORTABLE_TARGET;
     let code = |artifact: Vec<u8>, cache, cache_problem| CompiledCode {
@@ -262,6 +271,7 @@ fn precompile_with(built: &Built, cache: Option<&cache::BuildCache>) -> Result<C
         seconds: started.elapsed().as_secs_f64(),
         cache,
         cache_problem,
+        functions: functions.as_ref().map(|functions| functions.counts()),
     };
     let lookup = cache.map_or(cache::Lookup::Miss, |c| c.get_code(&built.digest, &engine_hash, target));
     let cache_problem = match lookup {
@@ -329,13 +339,15 @@ pub fn build(source: &Source, options: &BuildOptions, progress: &dyn Fn(Step)) -
     let mut snapshot = None;
     if abi == wasmless_runtime::abi::Abi::GoReactor {
         progress(Step::Snapshotting);
-        let made = wasmless_runtime::snapshot::snapshot(&wasm)?;
+        let functions = cache.functions();
+        let made = wasmless_runtime::snapshot::snapshot_with(&wasm, Some(functions.clone()))?;
         validate::validate(source.language, &made.wasm)?;
         snapshot = Some(SnapshotReport {
             memory_bytes: made.memory_bytes,
             segments_written: made.segments_written,
             segments_kept: made.segments_kept,
             seconds: made.seconds,
+            functions: functions.counts(),
         });
         wasm = made.wasm;
         phases.snapshot = lap();

@@ -863,3 +863,76 @@ fn rust_dependencies_without_a_registry_fail_with_the_setting_to_set() {
     assert_eq!(unreachable.status.code(), Some(1), "worth a retry: {stderr}");
     assert!(stderr.contains("crates registry failed"), "{stderr}");
 }
+
+/// A Goless handler answering `answer`.
+fn go_answering(answer: &str) -> String {
+    format!(
+        "package handlers\n\nimport \"net/http\"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {{\n\tw.Write([]byte(\"{answer}\"))\n}}\n"
+    )
+}
+
+/// Functions found compiled and compiled anew by one step (`snapshot`, `precompile`).
+fn function_counts(built: &Value, step: &str) -> (u64, u64) {
+    let counts = &built["cache"]["functions"][step];
+    match (counts["reused"].as_u64(), counts["compiled"].as_u64()) {
+        (Some(reused), Some(compiled)) => (reused, compiled),
+        _ => panic!("no function counts for {step}: {built}"),
+    }
+}
+
+#[test]
+fn an_edit_compiles_only_the_functions_it_changed_into_the_same_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let source = dir.path().join("handler.go");
+    let output = dir.path().join("out.wasm");
+    let build_answering = |answer: &str| {
+        std::fs::write(&source, go_answering(answer)).unwrap();
+        result(&build("go", &source, &output, &cache, &[]))
+    };
+    let few_of = |(reused, compiled): (u64, u64)| compiled * 20 < reused;
+
+    // Cold: the module's functions compiled once each (identical bodies, such as the
+    // trampolines of one signature, are found compiled the second time).
+    let cold = function_counts(&build_answering("one"), "snapshot");
+
+    let edit = build_answering("two");
+    for step in ["snapshot", "precompile"] {
+        let counts = function_counts(&edit, step);
+        assert!(
+            few_of(counts),
+            "an edit's {step} compiled (reused, compiled) {counts:?}: {edit}"
+        );
+    }
+    // What the cache put together is what a compiler with no cache makes.
+    let built = wasmless_builder::Built {
+        wasm: std::fs::read(&output).unwrap(),
+        digest: edit["digest"].as_str().unwrap().parse().unwrap(),
+        source_digest: edit["sourceDigest"].as_str().unwrap().parse().unwrap(),
+        cached: false,
+        snapshot: None,
+        cache: "off",
+        cache_problem: None,
+        phases: Default::default(),
+    };
+    let plain = wasmless_builder::precompile(&built).unwrap();
+    assert_eq!(edit["code"]["digest"], plain.digest.to_string(), "{edit}");
+
+    // Every function entry torn: each is compiled again, and the build succeeds.
+    let mut torn = 0;
+    for shard in std::fs::read_dir(cache.join("functions")).unwrap() {
+        for entry in std::fs::read_dir(shard.unwrap().path()).unwrap() {
+            let path = entry.unwrap().path();
+            let bytes = std::fs::read(&path).unwrap();
+            std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+            torn += 1;
+        }
+    }
+    assert!(torn > 100, "{torn} function entries");
+    let after = build_answering("three");
+    let (_, compiled) = function_counts(&after, "snapshot");
+    assert!(
+        compiled * 10 >= cold.1 * 9,
+        "torn entries are compiled again as in a cold build ({cold:?}), not used: {after}"
+    );
+}

@@ -12,8 +12,9 @@
 
 use crate::clocks::SnapshotClock;
 use rand::SeedableRng;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use wasmtime::{Config, Engine, Instance, Linker, Module, Store, StoreLimits, StoreLimitsBuilder, Val};
+use wasmtime::{CacheStore, Engine, Instance, Linker, Module, Store, StoreLimits, StoreLimitsBuilder, Val};
 use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wizer::{InstanceState, SnapshotVal, ValType, Wizer};
@@ -54,18 +55,26 @@ struct InitState {
 
 /// Runs `_initialize` of the reactor `wasm` and returns the initialised module.
 pub fn snapshot(wasm: &[u8]) -> Result<Snapshot, SnapshotError> {
+    snapshot_with(wasm, None)
+}
+
+/// [`snapshot`], compiling the module for its one run with the builder's precompile
+/// configuration where this CPU can run it, and through `functions` (Cranelift's
+/// incremental cache) when given: the functions an edit did not change are not compiled
+/// again, here or in the precompile that follows, which compiles the same bodies.
+pub fn snapshot_with(wasm: &[u8], functions: Option<Arc<dyn CacheStore>>) -> Result<Snapshot, SnapshotError> {
     // On a thread of its own: wasmtime-wasi's synchronous host functions start a Tokio
     // runtime of their own, which panics on a thread that is already driving one (a
     // caller's async task).
     std::thread::scope(|scope| {
         scope
-            .spawn(|| snapshot_here(wasm))
+            .spawn(|| snapshot_here(wasm, functions))
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     })
 }
 
-fn snapshot_here(wasm: &[u8]) -> Result<Snapshot, SnapshotError> {
+fn snapshot_here(wasm: &[u8], functions: Option<Arc<dyn CacheStore>>) -> Result<Snapshot, SnapshotError> {
     let started = Instant::now();
     let mut wizer = Wizer::new();
     wizer.init_func("_initialize");
@@ -73,8 +82,12 @@ fn snapshot_here(wasm: &[u8]) -> Result<Snapshot, SnapshotError> {
         .instrument(wasm)
         .map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
 
-    let mut config = Config::new();
-    config.epoch_interruption(true);
+    let unsupported = |e: wasmtime::Error| SnapshotError::Unsupported(format!("{e:#}"));
+    let mut config =
+        crate::engine::compiler_config(&crate::engine::CompileTarget::for_this_host()).map_err(unsupported)?;
+    if let Some(functions) = functions {
+        config.enable_incremental_compilation(functions).map_err(unsupported)?;
+    }
     let engine = Engine::new(&config).map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
     let module = Module::new(&engine, &instrumented).map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
     let mut linker = Linker::new(&engine);

@@ -52,7 +52,21 @@ pub fn package(engine: &Engine, abi: Abi, cwasm: &[u8], module_digest: Digest) -
 
 /// The engine the builder precompiles with: the runtime's, for the portable target.
 pub fn precompile_engine() -> wasmtime::Result<Engine> {
-    Engine::new(&engine::compiler_config(&CompileTarget::Portable)?)
+    precompile_engine_with(None)
+}
+
+/// Where compiled functions are kept between compilations (Cranelift's incremental cache).
+pub use wasmtime::CacheStore;
+
+/// [`precompile_engine`], reusing the compiled functions `functions` holds (Cranelift's
+/// incremental cache: an edited module compiles only what the edit changed). The code is
+/// the same either way.
+pub fn precompile_engine_with(functions: Option<std::sync::Arc<dyn wasmtime::CacheStore>>) -> wasmtime::Result<Engine> {
+    let mut config = engine::compiler_config(&CompileTarget::Portable)?;
+    if let Some(functions) = functions {
+        config.enable_incremental_compilation(functions)?;
+    }
+    Engine::new(&config)
 }
 
 fn code_kind(abi: Abi) -> CodeKind {
