@@ -10,7 +10,10 @@ pub const MAX_CHUNK_BYTES: usize = 900 * 1024;
 /// make a reader allocate without bound.
 pub const MAX_MODULE_BYTES: u64 = 256 * 1024 * 1024;
 
-const ZSTD_LEVEL: i32 = 19;
+/// zstd's default level. A build publishes what it compresses at once: on a 6.7 MB Go module
+/// level 19 took 2.3 s for 1.28 MB, level 3 takes 0.04 s for 1.57 MB, the same two chunks,
+/// and reading either back is as fast.
+const ZSTD_LEVEL: i32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChunkError {

@@ -24,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
     let split = split_chunks(bytes);
     assert!(split.iter().all(|chunk| chunk.len() <= MAX_CHUNK_BYTES));
     assert_eq!(join_chunks(&split).unwrap_or_default(), bytes);
-    // What the builder stores, the runtime reads back. zstd -19 is slow: small inputs only.
+    // What the builder stores, the runtime reads back. Compressing is the slow part: small inputs only.
     if bytes.len() <= 4096 {
         assert_eq!(
             reassemble(&compress_and_split(bytes)).expect("a stored module reassembles"),
