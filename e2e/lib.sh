@@ -89,6 +89,39 @@ expect_service_answer() {
   expect_eq "$(get_service "$1")" "$2" "GET through $1's Service"
 }
 
+# start_request_loop URL LOG: GETs URL every 50 ms in the background, one line per request
+# in LOG ("<epoch seconds> ok <body>" or "... FAIL <error>"), until stop_request_loop LOG.
+start_request_loop() {
+  local url=$1 log=$2
+  rm -f "$log.stop"
+  (
+    while [[ ! -f $log.stop ]]; do
+      if body=$(get "$url" 2>&1); then echo "$(date +%s.%N) ok $body"; else echo "$(date +%s.%N) FAIL $body"; fi
+      sleep 0.05
+    done
+  ) >"$log" &
+  PIDS+=($!)
+  REQUEST_LOOP=$!
+}
+
+# stop_request_loop LOG: ends start_request_loop's loop once its request in flight is done.
+stop_request_loop() {
+  touch "$1.stop"
+  wait "$REQUEST_LOOP" || true
+}
+
+# request_loop_figures LOG STARTED ANSWER: a stopped loop's requests, its failures (the first
+# few on stderr) and the seconds from STARTED (epoch seconds) to its first ANSWER.
+request_loop_figures() {
+  local log=$1 started=$2 answer=$3
+  local total failed first
+  total=$(wc -l <"$log")
+  failed=$(grep -c ' FAIL' "$log" || true)
+  first=$(awk -v t="$started" -v a="$answer" '$1 > t && $2 == "ok" && $3 == a { print $1 - t; exit }' "$log")
+  grep ' FAIL' "$log" | head -5 >&2 || true
+  echo "$total $failed $first"
+}
+
 jobs_of() { kubectl get jobs -n "$NS" -l "wasmless.io/function=$1" -o name | wc -l; }
 has_jobs() { [[ $(jobs_of "$1") -ge 1 ]]; }
 

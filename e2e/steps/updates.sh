@@ -65,14 +65,8 @@ rollback() {
   read -r newest previous _ <<<"$revisions"
   [[ -n $previous ]] || fail "hello keeps fewer than two revisions: $revisions"
   jobs=$(kubectl get jobs -n "$NS" -l wasmless.io/function=hello --no-headers | wc -l)
-  (
-    while [[ ! -f $WORK/stop-rollback ]]; do
-      if body=$(get "$url" 2>&1); then echo "$(date +%s.%N) ok $body"; else echo "$(date +%s.%N) FAIL $body"; fi
-      sleep 0.05
-    done
-  ) >"$WORK/rollback-requests.log" &
-  PIDS+=($!)
-  local loop=$! started out
+  start_request_loop "$url" "$WORK/rollback-requests.log"
+  local started out
   started=$(date +%s.%N)
   out=$("$wasmless" rollback hello -n "$NS")
   echo "$out"
@@ -91,14 +85,10 @@ rollback() {
   v2_source=$(fn_field hello .status.sourceDigest)
   expect_eq "$(kubectl get jobs -n "$NS" -l "wasmless.io/source-digest=${v2_source:7:10}" --no-headers 2>/dev/null | wc -l)" 0 "build Jobs of v2's source after going back to it (none)"
   sleep 1
-  touch "$WORK/stop-rollback"
-  wait "$loop" || true
   local total failed first_v2
-  total=$(wc -l <"$WORK/rollback-requests.log")
-  failed=$(grep -c ' FAIL' "$WORK/rollback-requests.log" || true)
-  first_v2=$(awk -v t="$started" '$1 > t && $2 == "ok" && $3 == "v2" { print $1 - t; exit }' "$WORK/rollback-requests.log")
+  stop_request_loop "$WORK/rollback-requests.log"
+  read -r total failed first_v2 <<<"$(request_loop_figures "$WORK/rollback-requests.log" "$started" v2)"
   echo "$total requests during the rollback and back, $failed failed; v2 answered ${first_v2} s after wasmless rollback started; revisions now: $(fn_field hello '.status.revisions[*].name')"
-  grep ' FAIL' "$WORK/rollback-requests.log" | head -5 || true
   expect_eq "$failed" 0 "failed requests during the rollback"
   expect_eq "$(get "$url")" "v2" "the answer after going back to the latest"
   ok
@@ -110,14 +100,7 @@ traffic_split() {
   url=$(service_url hello)
   old=$(fn_field hello .status.latestReadyRevision)
   expect_eq "$(get "$url")" "v2" "hello's answer before the split"
-  (
-    while [[ ! -f $WORK/stop-split ]]; do
-      if body=$(get "$url" 2>&1); then echo "$(date +%s.%N) ok $body"; else echo "$(date +%s.%N) FAIL $body"; fi
-      sleep 0.05
-    done
-  ) >"$WORK/split-requests.log" &
-  PIDS+=($!)
-  local loop=$!
+  start_request_loop "$url" "$WORK/split-requests.log"
   # The new source and the split in one edit, as a canary is rolled out: 90% stay on the
   # revision serving now, 10% (and every request tagged canary) go to the new build.
   patch=$(python3 -c 'import json,sys; print(json.dumps({"spec": {"function": sys.argv[1], "traffic": [{"revision": sys.argv[2], "percent": 90}, {"latestRevision": True, "percent": 10, "tag": "canary"}]}}))' "$(go_handler 'v4')" "$old")
@@ -167,14 +150,10 @@ traffic_split() {
   latest_again() { [[ $(fn_field hello .status.latestReadyRevision) != "$new" && $(fn_field hello .status.serving) == $(fn_field hello .status.latestReadyRevision) ]]; }
   wait_until 120 "a new latest revision serving v2" latest_again
   sleep 1
-  touch "$WORK/stop-split"
-  wait "$loop" || true
   local total failed
-  total=$(wc -l <"$WORK/split-requests.log")
-  failed=$(grep -c ' FAIL' "$WORK/split-requests.log" || true)
-  first_v2=$(awk -v t="$started" '$1 > t && $2 == "ok" && $3 == "v2" { print $1 - t; exit }' "$WORK/split-requests.log")
+  stop_request_loop "$WORK/split-requests.log"
+  read -r total failed first_v2 <<<"$(request_loop_figures "$WORK/split-requests.log" "$started" v2)"
   echo "$total requests in the loop through the split, the promotion and the rollback, $failed failed; v2 answered the loop ${first_v2} s after wasmless rollback started"
-  grep ' FAIL' "$WORK/split-requests.log" | head -5 || true
   expect_eq "$failed" 0 "failed requests in the loop"
   expect_eq "$(get "$url")" "v2" "the answer after going back to the latest"
   ok
