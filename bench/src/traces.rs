@@ -2,8 +2,8 @@
 //! sampled, exported to a real OpenTelemetry Collector on loopback) and on with the
 //! collector down (every span dropped). `--only traces` runs it alone.
 
-use crate::measure::{Server, rss_mib, until_first_200, wrk};
-use crate::scenarios::{Settings, Throughput, build_example, runtime};
+use crate::measure::{Load, Server, rss_mib, until_first_200, wrk};
+use crate::scenarios::{Settings, build_example, runtime};
 use anyhow::{Context, bail};
 use std::fmt::Write as _;
 use std::process::Command;
@@ -31,7 +31,10 @@ fn otelcol(settings: &Settings) -> anyhow::Result<String> {
     Ok(String::from_utf8(output.stdout)?.trim().to_string())
 }
 
-pub fn run(settings: &Settings) -> anyhow::Result<Vec<Throughput>> {
+/// Rounds of the three configurations, alternating.
+const ROUNDS: usize = 5;
+
+pub fn run(settings: &Settings) -> anyhow::Result<Vec<Row>> {
     let rust = build_example(settings, "hello-rust", "rust")?;
     let dir = tempfile::tempdir()?;
     let collector_port = free_port();
@@ -63,41 +66,73 @@ pub fn run(settings: &Settings) -> anyhow::Result<Vec<Throughput>> {
     let mut first = Server::spawn(&mut runtime(settings, &rust, port, Some(&cache)))?;
     until_first_200(port, Instant::now(), &mut first)?;
     drop(first);
-    let mut rows = Vec::new();
-    for (name, endpoint) in [
+    let configurations = [
         ("wasmless-runtime, Rust hello, tracing off", None),
         (
             "the same, tracing on (every request sampled, exported to the collector)",
             Some(&up),
         ),
         ("the same, tracing on, the collector down (spans dropped)", Some(&down)),
-    ] {
-        let port = free_port();
-        let mut command = runtime(settings, &rust, port, Some(&cache));
-        if let Some(endpoint) = endpoint {
-            command.args(["--otlp-endpoint", endpoint]);
+    ];
+    // One run of each is at the mercy of whatever else the 2 cores did meanwhile (two
+    // single runs of "off" differed by 1.9x here): the three alternate, round after round,
+    // and each row is its median round, with the slowest and fastest beside it, so
+    // "within noise" can be read off the table.
+    let rounds = if settings.quick { 1 } else { ROUNDS };
+    let mut runs: Vec<Vec<(Load, f64)>> = vec![Vec::new(); configurations.len()];
+    for round in 1..=rounds {
+        for ((name, endpoint), runs) in configurations.iter().zip(&mut runs) {
+            let port = free_port();
+            let mut command = runtime(settings, &rust, port, Some(&cache));
+            if let Some(endpoint) = endpoint {
+                command.args(["--otlp-endpoint", endpoint]);
+            }
+            let started = Instant::now();
+            let mut server = Server::spawn(&mut command)?;
+            until_first_200(port, started, &mut server)?;
+            wrk(port, 1, settings.connections)?; // warm-up
+            let load = wrk(port, settings.load_seconds, settings.connections)?;
+            if load.errors > 0 {
+                bail!("{name}: {} errors under load", load.errors);
+            }
+            let peak = rss_mib(server.pid()).1;
+            eprintln!(
+                "  round {round}/{rounds}, {name}: {:.0} req/s, peak RSS {peak:.0} MiB",
+                load.requests_per_second
+            );
+            runs.push((load, peak));
         }
-        let started = Instant::now();
-        let mut server = Server::spawn(&mut command)?;
-        until_first_200(port, started, &mut server)?;
-        wrk(port, 1, settings.connections)?; // warm-up
-        let load = wrk(port, settings.load_seconds, settings.connections)?;
-        if load.errors > 0 {
-            bail!("{name}: {} errors under load", load.errors);
-        }
-        let peak = rss_mib(server.pid()).1;
-        eprintln!("  {name}: {:.0} req/s", load.requests_per_second);
-        rows.push(Throughput {
-            name: name.to_string(),
-            load,
-            rss_idle_mib: None,
-            rss_peak_mib: Some(peak),
-        });
     }
-    Ok(rows)
+    Ok(configurations
+        .iter()
+        .zip(runs)
+        .map(|((name, _), mut runs)| {
+            runs.sort_by(|a, b| a.0.requests_per_second.total_cmp(&b.0.requests_per_second));
+            let (load, _) = runs[runs.len() / 2];
+            Row {
+                name: name.to_string(),
+                load,
+                slowest: runs[0].0.requests_per_second,
+                fastest: runs[runs.len() - 1].0.requests_per_second,
+                rss_peak_mib: runs.iter().map(|(_, peak)| *peak).fold(0.0, f64::max),
+                rounds: runs.len(),
+            }
+        })
+        .collect())
 }
 
-pub fn section(settings: &Settings, rows: &[Throughput]) -> String {
+/// Each configuration's median round.
+pub struct Row {
+    pub name: String,
+    pub load: Load,
+    pub slowest: f64,
+    pub fastest: f64,
+    /// The highest of its rounds.
+    pub rss_peak_mib: f64,
+    pub rounds: usize,
+}
+
+pub fn section(settings: &Settings, rows: &[Row]) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "{HEADING}\n");
     let _ = writeln!(
@@ -106,27 +141,32 @@ pub fn section(settings: &Settings, rows: &[Throughput]) -> String {
          Collector on loopback (OTLP receiver, file exporter; 4 spans per request, all sampled), and set to a \
          port nothing listens on (after the first failed export the runtime makes no spans for 5 s at a time, \
          counting them dropped). `wrk --latency -t2 -c{} -d{}s`, after a 1 s warm-up; client, runtime and \
-         collector share the 2 cores, so the \"on\" row pays for the collector too. Ratios against tracing off, in \
-         the same run ({}).\n",
+         collector share the 2 cores, so the \"on\" row pays for the collector too. The three alternate for {} \
+         rounds, each a new runtime process; a row is its median round (requests/s, p50, p99), with its slowest \
+         and fastest round beside it, and the highest peak RSS of its rounds. Ratios against tracing off's median, \
+         in the same run ({}).\n",
         settings.connections,
         settings.load_seconds,
+        rows.first().map_or(0, |row| row.rounds),
         crate::report::chrono_free_now()
     );
     let _ = writeln!(
         md,
-        "| runtime | requests/s | ratio | p50 | p99 | peak RSS |\n|---|---|---|---|---|---|"
+        "| runtime | requests/s (median) | slowest – fastest round | ratio | p50 | p99 | peak RSS |\n|---|---|---|---|---|---|---|"
     );
     let first = rows.first().map_or(1.0, |row| row.load.requests_per_second);
     for row in rows {
         let _ = writeln!(
             md,
-            "| {} | {:.0} | {:.2} | {:.2} ms | {:.2} ms | {:.0} MiB |",
+            "| {} | {:.0} | {:.0} – {:.0} | {:.2} | {:.2} ms | {:.2} ms | {:.0} MiB |",
             row.name,
             row.load.requests_per_second,
+            row.slowest,
+            row.fastest,
             row.load.requests_per_second / first,
             row.load.p50_ms,
             row.load.p99_ms,
-            row.rss_peak_mib.unwrap_or_default(),
+            row.rss_peak_mib,
         );
     }
     let _ = writeln!(
