@@ -306,6 +306,11 @@ async fn one_trace_across_functions_with_errors_marked_and_drops_counted() {
     assert_eq!(b_echo.parent, b_call.span_id);
     assert!(body.contains(&b_call.span_id), "b's echo saw its caller's span: {body}");
     assert!(trace.iter().all(|s| s.status != 2), "no errors: {trace:#?}");
+    // The trace just checked, as the collector wrote it, for docs/trace.svg
+    // (e2e/trace_picture.py draws it; docs/architecture.md says how to run both).
+    if let Some(path) = std::env::var_os("WASMLESS_TRACE_SPANS") {
+        std::fs::copy(&collector.spans_file, &path).unwrap();
+    }
 
     // The request's log line joins the trace.
     let line = a.wait_for_log(&["\"message\":\"request\"", "\"path\":\"/get\""]);
