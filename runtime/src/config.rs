@@ -22,7 +22,7 @@ pub struct Config {
     #[arg(
         long,
         env = "WASMLESS_MODULE",
-        required_unless_present_any = ["pool", "traffic"],
+        required_unless_present_any = ["pool", "traffic", "traffic_file"],
         conflicts_with = "pool"
     )]
     pub module: Option<String>,
@@ -39,6 +39,18 @@ pub struct Config {
         conflicts_with_all = ["module", "module_digest", "code", "code_digest", "pool"]
     )]
     pub traffic: Option<crate::split::Traffic>,
+
+    /// `--traffic` read from a file, and read again whenever it changes: a new list is
+    /// served once each revision it names is loaded, its digests checked (until then, and
+    /// if any fails, the last one serves on). The operator's pods read it from their own
+    /// `wasmless.io/routes` annotation (a downward API volume), so the operator moves a
+    /// pod's traffic between the revisions it has mounted by annotating it.
+    #[arg(
+        long,
+        env = "WASMLESS_TRAFFIC_FILE",
+        conflicts_with_all = ["module", "module_digest", "code", "code_digest", "pool", "traffic"]
+    )]
+    pub traffic_file: Option<PathBuf>,
 
     /// The module's `sha256:<hex>`; nothing runs unless the bytes match. When absent,
     /// the digest is read from `<module>.sha256` (or `module.sha256` in a chunk

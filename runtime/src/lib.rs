@@ -70,6 +70,8 @@ pub enum ServeError {
     PoolApi(#[from] pool::api::ApiError),
     #[error(transparent)]
     Traces(#[from] traces::TracesError),
+    #[error("--traffic-file {file}: {problem}")]
+    TrafficFile { file: std::path::PathBuf, problem: String },
 }
 
 /// What the `wasmless-runtime` binary (and `wasmless serve`) runs: the JSON log and, when
@@ -126,10 +128,12 @@ pub async fn serve(
         .into_future(),
     );
 
-    let (routes, listeners, function_addr) = match (&config.pool, &config.traffic) {
-        (Some(source), _) => serve_many(&config, &metrics, source, admin_addr.port(), &pool_slot).await?,
-        (None, Some(traffic)) => serve_split(&config, &metrics, traffic, admin_addr.port()).await?,
-        (None, None) => serve_one(&config, &metrics, admin_addr.port()).await?,
+    let (routes, listeners, function_addr) = match &config.pool {
+        Some(source) => serve_many(&config, &metrics, source, admin_addr.port(), &pool_slot).await?,
+        None if config.traffic.is_some() || config.traffic_file.is_some() => {
+            serve_revisions(&config, &metrics, admin_addr.port()).await?
+        }
+        None => serve_one(&config, &metrics, admin_addr.port()).await?,
     };
     let state = FunctionState::new(routes, server::Uploads::from_config(&config));
     let (phase_tx, phase) = tokio::sync::watch::channel(edge::Phase::Serving);
@@ -193,45 +197,38 @@ async fn serve_one(config: &Config, metrics: &Arc<Metrics>, admin_port: u16) -> 
     Ok((server::Routes::Single(tenant), listeners, function_addr))
 }
 
-/// A dedicated runtime serving several revisions of its Function (`--traffic`), each a
-/// tenant of its own on one engine, all loaded before the port opens.
-async fn serve_split(
-    config: &Config,
-    metrics: &Arc<Metrics>,
-    traffic: &split::Traffic,
-    admin_port: u16,
-) -> Result<Serving, ServeError> {
+/// A dedicated runtime serving revisions of its Function side by side (`--traffic`, or
+/// `--traffic-file`, which is then followed), each a tenant of its own on one engine, all
+/// loaded before the port opens.
+async fn serve_revisions(config: &Config, metrics: &Arc<Metrics>, admin_port: u16) -> Result<Serving, ServeError> {
+    let (traffic, file) = match (&config.traffic, &config.traffic_file) {
+        (Some(traffic), _) => (traffic.clone(), None),
+        (None, Some(file)) => {
+            let bytes = std::fs::read(file).map_err(|error| ServeError::TrafficFile {
+                file: file.clone(),
+                problem: error.to_string(),
+            })?;
+            let traffic = split::Traffic::parse(String::from_utf8_lossy(&bytes).trim()).map_err(|problem| {
+                ServeError::TrafficFile {
+                    file: file.clone(),
+                    problem,
+                }
+            })?;
+            (traffic, Some((file.clone(), bytes)))
+        }
+        (None, None) => return Err(ServeError::NoModule),
+    };
     let engine = loader::EngineHost::new(&limits::RequestLimits::from_config(config), config.cache_dir.clone())?;
-    let mut tenants = Vec::new();
-    for target in &traffic.0 {
-        let checked = "digests checked by Traffic::parse";
-        let revision_config = Config {
-            module: Some(target.module.clone()),
-            module_digest: Some(target.module_digest.parse().expect(checked)),
-            code: target.code.clone(),
-            code_digest: target.code_digest.as_ref().map(|digest| digest.parse().expect(checked)),
-            traffic: None,
-            ..config.clone()
-        };
-        let revision_metrics = Arc::new(metrics.for_revision(&config.function, Some(&target.revision)));
-        let mut tenant = Tenant::new(
-            &engine,
-            &revision_config,
-            revision_metrics,
-            admin_port,
-            std::env::vars(),
-        )?;
-        tenant.revision = Some(target.revision.as_str().into());
-        tenants.push(Arc::new(tenant));
+    let revisions = Arc::new(split::Revisions::load(engine, config, metrics.clone(), admin_port, &traffic).await?);
+    if let Some((file, applied)) = file {
+        tokio::spawn(revisions.clone().follow(file, applied));
     }
-    futures::future::try_join_all(tenants.iter().map(|tenant| tenant.handler())).await?;
-    let split = split::Split::new(&config.function, traffic, tenants);
 
     let listener = bind(config.listen_addr()).await?;
     let function_addr = listener.local_addr()?;
     let listeners: edge::Listeners = Arc::new(vec![Arc::new(listener.into_std()?)]);
     let (_, listeners) = tokio::sync::watch::channel(listeners);
-    Ok((server::Routes::Split(Arc::new(split)), listeners, function_addr))
+    Ok((server::Routes::Split(revisions), listeners, function_addr))
 }
 
 /// The pool: its table followed from `source` (each Function's port open, nothing loaded

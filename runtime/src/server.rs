@@ -35,8 +35,8 @@ pub enum Routes {
     Single(Arc<Tenant>),
     /// The pool: the Function whose port the connection came in on.
     Pool(Arc<crate::pool::Pool>),
-    /// Several revisions of one Function: the one its tag names, or the next in its shares.
-    Split(Arc<crate::split::Split>),
+    /// Revisions of one Function: the one its tag names, or the next in its shares.
+    Split(Arc<crate::split::Revisions>),
 }
 
 /// The tenant [`route`] chose for a request, for every layer inside it.

@@ -9,10 +9,21 @@
 //! so any 100 consecutive requests to one pod split as asked, and several pods' requests
 //! together within a request per pod.
 
+use crate::ServeError;
+use crate::config::Config;
+use crate::loader::EngineHost;
+use crate::metrics::Metrics;
 use crate::tenant::Tenant;
+use arc_swap::ArcSwap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 use wasmless_artifact::Digest;
+
+/// How often `--traffic-file` is read for a change: a few hundred bytes, and the kubelet
+/// rewrites a downward API file within a few hundred milliseconds of the annotation.
+const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The request header that asks for a tagged revision.
 pub const TAG_HEADER: &str = "wasmless-tag";
@@ -103,6 +114,8 @@ impl Traffic {
 /// The loaded revisions of a split, and where the next request goes.
 pub struct Split {
     function: Arc<str>,
+    /// What each tenant was made from, so a new traffic list reuses what it still names.
+    targets: Vec<Target>,
     tenants: Vec<Arc<Tenant>>,
     tags: Vec<(String, usize)>,
     /// 100 slots, each the index of a tenant: a revision's share is its count of slots.
@@ -133,6 +146,7 @@ impl Split {
             .collect();
         Self {
             function: function.into(),
+            targets: traffic.0.clone(),
             tenants,
             tags,
             schedule: schedule(&percents),
@@ -165,9 +179,187 @@ impl Split {
         Ok(self.tenants[self.schedule[slot]].clone())
     }
 
-    pub fn tenants(&self) -> &[Arc<Tenant>] {
-        &self.tenants
+    /// `hello-1 90%, hello-2 10% (canary)`, for the log.
+    pub fn summary(&self) -> String {
+        self.targets
+            .iter()
+            .map(|target| match &target.tag {
+                Some(tag) => format!("{} {}% ({tag})", target.revision, target.percent),
+                None => format!("{} {}%", target.revision, target.percent),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     }
+
+    /// The tenant of this split already made from `target` (its revision, module and
+    /// digests), labelled as `labelled` asks.
+    fn tenant_for(&self, target: &Target, labelled: bool) -> Option<Arc<Tenant>> {
+        let same = |known: &Target| {
+            known.revision == target.revision
+                && known.module == target.module
+                && known.module_digest == target.module_digest
+                && known.code == target.code
+                && known.code_digest == target.code_digest
+        };
+        self.targets
+            .iter()
+            .zip(&self.tenants)
+            .find(|(known, tenant)| same(known) && tenant.revision.is_some() == labelled)
+            .map(|(_, tenant)| tenant.clone())
+    }
+}
+
+/// The revisions a dedicated runtime serves now (`--traffic`, or `--traffic-file` followed
+/// as it changes): a whole [`Split`], swapped for a new one only once every revision the
+/// new one names is loaded, so a request never waits for a switch, and one that fails to
+/// load leaves the old one serving.
+///
+/// A list of one revision is served as a Function with one revision is: without the
+/// `revision` metric label and the [`REVISION_HEADER`], so a pod that is switched from one
+/// revision to another keeps its series.
+pub struct Revisions {
+    current: ArcSwap<Split>,
+    engine: EngineHost,
+    config: Config,
+    metrics: Arc<Metrics>,
+    admin_port: u16,
+    /// One switch at a time.
+    switching: tokio::sync::Mutex<()>,
+}
+
+impl Revisions {
+    /// Loads every revision `traffic` names (digests checked) before it returns.
+    pub async fn load(
+        engine: EngineHost,
+        config: &Config,
+        metrics: Arc<Metrics>,
+        admin_port: u16,
+        traffic: &Traffic,
+    ) -> Result<Self, ServeError> {
+        let config = Config {
+            traffic: None,
+            traffic_file: None,
+            ..config.clone()
+        };
+        let split = make_split(&engine, &config, &metrics, admin_port, traffic, None).await?;
+        Ok(Self {
+            current: ArcSwap::from_pointee(split),
+            engine,
+            config,
+            metrics,
+            admin_port,
+            switching: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub fn choose(&self, headers: &http::HeaderMap) -> Result<Arc<Tenant>, UnknownTag> {
+        self.current.load().choose(headers)
+    }
+
+    pub fn summary(&self) -> String {
+        self.current.load().summary()
+    }
+
+    /// Serves `traffic` from now on, once each revision it names that is not loaded yet
+    /// is; the revisions it no longer names are dropped when their last request ends.
+    pub async fn switch(&self, traffic: &Traffic) -> Result<(), ServeError> {
+        let _one = self.switching.lock().await;
+        let now = self.current.load_full();
+        let split = make_split(
+            &self.engine,
+            &self.config,
+            &self.metrics,
+            self.admin_port,
+            traffic,
+            Some(&now),
+        )
+        .await?;
+        self.current.store(Arc::new(split));
+        Ok(())
+    }
+
+    /// Reads `file` every [`FOLLOW_INTERVAL`] and switches to what it says whenever it
+    /// changes from `applied` (the bytes served now). A list that does not parse, or whose
+    /// revisions do not load, is logged once and the last one serves on.
+    pub async fn follow(self: Arc<Self>, file: PathBuf, mut applied: Vec<u8>) {
+        let mut tick = tokio::time::interval(FOLLOW_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut unreadable = false;
+        loop {
+            tick.tick().await;
+            let bytes = match tokio::fs::read(&file).await {
+                Ok(bytes) => bytes,
+                Err(error) => {
+                    if !std::mem::replace(&mut unreadable, true) {
+                        tracing::error!(file = %file.display(), %error, "cannot read the traffic file; the last traffic serves on");
+                    }
+                    continue;
+                }
+            };
+            unreadable = false;
+            if bytes == applied {
+                continue;
+            }
+            applied = bytes;
+            let started = std::time::Instant::now();
+            let outcome = match Traffic::parse(String::from_utf8_lossy(&applied).trim()) {
+                Ok(traffic) => self.switch(&traffic).await.map_err(|error| error.to_string()),
+                Err(error) => Err(error),
+            };
+            match outcome {
+                Ok(()) => tracing::info!(
+                    traffic = %self.summary(),
+                    switch_ms = started.elapsed().as_secs_f64() * 1000.0,
+                    "serving the traffic file's revisions"
+                ),
+                Err(error) => tracing::error!(
+                    file = %file.display(),
+                    %error,
+                    serving = %self.summary(),
+                    "the traffic file's new list cannot be served; the last one serves on"
+                ),
+            }
+        }
+    }
+}
+
+/// The split `traffic` describes: the tenants of `reuse` that serve a revision it still
+/// names (with the same module and digests), new ones for the rest, all loaded.
+async fn make_split(
+    engine: &EngineHost,
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    admin_port: u16,
+    traffic: &Traffic,
+    reuse: Option<&Split>,
+) -> Result<Split, ServeError> {
+    let labelled = traffic.0.len() > 1;
+    let mut tenants = Vec::new();
+    for target in &traffic.0 {
+        if let Some(tenant) = reuse.and_then(|split| split.tenant_for(target, labelled)) {
+            tenants.push(tenant);
+            continue;
+        }
+        let checked = "digests checked by Traffic::parse";
+        let revision_config = Config {
+            module: Some(target.module.clone()),
+            module_digest: Some(target.module_digest.parse().expect(checked)),
+            code: target.code.clone(),
+            code_digest: target.code_digest.as_ref().map(|digest| digest.parse().expect(checked)),
+            ..config.clone()
+        };
+        let revision_metrics = match labelled {
+            true => Arc::new(metrics.for_revision(&config.function, Some(&target.revision))),
+            false => metrics.clone(),
+        };
+        let mut tenant = Tenant::new(engine, &revision_config, revision_metrics, admin_port, std::env::vars())?;
+        if labelled {
+            tenant.revision = Some(target.revision.as_str().into());
+        }
+        tenants.push(Arc::new(tenant));
+    }
+    futures::future::try_join_all(tenants.iter().map(|tenant| tenant.handler())).await?;
+    Ok(Split::new(&config.function, traffic, tenants))
 }
 
 /// 100 slots in which target `i` has `percents[i]`, spread evenly (the smooth weighted

@@ -1,6 +1,8 @@
 //! Several revisions of one Function in one runtime (`--traffic`): requests split by their
 //! shares, a tag reaching its revision, each revision's own metrics, and a split that
-//! names a module that does not match its digest refused before anything serves.
+//! names a module that does not match its digest refused before anything serves; and
+//! `--traffic-file`, which moves a running runtime's requests from revision to revision
+//! without one failing, and serves on when the file says something it cannot serve.
 
 use crate::pool::metrics;
 use crate::support::*;
@@ -102,6 +104,113 @@ fn a_revision_whose_module_does_not_match_its_digest_stops_the_split_from_starti
         .unwrap();
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("at least one"));
+}
+
+/// Replaces `file` as the kubelet replaces a downward API file: a new file renamed over it.
+fn write_traffic(file: &Path, traffic: &serde_json::Value) {
+    write_traffic_text(file, &traffic.to_string());
+}
+
+fn write_traffic_text(file: &Path, text: &str) {
+    let next = file.with_extension("next");
+    std::fs::write(&next, text).unwrap();
+    std::fs::rename(&next, file).unwrap();
+}
+
+/// Asks `url` until it answers `body` (within 10 s): how long that took.
+async fn until_answer(client: &reqwest::Client, url: &str, body: &str) -> std::time::Duration {
+    let started = std::time::Instant::now();
+    loop {
+        let response = client.get(url).send().await.unwrap();
+        if response.text().await.unwrap().trim() == body {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed().as_secs() < 10,
+            "{url} does not answer {body:?} after 10 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_traffic_file_moves_requests_between_revisions_in_place_and_nothing_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = revision(dir.path(), "hello-1", 100, None);
+    let two = revision(dir.path(), "hello-2", 100, None);
+    let file = dir.path().join("traffic.json");
+    write_traffic(&file, &serde_json::json!([one]));
+    let runtime = Runtime::start_traffic_file(&file, &["--function", "hello"]);
+    let client = client();
+    let url = runtime.url("/");
+
+    // One revision serves as a Function with one revision does: no revision header.
+    let response = client.get(&url).send().await.unwrap();
+    assert!(response.headers().get("wasmless-revision").is_none());
+    assert_eq!(response.text().await.unwrap().trim(), "hello-1");
+
+    // Requests all along; none may fail.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loop_task = tokio::spawn({
+        let (client, url, stop) = (client.clone(), url.clone(), stop.clone());
+        async move {
+            let (mut sent, mut failed) = (0u32, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                sent += 1;
+                match client.get(&url).send().await {
+                    Ok(response) if response.status() == 200 => {}
+                    Ok(response) => failed.push(response.status().to_string()),
+                    Err(error) => failed.push(error.to_string()),
+                }
+            }
+            (sent, failed)
+        }
+    });
+
+    write_traffic(&file, &serde_json::json!([two]));
+    let switched = until_answer(&client, &url, "hello-2").await;
+    eprintln!("switched to hello-2 in {switched:?}");
+    for _ in 0..20 {
+        let body = client.get(&url).send().await.unwrap().text().await.unwrap();
+        assert_eq!(body.trim(), "hello-2", "every request after the switch");
+    }
+
+    // What cannot be served changes nothing, and says why: a list that does not parse,
+    // and a revision whose module does not match its digest.
+    write_traffic_text(&file, "[{\"revision\": ");
+    runtime.wait_for_log(&["the traffic file's new list cannot be served", "JSON list"]);
+    let mut bad = revision(dir.path(), "hello-3", 100, None);
+    bad["moduleDigest"] = one["moduleDigest"].clone();
+    write_traffic(&file, &serde_json::json!([bad]));
+    runtime.wait_for_log(&["the traffic file's new list cannot be served", "hello-3.wasm"]);
+    for _ in 0..20 {
+        let body = client.get(&url).send().await.unwrap().text().await.unwrap();
+        assert_eq!(body.trim(), "hello-2", "the last list serves on");
+    }
+
+    // A split, in place: exact shares and the revision header.
+    let mut half_one = one.clone();
+    half_one["percent"] = 50.into();
+    let mut half_two = two.clone();
+    half_two["percent"] = 50.into();
+    write_traffic(&file, &serde_json::json!([half_one, half_two]));
+    runtime.wait_for_log(&["serving the traffic file's revisions", "hello-1 50%, hello-2 50%"]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (sent, failed) = loop_task.await.unwrap();
+    assert!(
+        failed.is_empty(),
+        "{} of {sent} requests failed: {failed:?}",
+        failed.len()
+    );
+    assert!(sent > 50, "the loop ran: {sent} requests");
+    let mut answers = std::collections::BTreeMap::<String, u32>::new();
+    for _ in 0..100 {
+        let response = client.get(&url).send().await.unwrap();
+        let header = response.headers()["wasmless-revision"].to_str().unwrap().to_string();
+        assert_eq!(response.text().await.unwrap().trim(), header);
+        *answers.entry(header).or_default() += 1;
+    }
+    assert_eq!(answers, [("hello-1".into(), 50), ("hello-2".into(), 50)].into());
 }
 
 fn runtime_command_without_module() -> std::process::Command {

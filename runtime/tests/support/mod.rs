@@ -253,10 +253,18 @@ impl Runtime {
     /// The runtime serving several revisions side by side (`--traffic <json>`), on
     /// loopback with ports chosen by the OS.
     pub fn start_split(traffic: &serde_json::Value, args: &[&str]) -> Self {
+        Self::start_revisions(["--traffic".into(), traffic.to_string()], args)
+    }
+
+    /// The runtime following `--traffic-file <file>`.
+    pub fn start_traffic_file(file: &std::path::Path, args: &[&str]) -> Self {
+        Self::start_revisions(["--traffic-file".into(), file.display().to_string()], args)
+    }
+
+    fn start_revisions(flag: [String; 2], args: &[&str]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_wasmless-runtime"));
         command
-            .arg("--traffic")
-            .arg(traffic.to_string())
+            .args(flag)
             .args(["--bind", "127.0.0.1", "--port", "0", "--admin-port", "0"])
             .args(args)
             .env("RUST_LOG", "info");
