@@ -65,6 +65,10 @@ rollback() {
   read -r newest previous _ <<<"$revisions"
   [[ -n $previous ]] || fail "hello keeps fewer than two revisions: $revisions"
   jobs=$(kubectl get jobs -n "$NS" -l wasmless.io/function=hello --no-headers | wc -l)
+  local serving_pods
+  serving_pods=$(kubectl get pods -n "$NS" -l wasmless.io/function=hello,wasmless.io/component=runtime \
+    --field-selector=status.phase=Running -o 'jsonpath={.items[*].metadata.name}')
+  [[ -n $serving_pods ]] || fail "no running pod of hello before the rollback"
   start_request_loop "$url" "$WORK/rollback-requests.log"
   local started out
   started=$(date +%s.%N)
@@ -72,6 +76,15 @@ rollback() {
   echo "$out"
   expect_contains "$out" "all traffic on $previous (was $newest)" "wasmless rollback's answer"
   wait_until 60 "hello to answer v2 again" answers v2
+  # In place: the pods that served v2b serve v2 now, by their routes annotation (the
+  # revision before the one serving is mounted in every pod), while new ones roll out.
+  local pod routes switched=0
+  for pod in $serving_pods; do
+    routes=$(kubectl get pod "$pod" -n "$NS" -o 'jsonpath={.metadata.annotations.wasmless\.io/routes}' 2>/dev/null) || continue
+    [[ $routes == *"\"$previous\""* ]] && switched=$((switched + 1))
+  done
+  echo "pods switched in place: $switched of $(wc -w <<<"$serving_pods") ($serving_pods)"
+  ((switched > 0)) || fail "no pod that served $newest was switched to $previous in place"
   expect_eq "$(kubectl get fn hello -n "$NS" -o wide --no-headers | awk '{print $(NF)}')" "$previous" "kubectl get fn -o wide's SERVING column"
   expect_eq "$(kubectl get jobs -n "$NS" -l wasmless.io/function=hello --no-headers | wc -l)" "$jobs" "build Jobs after the rollback (none new)"
   # Back to the latest build, with v2's source: a new revision of what is kept, built by no one.
@@ -187,9 +200,9 @@ oci_storage() {
   wait_until 900 "hello-rust Ready or Failed" settled
   phase_is hello-rust Ready || fail "hello-rust: $(fn_field hello-rust .status.buildMessage)"
   expect_service_answer hello-rust "Hello from Rust!"
-  local args
-  args=$(kubectl get deploy hello-rust -n "$NS" -o 'jsonpath={.spec.template.spec.containers[0].args}')
-  expect_contains "$args" "oci://$REGISTRY/$NS/hello-rust@sha256:" "the runtime's --module"
+  local routes
+  routes=$(kubectl get deploy hello-rust -n "$NS" -o 'jsonpath={.spec.template.metadata.annotations.wasmless\.io/routes}')
+  expect_contains "$routes" "oci://$REGISTRY/$NS/hello-rust@sha256:" "the module the runtime's routes name"
   [[ -n $(curl -fsS "http://$REGISTRY/v2/$NS/hello-rust/tags/list") ]] || fail "nothing in the registry"
   ok
 }

@@ -13,6 +13,17 @@ pub const SOURCE_DIGEST_ANNOTATION: &str = "wasmless.io/source-digest";
 pub const MODULE_REF_ANNOTATION: &str = "wasmless.io/module-ref";
 /// Pod template annotation: how many chunk ConfigMaps the compiled code has.
 pub const CODE_CHUNK_COUNT_ANNOTATION: &str = "wasmless.io/code-chunk-count";
+/// Every annotation [`Module::write_pod_annotations`] may write: what a pod switched to
+/// another revision in place has rewritten (or removed).
+pub const POD_ANNOTATIONS: [&str; 7] = [
+    annotations::CODE_DIGEST,
+    CODE_CHUNK_COUNT_ANNOTATION,
+    annotations::MODULE_DIGEST,
+    SOURCE_DIGEST_ANNOTATION,
+    annotations::MODULE_SIZE,
+    CHUNK_COUNT_ANNOTATION,
+    MODULE_REF_ANNOTATION,
+];
 
 /// A built module and where the runtime finds it.
 #[derive(Clone, Debug, PartialEq, Eq)]

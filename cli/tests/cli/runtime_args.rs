@@ -220,3 +220,75 @@ fn the_runtime_parses_what_the_operator_writes_for_a_traffic_split() {
     assert_eq!(traffic[1].tag.as_deref(), Some("canary"));
     assert_eq!(traffic[1].module, "oci://registry.local/fn/hello@sha256:abc");
 }
+
+/// The operator's pods name no module on their command line: the runtime follows the
+/// pod's `wasmless.io/routes` annotation through the file `--traffic-file` names, and that
+/// annotation is the same list `--traffic` takes, each revision's directory mounted.
+#[test]
+fn the_runtime_follows_the_routes_the_operator_annotates() {
+    use wasmless_operator::objects::{self, Serving, Share};
+    let func = function(json!({"language": "go", "source": "package handlers"}));
+    let module = |name: &str| Module {
+        digest: Digest::of(name.as_bytes()),
+        size: None,
+        source_digest: Digest::of(format!("source of {name}").as_bytes()),
+        location: ModuleLocation::ConfigMaps { count: 1 },
+        code: None,
+    };
+    let serving = Serving {
+        routes: vec![Share {
+            revision: "hello-2".into(),
+            module: module("v2"),
+            percent: 100,
+            tag: None,
+        }],
+        standby: Some(Share {
+            revision: "hello-1".into(),
+            module: module("v1"),
+            percent: 0,
+            tag: None,
+        }),
+    };
+    let settings = wasmless_operator::Settings::new("runtime:1", "builder:1");
+    let deployment = objects::deployment(&func, &settings, &serving, None);
+    let template = deployment.spec.unwrap().template;
+    let pod = template.spec.unwrap();
+    let config = parse(pod.containers[0].args.clone().unwrap());
+    let file = config.traffic_file.expect("--traffic-file");
+    assert_eq!(config.module, None);
+    // The file is the downward API volume's item of the routes annotation.
+    let volume = pod
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name == objects::ROUTES_VOLUME)
+        .unwrap();
+    let item = &volume.downward_api.unwrap().items.unwrap()[0];
+    let mount = pod.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == objects::ROUTES_VOLUME)
+        .unwrap();
+    assert_eq!(file, std::path::Path::new(&mount.mount_path).join(&item.path));
+    assert_eq!(
+        item.field_ref.as_ref().unwrap().field_path,
+        format!("metadata.annotations['{}']", objects::ROUTES_ANNOTATION)
+    );
+    let annotations = template.metadata.unwrap().annotations.unwrap();
+    let traffic = wasmless_runtime::split::Traffic::parse(&annotations[objects::ROUTES_ANNOTATION])
+        .expect("the runtime parses the routes annotation")
+        .0;
+    assert_eq!(traffic.len(), 1);
+    assert_eq!((traffic[0].revision.as_str(), traffic[0].percent), ("hello-2", 100));
+    assert_eq!(traffic[0].module_digest, Digest::of(b"v2").to_string());
+    // Both revisions' directories are mounted: the one serving and the standby.
+    let mounts: Vec<&str> = pod.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.mount_path.as_str())
+        .collect();
+    assert!(mounts.contains(&traffic[0].module.as_str()), "{mounts:?}");
+    assert!(mounts.contains(&"/revisions/hello-1"), "{mounts:?}");
+}

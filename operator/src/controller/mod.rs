@@ -16,6 +16,7 @@ mod pool;
 mod revisions;
 mod scale;
 mod status;
+mod switch;
 
 pub use apply::is_subset;
 pub use status::{
@@ -320,18 +321,28 @@ async fn serve(
     let Some(module) = serving.as_ref().filter(|_| !matches!(build, Build::Invalid(_))) else {
         return Ok(served);
     };
-    let shares = &served.shares;
+    let routes = match served.shares.is_empty() {
+        true => vec![objects::Share {
+            revision: revision_name(func, build, module),
+            module: module.clone(),
+            percent: 100,
+            tag: None,
+        }],
+        false => served.shares.clone(),
+    };
+    let standby = switch::standby(ctx, func, ns, &routes).await?;
+    let serving_set = objects::Serving { routes, standby };
     let mut desired = match (config, &existing) {
         (Some(Config::Complete(hash)), Some(existing)) if keep_template => {
-            let mut desired = objects::deployment(func, &ctx.settings, module, hash.as_ref(), shares);
+            let mut desired = objects::deployment(func, &ctx.settings, &serving_set, hash.as_ref());
             if let (Some(spec), Some(live)) = (desired.spec.as_mut(), existing.spec.as_ref()) {
                 spec.template = live.template.clone();
             }
             desired
         }
-        (Some(Config::Complete(hash)), _) => objects::deployment(func, &ctx.settings, module, hash.as_ref(), shares),
+        (Some(Config::Complete(hash)), _) => objects::deployment(func, &ctx.settings, &serving_set, hash.as_ref()),
         (Some(Config::Missing(_)), Some(existing)) => {
-            let mut desired = objects::deployment(func, &ctx.settings, module, None, shares);
+            let mut desired = objects::deployment(func, &ctx.settings, &serving_set, None);
             if let (Some(spec), Some(live)) = (desired.spec.as_mut(), existing.spec.as_ref()) {
                 spec.template = live.template.clone();
             }
@@ -387,6 +398,13 @@ async fn serve(
     let rolled = apply::apply_if_changed_with(&deployments, existing.as_ref(), &desired)
         .await
         .doing(READY, || format!("applying the Deployment {name}"))?;
+    // The pods that have every revision the template serves mounted move to it now; the
+    // rollout replaces them meanwhile, and the rest as it goes.
+    if (rolled || switch::rolling(existing.as_ref()))
+        && let Some(template) = desired.spec.as_ref().map(|spec| &spec.template)
+    {
+        switch::in_place(ctx, func, ns, template).await?;
+    }
     let service = objects::service(func, route);
     apply::apply_if_changed(&services, &service)
         .await
@@ -456,6 +474,21 @@ async fn resolve_split(
         shares.clear();
     }
     Ok(Ok(shares))
+}
+
+/// The name of the revision that serves `module` alone: the one `spec.traffic` names, the
+/// one the latest build is (or will be once status records it), or the kept revision of
+/// the same module (what served before a build that runs, or failed).
+fn revision_name(func: &Function, build: &Build, module: &Module) -> String {
+    match (revisions::wanted(func), build) {
+        (revisions::Wanted::Revision(revision), _) => revision.name.clone(),
+        (revisions::Wanted::Latest, Build::Done(built)) if built == module => revisions::name_of(func, module),
+        _ => func
+            .status
+            .as_ref()
+            .and_then(|status| revisions::serving(&status.revisions, module))
+            .map_or_else(|| revisions::name_of(func, module), |revision| revision.name.clone()),
+    }
 }
 
 /// The share with the most requests (the first of equals): its module is the one the

@@ -10,8 +10,9 @@ use crate::settings::Settings;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
     ConfigMapEnvSource, ConfigMapKeySelector, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort,
-    EnvFromSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSpec, PodTemplateSpec,
-    Probe, ProjectedVolumeSource, SecretEnvSource, SecretKeySelector, Volume, VolumeProjection,
+    DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvFromSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath,
+    ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, SecretEnvSource, SecretKeySelector,
+    Volume, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -30,10 +31,21 @@ pub const SHUTDOWN_GRACE_SECONDS: i64 = 30;
 pub const TERMINATION_GRACE_PERIOD_SECONDS: i64 = DRAIN_DELAY_SECONDS + SHUTDOWN_GRACE_SECONDS + 5;
 /// Where the chunk ConfigMaps (module and code) are mounted, one projected volume.
 const MODULE_DIR: &str = "/module";
-/// Where each revision of a traffic split is mounted, in a directory named after it.
-const REVISIONS_DIR: &str = "/revisions";
+/// Where each revision a pod has is mounted (the ones it serves and its standby), in a
+/// directory named after it.
+pub const REVISIONS_DIR: &str = "/revisions";
 /// The pod annotation that says which revisions a split's pods serve, and their shares.
 pub const TRAFFIC_ANNOTATION: &str = "wasmless.io/traffic";
+/// The pod annotation the runtime serves from: its `--traffic-file`, a JSON list of the
+/// revisions requests go to, with where each is and its digests. The operator rewrites it
+/// on a running pod to move the pod's requests to revisions the pod has mounted.
+pub const ROUTES_ANNOTATION: &str = "wasmless.io/routes";
+/// Where the downward API volume puts [`ROUTES_ANNOTATION`].
+const ROUTES_DIR: &str = "/etc/wasmless/routes";
+const ROUTES_FILE: &str = "traffic.json";
+/// The downward API volume of [`ROUTES_ANNOTATION`]: a pod without it (made by an older
+/// operator) is never switched in place.
+pub const ROUTES_VOLUME: &str = "routes";
 /// The runtime's compiled-code cache, an emptyDir.
 const CACHE_DIR: &str = "/cache";
 /// Where `outbound.caBundle`'s key is mounted, as [`OUTBOUND_CA_FILE`]: the runtime's
@@ -46,6 +58,38 @@ fn outbound_ca(func: &Function) -> Option<&crate::crd::CaBundle> {
     func.spec.outbound.as_ref()?.ca_bundle.as_ref()
 }
 
+/// What a Function's pods serve: the revisions requests go to (one, or a split's), and
+/// the revision mounted beside them that takes none (the one `wasmless rollback` goes
+/// back to), so that a switch to it moves running pods in place instead of new ones.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Serving {
+    /// At least one; their percents add up to 100.
+    pub routes: Vec<Share>,
+    pub standby: Option<Share>,
+}
+
+impl Serving {
+    /// The share with the most requests (the first of equals): the module the pods'
+    /// module annotations name.
+    pub fn primary(&self) -> &Share {
+        self.routes
+            .iter()
+            .rev()
+            .max_by_key(|share| share.percent)
+            .expect("a Function serves at least one revision")
+    }
+
+    /// Several revisions take requests.
+    pub fn is_split(&self) -> bool {
+        self.routes.len() > 1
+    }
+
+    /// Every revision the pods have mounted (the served ones, then the standby).
+    fn mounted(&self) -> impl Iterator<Item = &Share> {
+        self.routes.iter().chain(self.standby.iter())
+    }
+}
+
 /// One revision of a traffic split, as the pods serve it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Share {
@@ -56,41 +100,32 @@ pub struct Share {
     pub tag: Option<String>,
 }
 
-/// The runtime Deployment serving `module`, or, when `shares` has any, the revisions they
-/// name side by side (`module` is then the one with the largest share, which the pod's
-/// module annotations name). Everything in the pod template is a function of the spec,
-/// the modules' digests and `config_hash` (over the versions of the Secrets and
-/// ConfigMaps the pods read, `references::config_hash`), so an unchanged module and
-/// configuration apply an identical template and restart nothing, and a changed Secret
-/// rolls the pods, which read it only when they start.
-pub fn deployment(
-    func: &Function,
-    settings: &Settings,
-    module: &Module,
-    config_hash: Option<&Digest>,
-    shares: &[Share],
-) -> Deployment {
+/// The runtime Deployment serving `serving`: each of its revisions (and the standby)
+/// mounted under [`REVISIONS_DIR`], and the runtime following [`ROUTES_ANNOTATION`]
+/// through a downward API file, so the operator can move running pods between those
+/// revisions by annotating them. Everything in the pod template is a function of the
+/// spec, the revisions and `config_hash` (over the versions of the Secrets and ConfigMaps
+/// the pods read, `references::config_hash`), so an unchanged module and configuration
+/// apply an identical template and restart nothing, and a changed Secret rolls the pods,
+/// which read it only when they start.
+pub fn deployment(func: &Function, settings: &Settings, serving: &Serving, config_hash: Option<&Digest>) -> Deployment {
     let labels = labels_for(func, "runtime");
     let mut annotations = prometheus_annotations();
-    module.write_pod_annotations(&mut annotations);
+    serving.primary().module.write_pod_annotations(&mut annotations);
     if let Some(hash) = config_hash {
         annotations.insert(CONFIG_HASH_ANNOTATION.into(), hash.to_string());
     }
-    let mut volumes = vec![empty_dir("cache", "512Mi")];
-    let mut mounts = vec![mount("cache", CACHE_DIR, false)];
-    if shares.is_empty() {
-        if let Some(chunks) = chunk_volume(func, module, "module") {
+    annotations.insert(ROUTES_ANNOTATION.into(), routes_json(&serving.routes));
+    if serving.is_split() {
+        annotations.insert(TRAFFIC_ANNOTATION.into(), traffic_summary(&serving.routes));
+    }
+    let mut volumes = vec![empty_dir("cache", "512Mi"), routes_volume()];
+    let mut mounts = vec![mount("cache", CACHE_DIR, false), mount(ROUTES_VOLUME, ROUTES_DIR, true)];
+    for (index, share) in serving.mounted().enumerate() {
+        let name = format!("revision-{index}");
+        if let Some(chunks) = chunk_volume(func, &share.module, &name) {
             volumes.push(chunks);
-            mounts.push(mount("module", MODULE_DIR, true));
-        }
-    } else {
-        annotations.insert(TRAFFIC_ANNOTATION.into(), traffic_summary(shares));
-        for (index, share) in shares.iter().enumerate() {
-            let name = format!("revision-{index}");
-            if let Some(chunks) = chunk_volume(func, &share.module, &name) {
-                volumes.push(chunks);
-                mounts.push(mount(&name, &format!("{REVISIONS_DIR}/{}", share.revision), true));
-            }
+            mounts.push(mount(&name, &format!("{REVISIONS_DIR}/{}", share.revision), true));
         }
     }
     if let Some(bundle) = outbound_ca(func) {
@@ -110,10 +145,8 @@ pub fn deployment(
         });
         mounts.push(mount("outbound-ca", OUTBOUND_CA_DIR, true));
     }
-    let args = match shares {
-        [] => runtime_args(func, module),
-        shares => split_args(func, shares),
-    };
+    let mut args = function_args(func);
+    args.extend(["--traffic-file".into(), format!("{ROUTES_DIR}/{ROUTES_FILE}")]);
     let container = Container {
         volume_mounts: Some(mounts),
         args: Some(args),
@@ -215,6 +248,13 @@ pub(super) fn args_with_locations(
 /// The runtime's command line for serving the revisions of a traffic split side by side
 /// (`--traffic`), each read from its directory under [`REVISIONS_DIR`] or its OCI artifact.
 pub fn split_args(func: &Function, shares: &[Share]) -> Vec<String> {
+    let mut args = function_args(func);
+    args.extend(["--traffic".into(), routes_json(shares)]);
+    args
+}
+
+/// `--traffic`'s JSON list (and [`ROUTES_ANNOTATION`]'s) for `shares`.
+pub fn routes_json(shares: &[Share]) -> String {
     let targets: Vec<serde_json::Value> = shares
         .iter()
         .map(|share| {
@@ -234,9 +274,26 @@ pub fn split_args(func: &Function, shares: &[Share]) -> Vec<String> {
             })
         })
         .collect();
-    let mut args = function_args(func);
-    args.extend(["--traffic".into(), serde_json::Value::from(targets).to_string()]);
-    args
+    serde_json::Value::from(targets).to_string()
+}
+
+/// The pod's own [`ROUTES_ANNOTATION`] as the file `--traffic-file` reads.
+fn routes_volume() -> Volume {
+    Volume {
+        name: ROUTES_VOLUME.into(),
+        downward_api: Some(DownwardAPIVolumeSource {
+            items: Some(vec![DownwardAPIVolumeFile {
+                path: ROUTES_FILE.into(),
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: format!("metadata.annotations['{ROUTES_ANNOTATION}']"),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// `hello-1 90%, hello-2 10% (canary)`: a split for people, in the pods' annotation and

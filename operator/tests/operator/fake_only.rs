@@ -218,9 +218,9 @@ async fn prebuilt_module_is_served_without_a_build() {
     h.reconcile("pre").await.unwrap();
     assert!(h.jobs("pre").await.is_empty());
     let deployment = h.deployment("pre").await.unwrap();
-    let args = first_container_args(deployment.spec.unwrap().template);
-    assert!(has_flag(&args, "--module", "oci://registry.local/fns/pre"), "{args:?}");
-    assert!(has_flag(&args, "--module-digest", &digest.to_string()));
+    let served = served_alone(&deployment.spec.unwrap().template);
+    assert_eq!(served["module"], "oci://registry.local/fns/pre", "{served}");
+    assert_eq!(served["moduleDigest"], digest.to_string());
 }
 
 #[tokio::test]
@@ -266,10 +266,10 @@ async fn oci_storage_publishes_to_the_registry_and_serves_by_reference() {
     assert_eq!(status(&func).module_digest, Some(module.to_string()));
     assert_eq!(status(&func).module_ref, Some(format!("oci://{reference}")));
     let deployment = h.deployment("hello").await.unwrap();
-    let args = first_container_args(deployment.spec.unwrap().template);
-    assert!(has_flag(&args, "--module", &format!("oci://{reference}")), "{args:?}");
-    assert!(has_flag(&args, "--code", &format!("oci://{reference}")), "{args:?}");
-    assert!(has_flag(&args, "--code-digest", &code.to_string()), "{args:?}");
+    let served = served_alone(&deployment.spec.unwrap().template);
+    assert_eq!(served["module"], format!("oci://{reference}"), "{served}");
+    assert_eq!(served["code"], format!("oci://{reference}"), "{served}");
+    assert_eq!(served["codeDigest"], code.to_string(), "{served}");
     // Later reconciles find the module from status, without the Job's pod.
     let pods: Api<Pod> = h.api();
     pods.delete(
@@ -281,6 +281,6 @@ async fn oci_storage_publishes_to_the_registry_and_serves_by_reference() {
     let func = h.reconciled("hello").await;
     assert_eq!(status(&func).module_digest, Some(module.to_string()));
     assert_eq!(status(&func).code_digest, Some(code.to_string()));
-    let args = first_container_args(h.deployment("hello").await.unwrap().spec.unwrap().template);
-    assert!(has_flag(&args, "--code-digest", &code.to_string()), "{args:?}");
+    let served = served_alone(&h.deployment("hello").await.unwrap().spec.unwrap().template);
+    assert_eq!(served["codeDigest"], code.to_string(), "{served}");
 }

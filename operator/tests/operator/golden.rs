@@ -55,7 +55,7 @@ fn render(func: &Function, settings: &Settings, module: &Module, storage: Storag
     doc(
         &mut out,
         "Deployment",
-        &objects::deployment(func, settings, module, config_hash.as_ref(), &[]),
+        &objects::deployment(func, settings, &serving(module), config_hash.as_ref()),
     );
     doc(&mut out, "Service", &objects::service(func, objects::Route::Pods));
     let (account, role, binding) = objects::builder_rbac("shop");
@@ -63,6 +63,21 @@ fn render(func: &Function, settings: &Settings, module: &Module, storage: Storag
     doc(&mut out, "builder Role", &role);
     doc(&mut out, "builder RoleBinding", &binding);
     out
+}
+
+/// `module` alone, as revision `hello-2`, with `hello-1` (the same module, in ConfigMaps)
+/// mounted beside it for a rollback in place.
+fn serving(module: &Module) -> objects::Serving {
+    let share = |revision: &str, percent| objects::Share {
+        revision: revision.into(),
+        module: module.clone(),
+        percent,
+        tag: None,
+    };
+    objects::Serving {
+        routes: vec![share("hello-2", 100)],
+        standby: Some(share("hello-1", 0)).filter(|_| matches!(module.location, ModuleLocation::ConfigMaps { .. })),
+    }
 }
 
 fn check(name: &str, rendered: &str) {

@@ -507,6 +507,34 @@ pub(crate) fn first_container_args(template: k8s_openapi::api::core::v1::PodTemp
     template.spec.unwrap().containers[0].args.clone().unwrap()
 }
 
+/// The revisions a pod template's runtime serves: its `wasmless.io/routes` annotation,
+/// which the runtime reads as `--traffic-file` (`revision`, `percent`, `tag`, `module`,
+/// `moduleDigest`, `code`, `codeDigest` each).
+pub(crate) fn routes(template: &k8s_openapi::api::core::v1::PodTemplateSpec) -> Vec<serde_json::Value> {
+    let annotations = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default();
+    let args = template.spec.as_ref().unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        has_flag(&args, "--traffic-file", "/etc/wasmless/routes/traffic.json"),
+        "the runtime follows its routes annotation: {args:?}"
+    );
+    serde_json::from_str(&annotations[wasmless_operator::objects::ROUTES_ANNOTATION]).unwrap()
+}
+
+/// The one revision a pod template serves.
+pub(crate) fn served_alone(template: &k8s_openapi::api::core::v1::PodTemplateSpec) -> serde_json::Value {
+    let mut routes = routes(template);
+    assert_eq!(routes.len(), 1, "one revision serves: {routes:?}");
+    assert_eq!(routes[0]["percent"], 100);
+    routes.remove(0)
+}
+
 /// Whether `flag` is followed by `value` in `args`.
 pub(crate) fn has_flag(args: &[String], flag: &str, value: &str) -> bool {
     args.windows(2).any(|w| w[0] == flag && w[1] == value)

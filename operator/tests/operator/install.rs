@@ -128,6 +128,36 @@ async fn what_the_operator_uses() -> std::collections::BTreeSet<(String, String)
     h.reconcile("hello").await.unwrap();
     assert_eq!(h.jobs("hello").await.len(), 1, "the failed build was collected");
     assert!(h.api::<Service>().get_opt("hello").await.unwrap().is_none(), "renamed");
+    // A second revision, a pod of it running, and a rollback that switches the pod in place.
+    h.update_spec("hello", json!({"source": "package handlers\n\n// v2\n"}))
+        .await;
+    h.reconcile("hello").await.unwrap();
+    h.finish_build("hello", &wasm("v2")).await;
+    h.reconcile("hello").await.unwrap();
+    h.make_available("hello").await;
+    h.reconcile("hello").await.unwrap();
+    let template = h.deployment("hello").await.unwrap().spec.unwrap().template;
+    let pod = k8s_openapi::api::core::v1::Pod {
+        metadata: template.metadata.clone().unwrap_or_default(),
+        spec: template.spec,
+        ..Default::default()
+    };
+    let pod = k8s_openapi::api::core::v1::Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some("hello-running".into()),
+            ..pod.metadata
+        },
+        ..pod
+    };
+    h.api().create(&Default::default(), &pod).await.unwrap();
+    h.update_spec("hello", json!({"traffic": [{"revision": "hello-1", "percent": 100}]}))
+        .await;
+    h.reconcile("hello").await.unwrap();
+    let pod: k8s_openapi::api::core::v1::Pod = h.api().get("hello-running").await.unwrap();
+    assert!(
+        pod.annotations()[objects::ROUTES_ANNOTATION].contains("\"hello-1\""),
+        "switched in place"
+    );
 
     let lease = operator_lease(&fake, "a", Duration::from_secs(15));
     lease.acquire().await;

@@ -4,7 +4,7 @@
 use crate::harness::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::rbac::v1::Role;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -147,8 +147,10 @@ async fn finished_build_rolls_out_and_becomes_ready(h: &Harness) {
     let runtime = &pod.containers[0];
     let args = runtime.args.clone().unwrap();
     let flag = |name: &str| args[args.iter().position(|a| a == name).unwrap() + 1].clone();
-    assert_eq!(flag("--module"), "/module");
-    assert_eq!(flag("--module-digest"), module.to_string());
+    let served = served_alone(&deployment.spec.as_ref().unwrap().template);
+    assert_eq!(served["revision"], "hello-1");
+    assert_eq!(served["module"], "/revisions/hello-1");
+    assert_eq!(served["moduleDigest"], module.to_string());
     assert_eq!(flag("--function"), "hello");
     // The handler's environment is in the container's, under the runtime's prefix.
     assert!(!args.contains(&"--env".to_string()), "{args:?}");
@@ -167,8 +169,8 @@ async fn finished_build_rolls_out_and_becomes_ready(h: &Harness) {
         "the drain delay replaces the preStop sleep"
     );
     assert!(
-        !args.contains(&"--code".to_string()),
-        "a build without compiled code (an older builder's) serves the module alone: {args:?}"
+        served["code"].is_null() && served["codeDigest"].is_null(),
+        "a build without compiled code (an older builder's) serves the module alone: {served}"
     );
     assert_eq!(
         runtime
@@ -198,11 +200,11 @@ async fn finished_build_rolls_out_and_becomes_ready(h: &Harness) {
         runtime.security_context.as_ref().unwrap().read_only_root_filesystem,
         Some(true)
     );
-    // Every chunk ConfigMap is projected into one directory as NNNN.wasm.zst.
+    // Every chunk ConfigMap of the revision is projected into its directory as NNNN.wasm.zst.
     let volumes = pod.volumes.unwrap();
     let projected = volumes
         .iter()
-        .find(|v| v.name == "module")
+        .find(|v| v.name == "revision-0")
         .unwrap()
         .projected
         .clone()
@@ -267,14 +269,14 @@ async fn compiled_code_is_mounted_beside_the_module_and_pinned(h: &Harness) {
         code.to_string()
     );
     let template = deployment.spec.clone().unwrap().template;
-    let args = first_container_args(template.clone());
-    assert!(has_flag(&args, "--code", "/module"), "{args:?}");
-    assert!(has_flag(&args, "--code-digest", &code.to_string()), "{args:?}");
+    let served = served_alone(&template);
+    assert_eq!(served["code"], "/revisions/hello-1", "{served}");
+    assert_eq!(served["codeDigest"], code.to_string(), "{served}");
     let source_digest = Harness::status_source_digest(&func);
     let volume = template.spec.unwrap().volumes.unwrap();
     let projected: Vec<(String, String)> = volume
         .iter()
-        .find(|v| v.name == "module")
+        .find(|v| v.name == "revision-0")
         .and_then(|v| v.projected.as_ref())
         .and_then(|p| p.sources.clone())
         .unwrap()
@@ -302,8 +304,8 @@ async fn compiled_code_is_mounted_beside_the_module_and_pinned(h: &Harness) {
     let func = h.reconciled("hello").await;
     assert_eq!(status(&func).module_digest, Some(v2.to_string()));
     assert_eq!(status(&func).code_digest, None);
-    let args = first_container_args(h.deployment("hello").await.unwrap().spec.unwrap().template);
-    assert!(!args.contains(&"--code".to_string()), "{args:?}");
+    let served = served_alone(&h.deployment("hello").await.unwrap().spec.unwrap().template);
+    assert!(served["code"].is_null(), "{served}");
 }
 
 async fn unchanged_function_writes_nothing(h: &Harness) {
@@ -421,19 +423,12 @@ async fn traffic_rolls_back_to_a_kept_revision_without_a_build(h: &Harness) {
     assert_eq!(traffic(&func), [("hello-2".to_string(), 100)]);
 }
 
-/// The runtime arguments of the Deployment's pod template.
-fn runtime_args_of(deployment: &Deployment) -> Vec<String> {
-    let spec = deployment.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
-    spec.containers[0].args.clone().unwrap_or_default()
-}
-
 /// `--traffic`'s revisions, shares, tags and module digests, as the pods are given them.
 fn split_of(deployment: &Deployment) -> Vec<(String, u64, Option<String>, String)> {
-    let args = runtime_args_of(deployment);
-    let Some(at) = args.iter().position(|arg| arg == "--traffic") else {
+    let targets = routes(&deployment.spec.as_ref().unwrap().template);
+    if targets.len() < 2 {
         return Vec::new();
-    };
-    let targets: Vec<serde_json::Value> = serde_json::from_str(&args[at + 1]).unwrap();
+    }
     targets
         .iter()
         .map(|t| {
@@ -500,6 +495,7 @@ async fn traffic_splits_between_revisions_in_the_pods(h: &Harness) {
     assert_eq!(traffic, [("hello-1", 90, None), ("hello-2", 10, Some("canary"))]);
     assert_eq!(st.serving.as_deref(), Some("hello-1 90%, hello-2 10% (canary)"));
     assert_eq!(st.latest_ready_revision.as_deref(), Some("hello-2"));
+    let running = running_pod(h, "hello", "hello-running").await;
 
     h.update_spec(
         "hello",
@@ -528,9 +524,107 @@ async fn traffic_splits_between_revisions_in_the_pods(h: &Harness) {
         template_annotation(&deployment, annotations::MODULE_DIGEST),
         v2.to_string()
     );
+    // The running pod has both revisions mounted: it serves the promoted one now, by its
+    // routes annotation, while the rollout replaces it.
+    let pod = h.api::<Pod>().get(&running).await.unwrap();
+    let template = deployment.spec.as_ref().unwrap().template.clone();
+    assert_eq!(
+        pod.annotations().get(objects::ROUTES_ANNOTATION),
+        template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+            .as_ref()
+            .unwrap()
+            .get(objects::ROUTES_ANNOTATION),
+        "switched in place"
+    );
+    assert_eq!(pod.annotations()[annotations::MODULE_DIGEST], v2.to_string());
+    assert!(
+        !pod.annotations().contains_key(objects::TRAFFIC_ANNOTATION),
+        "no split any more: {:?}",
+        pod.annotations()
+    );
+    // The revision before it stays mounted, for a rollback in place.
+    assert!(mount_paths(&template).contains(&"/revisions/hello-1".to_string()));
     h.make_available("hello").await;
     let func = h.reconciled("hello").await;
     assert_eq!(status(&func).serving.as_deref(), Some("hello-2"));
+
+    // A rollback to it: in place too.
+    h.update_spec("hello", json!({"traffic": [{"revision": "hello-1", "percent": 100}]}))
+        .await;
+    h.reconcile("hello").await.unwrap();
+    let routes_now = |pod: &Pod| -> Vec<serde_json::Value> {
+        serde_json::from_str(&pod.annotations()[objects::ROUTES_ANNOTATION]).unwrap()
+    };
+    let pod = h.api::<Pod>().get(&running).await.unwrap();
+    let served: Vec<_> = routes_now(&pod)
+        .iter()
+        .map(|t| {
+            (
+                t["revision"].as_str().unwrap().to_string(),
+                t["moduleDigest"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        served,
+        [("hello-1".to_string(), v1.to_string())],
+        "rolled back in place"
+    );
+    h.make_available("hello").await;
+    h.reconciled("hello").await;
+
+    // A new build's revision is in no running pod: the rollout brings it, nothing switches.
+    h.update_spec(
+        "hello",
+        json!({"source": "package handlers\n\n// v3\n", "traffic": null}),
+    )
+    .await;
+    h.reconcile("hello").await.unwrap();
+    let v3 = h.finish_build("hello", &wasm("v3")).await;
+    h.reconcile("hello").await.unwrap();
+    let deployment = h.deployment("hello").await.unwrap();
+    assert_eq!(
+        template_annotation(&deployment, annotations::MODULE_DIGEST),
+        v3.to_string()
+    );
+    let pod = h.api::<Pod>().get(&running).await.unwrap();
+    assert_eq!(
+        routes_now(&pod)[0]["revision"],
+        "hello-1",
+        "not switched to an unmounted revision"
+    );
+}
+
+/// A pod of the Function's current pod template that is running (on a cluster, one the
+/// rollout does not own: it stays through the scenario), as the ReplicaSet would make it.
+async fn running_pod(h: &Harness, function: &str, name: &str) -> String {
+    let template = h.deployment(function).await.unwrap().spec.unwrap().template;
+    let meta = template.metadata.unwrap();
+    let pod = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            labels: meta.labels,
+            annotations: meta.annotations,
+            ..Default::default()
+        },
+        spec: template.spec,
+        ..Default::default()
+    };
+    h.api::<Pod>().create(&PostParams::default(), &pod).await.unwrap();
+    name.to_string()
+}
+
+fn mount_paths(template: &k8s_openapi::api::core::v1::PodTemplateSpec) -> Vec<String> {
+    template.spec.as_ref().unwrap().containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|mount| mount.mount_path.clone())
+        .collect()
 }
 
 /// Every successful build is a revision on status; the last `revisionHistoryLimit` keep
