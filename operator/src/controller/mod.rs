@@ -285,7 +285,7 @@ async fn serve(
     // what serves now.
     let serving = match (revisions::wanted(func), build) {
         _ if keep_template => already_serving(),
-        _ if !shares.is_empty() => primary(&shares).map(|share| share.module.clone()),
+        _ if !shares.is_empty() => objects::primary(&shares).map(|share| share.module.clone()),
         (revisions::Wanted::Latest, Build::Done(module)) => Some(module.clone()),
         (revisions::Wanted::Latest, _) => already_serving(),
         (revisions::Wanted::Revision(revision), _) => {
@@ -489,12 +489,6 @@ fn revision_name(func: &Function, build: &Build, module: &Module) -> String {
             .and_then(|status| revisions::serving(&status.revisions, module))
             .map_or_else(|| revisions::name_of(func, module), |revision| revision.name.clone()),
     }
-}
-
-/// The share with the most requests (the first of equals): its module is the one the
-/// pods' module annotations name.
-fn primary(shares: &[objects::Share]) -> Option<&objects::Share> {
-    shares.iter().rev().max_by_key(|share| share.percent)
 }
 
 /// Requeues a failed reconcile after 1 s, 2 s, 4 s … up to 5 minutes.

@@ -30,7 +30,7 @@ pub(super) async fn standby(
         return Ok(None);
     };
     let kept = &status.revisions;
-    let primary = routes.iter().rev().max_by_key(|share| share.percent);
+    let primary = objects::primary(routes);
     let before = match primary.and_then(|primary| kept.iter().position(|revision| revision.name == primary.revision)) {
         Some(position) => kept.get(position + 1),
         None => kept.first(),

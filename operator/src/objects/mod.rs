@@ -21,7 +21,7 @@ pub use pool::{
 pub use runtime::{
     DRAIN_DELAY_SECONDS, HANDLER_ENV_PREFIX, POD_IP_ENV, REVISIONS_DIR, ROUTES_ANNOTATION, ROUTES_VOLUME,
     SHUTDOWN_GRACE_SECONDS, Serving, Share, TERMINATION_GRACE_PERIOD_SECONDS, TRAFFIC_ANNOTATION, deployment,
-    outbound_header_env, routes_json, runtime_args, split_args, traffic_summary,
+    outbound_header_env, primary, routes_json, runtime_args, split_args, traffic_summary,
 };
 
 use crate::crd::{Function, Language};

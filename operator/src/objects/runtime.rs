@@ -72,11 +72,7 @@ impl Serving {
     /// The share with the most requests (the first of equals): the module the pods'
     /// module annotations name.
     pub fn primary(&self) -> &Share {
-        self.routes
-            .iter()
-            .rev()
-            .max_by_key(|share| share.percent)
-            .expect("a Function serves at least one revision")
+        primary(&self.routes).expect("a Function serves at least one revision")
     }
 
     /// Several revisions take requests.
@@ -88,6 +84,12 @@ impl Serving {
     fn mounted(&self) -> impl Iterator<Item = &Share> {
         self.routes.iter().chain(self.standby.iter())
     }
+}
+
+/// The share with the most requests (the first of equals): the one whose module the pods'
+/// module annotations name, and whose predecessor is the standby.
+pub fn primary(shares: &[Share]) -> Option<&Share> {
+    shares.iter().rev().max_by_key(|share| share.percent)
 }
 
 /// One revision of a traffic split, as the pods serve it.

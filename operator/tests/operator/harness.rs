@@ -344,6 +344,25 @@ impl Harness {
             .expect("deployment status");
     }
 
+    /// A pod of the Function's current pod template that is running (on a cluster, one the
+    /// rollout does not own: it stays through the scenario), as the ReplicaSet would make it.
+    pub(crate) async fn running_pod(&self, function: &str, name: &str) -> String {
+        let template = self.deployment(function).await.unwrap().spec.unwrap().template;
+        let meta = template.metadata.unwrap();
+        let pod = Pod {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                labels: meta.labels,
+                annotations: meta.annotations,
+                ..Default::default()
+            },
+            spec: template.spec,
+            ..Default::default()
+        };
+        self.api::<Pod>().create(&PostParams::default(), &pod).await.unwrap();
+        name.to_string()
+    }
+
     /// Waits until the Deployment's controller reports every pod of its current template
     /// available and no other pod.
     pub(crate) async fn wait_until_available(&self, name: &str) {

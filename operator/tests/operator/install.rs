@@ -136,20 +136,7 @@ async fn what_the_operator_uses() -> std::collections::BTreeSet<(String, String)
     h.reconcile("hello").await.unwrap();
     h.make_available("hello").await;
     h.reconcile("hello").await.unwrap();
-    let template = h.deployment("hello").await.unwrap().spec.unwrap().template;
-    let pod = k8s_openapi::api::core::v1::Pod {
-        metadata: template.metadata.clone().unwrap_or_default(),
-        spec: template.spec,
-        ..Default::default()
-    };
-    let pod = k8s_openapi::api::core::v1::Pod {
-        metadata: kube::api::ObjectMeta {
-            name: Some("hello-running".into()),
-            ..pod.metadata
-        },
-        ..pod
-    };
-    h.api().create(&Default::default(), &pod).await.unwrap();
+    h.running_pod("hello", "hello-running").await;
     h.update_spec("hello", json!({"traffic": [{"revision": "hello-1", "percent": 100}]}))
         .await;
     h.reconcile("hello").await.unwrap();

@@ -495,7 +495,7 @@ async fn traffic_splits_between_revisions_in_the_pods(h: &Harness) {
     assert_eq!(traffic, [("hello-1", 90, None), ("hello-2", 10, Some("canary"))]);
     assert_eq!(st.serving.as_deref(), Some("hello-1 90%, hello-2 10% (canary)"));
     assert_eq!(st.latest_ready_revision.as_deref(), Some("hello-2"));
-    let running = running_pod(h, "hello", "hello-running").await;
+    let running = h.running_pod("hello", "hello-running").await;
 
     h.update_spec(
         "hello",
@@ -597,25 +597,6 @@ async fn traffic_splits_between_revisions_in_the_pods(h: &Harness) {
         "hello-1",
         "not switched to an unmounted revision"
     );
-}
-
-/// A pod of the Function's current pod template that is running (on a cluster, one the
-/// rollout does not own: it stays through the scenario), as the ReplicaSet would make it.
-async fn running_pod(h: &Harness, function: &str, name: &str) -> String {
-    let template = h.deployment(function).await.unwrap().spec.unwrap().template;
-    let meta = template.metadata.unwrap();
-    let pod = Pod {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            labels: meta.labels,
-            annotations: meta.annotations,
-            ..Default::default()
-        },
-        spec: template.spec,
-        ..Default::default()
-    };
-    h.api::<Pod>().create(&PostParams::default(), &pod).await.unwrap();
-    name.to_string()
 }
 
 fn mount_paths(template: &k8s_openapi::api::core::v1::PodTemplateSpec) -> Vec<String> {
