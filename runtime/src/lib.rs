@@ -78,7 +78,7 @@ pub enum ServeError {
 /// an OTLP endpoint is configured, the trace exporter set up; [`serve`] until SIGTERM; the
 /// last spans sent.
 pub async fn run(config: Config) -> Result<(), ServeError> {
-    let traces = traces::Traces::start(config.otlp_endpoint.as_deref(), &config.function)?;
+    let traces = traces::Traces::start(config.otlp_endpoint.as_deref(), &config.function, "wasmless-runtime")?;
     let _logs = logging::init(traces.as_ref());
     let served = serve(config, shutdown_signal(), |_| {}).await;
     if let Some(traces) = traces {

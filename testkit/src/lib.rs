@@ -1,9 +1,11 @@
-//! What the integration tests start on loopback: Debian's OCI registry, and the in-memory
+//! What the integration tests start on loopback: Debian's OCI registry, an OpenTelemetry
+//! Collector, and the in-memory
 //! Kubernetes API server (`FakeApiServer`) of the operator's and the builder's tests (tests
 //! also run against a real one when `WASMLESS_TEST_KUBECONFIG` is set).
 
 #[cfg(feature = "fake-api")]
 mod fake_api;
+pub mod otelcol;
 mod registry;
 
 #[cfg(feature = "fake-api")]
