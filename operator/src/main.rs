@@ -58,8 +58,9 @@ struct Args {
     /// while they have no pods of their own.
     #[arg(long, env = "WASMLESS_POOL_REPLICAS", default_value_t = 2, value_parser = clap::value_parser!(i32).range(1..=100))]
     pool_replicas: i32,
-    /// The OpenTelemetry collector function pods and pools send traces to: an OTLP/HTTP
-    /// endpoint such as http://otel-collector.observability:4318. Unset: no traces.
+    /// The OpenTelemetry collector function pods and pools send traces to, and the
+    /// operator its trace of each apply: an OTLP/HTTP endpoint such as
+    /// http://otel-collector.observability:4318. Unset: no traces.
     #[arg(long, env = "WASMLESS_OTLP_ENDPOINT")]
     otlp_endpoint: Option<String>,
     /// Watch only this namespace (default: all).
@@ -101,6 +102,11 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
+    // The operator's own spans are made with OpenTelemetry's API (their times are the
+    // build's), so the log's subscriber needs no layer for them.
+    let traces =
+        wasmless_telemetry::Traces::start(args.otlp_endpoint.as_deref(), "wasmless-operator", "wasmless-operator")
+            .context("--otlp-endpoint")?;
     if args.default_storage == Storage::Oci && args.oci_registry.is_none() {
         anyhow::bail!("--default-storage oci needs --oci-registry");
     }
@@ -144,7 +150,11 @@ async fn main() -> anyhow::Result<()> {
         }
     });
 
-    let ctx = Arc::new(Context::new(client.clone(), settings, metrics, Some(identity.clone())));
+    let mut ctx = Context::new(client.clone(), settings, metrics, Some(identity.clone()));
+    if let Some(traces) = &traces {
+        ctx = ctx.with_traces(wasmless_operator::controller::ApplyTraces::new(traces.tracer()));
+    }
+    let ctx = Arc::new(ctx);
     let lease = LeaseLock::new(
         client,
         &args.lease_namespace,
@@ -164,7 +174,7 @@ async fn main() -> anyhow::Result<()> {
     state.set_ready();
     tracing::info!(namespace = ?args.watch_namespace, "starting the Function controller");
     let controller = wasmless_operator::run(ctx, args.watch_namespace.as_deref(), shutdown_signal());
-    if args.leader_election {
+    let outcome = if args.leader_election {
         tokio::select! {
             () = controller => {
                 // Stopped by SIGTERM (a rollout, a drain): the standby takes over now rather
@@ -174,12 +184,16 @@ async fn main() -> anyhow::Result<()> {
             }
             // Dropping the controller stops every reconcile; exiting lets the Deployment
             // restart this replica as a standby.
-            lost = lease.keep() => anyhow::bail!("stopped leading: {lost}"),
+            lost = lease.keep() => Err(anyhow::anyhow!("stopped leading: {lost}")),
         }
     } else {
         controller.await;
         Ok(())
+    };
+    if let Some(traces) = traces {
+        traces.shutdown().await;
     }
+    outcome
 }
 
 async fn shutdown_signal() {

@@ -254,15 +254,17 @@ async fn ensure_builder_rbac(ctx: &Context, ns: &str) -> Result<(), Error> {
 /// Event: the wait from the Job's creation to the builder's start (the Kubernetes
 /// timestamps, whole seconds), then the builder's own phases and cache answers from its
 /// result line. None when the Job or its result is gone (an operator that found the module
-/// already built).
-pub(super) async fn build_report(ctx: &Context, ns: &str, name: &str, digest: &Digest) -> Option<String> {
-    let job_name = objects::job_name(name, digest);
-    let job = Api::<Job>::namespaced(ctx.client.clone(), ns)
+/// already built). The apply's trace gets the same, as spans.
+pub(super) async fn build_report(ctx: &Context, func: &Function, digest: &Digest) -> Option<String> {
+    let (name, ns) = (func.name_any(), func.namespace().unwrap_or_default());
+    let job_name = objects::job_name(&name, digest);
+    let job = Api::<Job>::namespaced(ctx.client.clone(), &ns)
         .get_opt(&job_name)
         .await
         .ok()
         .flatten()?;
-    let terminated = last_termination(ctx, ns, &job_name).await.ok().flatten()?;
+    let terminated = last_termination(ctx, &ns, &job_name).await.ok().flatten()?;
+    ctx.traces.build_ended(func, &job, &terminated);
     let waited = match (&job.metadata.creation_timestamp, &terminated.started_at) {
         (Some(created), Some(started)) => Some((started.0.as_second() - created.0.as_second()).max(0)),
         _ => None,

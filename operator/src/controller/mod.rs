@@ -17,12 +17,14 @@ mod revisions;
 mod scale;
 mod status;
 mod switch;
+mod traces;
 
 pub use apply::is_subset;
 pub use status::{
     CONDITION_BUILT, CONDITION_READY, MAX_EVENT_NOTE_BYTES, REASON_RECONCILE_ERROR, REASON_REFERENCE_NOT_FOUND,
     event_note,
 };
+pub use traces::ApplyTraces;
 
 use crate::crd::{Function, Phase, ServedBy, Storage};
 use crate::module::Module;
@@ -61,6 +63,8 @@ pub struct Context {
     pool_ports: tokio::sync::Mutex<()>,
     /// The scaler's decisions: the replicas each scaled Function wants.
     pub scaler: scale::Scaler,
+    /// A trace per apply, when the operator has a collector (`--otlp-endpoint`).
+    pub traces: ApplyTraces,
 }
 
 impl Context {
@@ -77,7 +81,14 @@ impl Context {
             failures: Mutex::default(),
             pool_ports: tokio::sync::Mutex::default(),
             scaler: scale::Scaler::default(),
+            traces: ApplyTraces::default(),
         }
+    }
+
+    /// The same, tracing each apply (the operator's `--otlp-endpoint`).
+    pub fn with_traces(mut self, traces: ApplyTraces) -> Self {
+        self.traces = traces;
+        self
     }
 }
 
@@ -127,9 +138,21 @@ pub async fn reconcile(func: Arc<Function>, ctx: Arc<Context>) -> Result<Action,
     // Deletion needs nothing from us: everything the Function made carries its owner
     // reference, and the garbage collector removes it.
     if func.metadata.deletion_timestamp.is_some() {
+        ctx.traces.forget(&func);
         return Ok(Action::await_change());
     }
-    match reconcile_steps(&func, &ctx).await {
+    let trace = ctx.traces.reconcile(&func);
+    let steps = reconcile_steps(&func, &ctx);
+    let outcome = match &trace {
+        Some(trace) => opentelemetry::trace::FutureExt::with_context(steps, trace.clone()).await,
+        None => steps.await,
+    };
+    let failure = outcome
+        .as_ref()
+        .err()
+        .map(|failed| format!("{}: {}", failed.doing, failed.error));
+    ctx.traces.reconciled(&func, trace, failure);
+    match outcome {
         Ok(action) => {
             ctx.failures
                 .lock()
@@ -161,32 +184,51 @@ async fn reconcile_steps(func: &Function, ctx: &Context) -> Result<Action, StepE
             Err(problem) => (None, Build::Invalid(problem)),
         }
     } else {
-        let digest = write_source(func, ctx, &ns).await?;
-        (Some(digest), build::build(func, ctx, &ns, &digest).await?)
+        let digest = ctx.traces.step("write source", write_source(func, ctx, &ns)).await?;
+        let build = ctx.traces.step("build", build::build(func, ctx, &ns, &digest)).await?;
+        if matches!(build, Build::Running { .. }) {
+            ctx.traces.build_running(func);
+        }
+        (Some(digest), build)
     };
     // 4. Serve, with the Secrets and ConfigMaps the pods read.
     let config = match &build {
         Build::Invalid(_) => None,
         _ => Some(
-            config::resolve(ctx, func, &ns)
+            ctx.traces
+                .step("read config", config::resolve(ctx, func, &ns))
                 .await
                 .doing(READY, || format!("reading the Secrets and ConfigMaps {name} uses"))?,
         ),
     };
-    let served = serve(func, ctx, &ns, &build, config.as_ref()).await?;
+    let served = ctx
+        .traces
+        .step("serve", serve(func, ctx, &ns, &build, config.as_ref()))
+        .await?;
     let missing = match &config {
         Some(Config::Missing(message)) => Some(message.as_str()),
         _ => None,
     };
     // 5. Status and events.
-    let status = status::update(ctx, func, &build, source_digest, &served, missing).await?;
+    let status = ctx
+        .traces
+        .step(
+            "status",
+            status::update(ctx, func, &build, source_digest, &served, missing),
+        )
+        .await?;
+    ctx.traces.phase(func, status.phase);
     // 6. Garbage: once the current module serves everywhere, the builds of revisions no
     // longer kept are.
     if let (Build::Done(module), Some(Phase::Ready)) = (&build, status.phase)
         && func.spec.module.is_none()
     {
         let kept = revisions::kept_sources(&status.revisions);
-        cleanup::collect_old_builds(ctx, &ns, &name, &module.source_digest, &kept)
+        ctx.traces
+            .step(
+                "collect old builds",
+                cleanup::collect_old_builds(ctx, &ns, &name, &module.source_digest, &kept),
+            )
             .await
             .doing(BUILT, || format!("deleting the older builds of {name}"))
             .map_err(|failed| failed.after_writing(&status))?;

@@ -125,8 +125,8 @@ async fn add_build_report(
         built.message = before.message.clone();
         return;
     }
-    let (name, ns) = (func.name_any(), func.namespace().unwrap_or_default());
-    let Some(report) = super::build::build_report(ctx, &ns, &name, digest).await else {
+    let name = func.name_any();
+    let Some(report) = super::build::build_report(ctx, func, digest).await else {
         return;
     };
     built.message = format!("{}; {report}", built.message);

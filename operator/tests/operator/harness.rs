@@ -281,29 +281,7 @@ impl Harness {
     pub(crate) async fn fail_build_with(&self, name: &str, terminated: Value, reason: &str) {
         let func = self.function(name).await;
         let job = objects::job_name(name, &Self::status_source_digest(&func));
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": format!("{job}-x7k2p"), "labels": {"batch.kubernetes.io/job-name": job}},
-            // Gated: no scheduler or kubelet touches it; its status is what the test writes.
-            "spec": {"restartPolicy": "Never", "schedulingGates": [{"name": "wasmless.io/simulated"}],
-                     "containers": [{"name": "builder", "image": "wasmless/builder:test"}]},
-        }))
-        .unwrap();
-        self.api::<Pod>()
-            .create(&PostParams::default(), &pod)
-            .await
-            .expect("pod");
-        self.api::<Pod>()
-            .patch_status(
-                &format!("{job}-x7k2p"),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"phase": "Failed", "containerStatuses": [{
-                    "name": "builder", "image": "wasmless/builder:test", "imageID": "", "ready": false,
-                    "restartCount": 0,
-                    "state": {"terminated": terminated},
-                }]}})),
-            )
-            .await
-            .expect("pod status");
+        self.build_pod_ended(&job, "Failed", terminated).await;
         let (started, now) = self.job_times(&job).await;
         self.api::<Job>()
             .patch_status(
@@ -320,6 +298,50 @@ impl Harness {
             )
             .await
             .expect("job status");
+    }
+
+    /// A build whose builder published `wasm` and exited with its result line `result` (the
+    /// phases and cache answers it reports) as its termination message.
+    pub(crate) async fn finish_build_reporting(&self, name: &str, wasm: &[u8], result: &Value) -> Digest {
+        let job = objects::job_name(name, &Self::status_source_digest(&self.function(name).await));
+        let terminated = json!({"exitCode": 0, "reason": "Completed", "message": result.to_string()});
+        self.build_pod_ended(&job, "Succeeded", terminated).await;
+        self.finish_build(name, wasm).await
+    }
+
+    /// The Job's pod, ended in `phase` with its builder container `terminated` so.
+    async fn build_pod_ended(&self, job: &str, phase: &str, terminated: Value) {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("{job}-x7k2p"), "labels": {"batch.kubernetes.io/job-name": job}},
+            // Gated: no scheduler or kubelet touches it; its status is what the test writes.
+            "spec": {"restartPolicy": "Never", "schedulingGates": [{"name": "wasmless.io/simulated"}],
+                     "containers": [{"name": "builder", "image": "wasmless/builder:test"}]},
+        }))
+        .unwrap();
+        self.api::<Pod>()
+            .create(&PostParams::default(), &pod)
+            .await
+            .expect("pod");
+        self.api::<Pod>()
+            .patch_status(
+                &format!("{job}-x7k2p"),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"phase": phase, "containerStatuses": [{
+                    "name": "builder", "image": "wasmless/builder:test", "imageID": "", "ready": false,
+                    "restartCount": 0,
+                    "state": {"terminated": terminated},
+                }]}})),
+            )
+            .await
+            .expect("pod status");
+    }
+
+    /// A context like the harness's, whose applies are traced by `tracer`.
+    pub(crate) fn traced_context(&self, tracer: opentelemetry_sdk::trace::SdkTracer) -> Arc<Context> {
+        Arc::new(
+            Context::new(self.client.clone(), self.ctx.settings.clone(), Metrics::default(), None)
+                .with_traces(wasmless_operator::controller::ApplyTraces::new(tracer)),
+        )
     }
 
     /// What the Deployment controller reports once every pod of the current template is

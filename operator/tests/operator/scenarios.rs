@@ -1271,6 +1271,138 @@ async fn scale_to_zero_serves_from_the_namespaces_pool(h: &Harness) {
     );
 }
 
+/// With a collector (`--otlp-endpoint`), an apply is one trace: its root span from the first
+/// reconcile of the generation to the one that finds it Ready, each reconcile a child with
+/// its steps, and the build a child with the wait for its pod and the builder's phases at
+/// the times the builder reported. The next generation is a new trace; a reconcile after
+/// Ready is a trace of its own.
+async fn an_apply_is_one_trace_with_its_build_phases(h: &Harness) {
+    use wasmless_testkit::otelcol::{Collector, Span, children, one};
+    let collector = Collector::start();
+    let traces =
+        wasmless_telemetry::Traces::start(Some(&collector.endpoint()), "wasmless-operator", "wasmless-operator")
+            .unwrap()
+            .expect("tracing is on with an endpoint");
+    let ctx = h.traced_context(traces.tracer());
+    let reconcile = async |name: &str| {
+        wasmless_operator::reconcile(std::sync::Arc::new(h.function(name).await), ctx.clone())
+            .await
+            .unwrap()
+    };
+    h.create("hello", json!({"source": HELLO})).await;
+    reconcile("hello").await;
+    // The builder starts now and reports its phases (150 ms in all), as its result line does.
+    let builder_started = std::time::SystemTime::now();
+    let started_ms = builder_started
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let result = json!({"digest": "sha256:00", "cached": false,
+        "phases": {"check": 0.01, "compile": 0.05, "snapshot": 0.025, "precompile": 0.04, "publish": 0.025, "total": 0.15,
+                   "startedUnixMs": started_ms},
+        "cache": {"module": "miss", "code": "miss"}});
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    h.finish_build_reporting("hello", &wasm("hello"), &result).await;
+    reconcile("hello").await;
+    h.make_available("hello").await;
+    reconcile("hello").await;
+    assert_eq!(status(&h.function("hello").await).phase, Some(Phase::Ready));
+    // After Ready: a resync, in a trace of its own.
+    reconcile("hello").await;
+    h.update_spec("hello", json!({"source": HELLO_V2})).await;
+    reconcile("hello").await;
+    traces.shutdown().await;
+
+    let spans = collector.wait_for("both applies and the resync", |spans| {
+        spans.iter().filter(|s| s.name == "apply").count() == 1
+            && spans.iter().filter(|s| s.name == "reconcile").count() == 5
+    });
+    let apply = one(&spans, "the first apply's root span", |s| s.name == "apply");
+    assert_eq!(apply.parent, "", "the apply is the root");
+    assert_eq!(apply.resource["service.name"], "wasmless-operator");
+    assert_eq!(apply.attributes["faas.name"], "hello");
+    assert_eq!(apply.attributes["wasmless.phase"], "Ready");
+    let trace: Vec<&Span> = spans.iter().filter(|s| s.trace_id == apply.trace_id).collect();
+    let under_apply = children(&spans, apply);
+    let reconciles: Vec<&&Span> = under_apply.iter().filter(|s| s.name == "reconcile").collect();
+    assert_eq!(reconciles.len(), 3, "create, built, available: {trace:#?}");
+    let first_steps: Vec<&str> = children(&spans, reconciles.iter().min_by_key(|s| s.start_ns).unwrap())
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    for step in ["write source", "build", "serve", "status"] {
+        assert!(first_steps.contains(&step), "{step} in {first_steps:?}");
+    }
+    for span in &trace {
+        assert!(
+            span.start_ns >= apply.start_ns && span.end_ns <= apply.end_ns + 1_000_000,
+            "{span:#?} lies within the apply {apply:#?}"
+        );
+    }
+
+    let build = one(&spans, "the build span", |s| {
+        s.name == "build" && s.parent == apply.span_id
+    });
+    assert_eq!(build.attributes["wasmless.build.module_cache"], "miss");
+    let phases: Vec<&Span> = {
+        let mut phases = children(&spans, build);
+        phases.sort_by_key(|s| s.start_ns);
+        phases
+    };
+    let names: Vec<&str> = phases.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "start build pod",
+            "check",
+            "compile",
+            "snapshot",
+            "precompile",
+            "publish"
+        ]
+    );
+    let millis = |span: &Span| (span.end_ns - span.start_ns) as f64 / 1e6;
+    for (span, reported) in phases[1..].iter().zip([10.0, 50.0, 25.0, 40.0, 25.0]) {
+        assert!(
+            (millis(span) - reported).abs() < 1.0,
+            "{} took {} ms, reported {reported}",
+            span.name,
+            millis(span)
+        );
+    }
+    for pair in phases.windows(2) {
+        assert!(
+            pair[1].start_ns >= pair[0].end_ns,
+            "the phases run one after another: {pair:#?}"
+        );
+    }
+    let builder_started_ns = started_ms * 1_000_000;
+    assert_eq!(
+        phases[1].start_ns, builder_started_ns,
+        "placed where the builder said it started"
+    );
+    assert_eq!(
+        phases[0].end_ns, builder_started_ns,
+        "the pod's wait ends as the builder starts"
+    );
+    assert_eq!(build.start_ns, phases[0].start_ns);
+
+    // The resync and the next generation's first reconcile are not in the first trace.
+    let others: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.name == "reconcile" && s.trace_id != apply.trace_id)
+        .collect();
+    assert_eq!(others.len(), 2, "{spans:#?}");
+    let resync = others.iter().min_by_key(|s| s.start_ns).unwrap();
+    assert_eq!(resync.parent, "", "a reconcile after Ready is a trace of its own");
+    let second = others.iter().max_by_key(|s| s.start_ns).unwrap();
+    assert_ne!(
+        second.parent, "",
+        "the next generation's reconcile is under its own apply (still open)"
+    );
+    drop(collector);
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         /// Against the in-memory API server.
@@ -1320,4 +1452,5 @@ scenarios!(
     chunks_published_after_the_function_is_gone_are_collected,
     secrets_roll_the_pods_and_a_missing_one_is_a_condition,
     scale_to_zero_serves_from_the_namespaces_pool,
+    an_apply_is_one_trace_with_its_build_phases,
 );
