@@ -49,7 +49,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<Vec<Row>> {
             dir.path().join("spans.jsonl").display()
         ),
     )?;
-    let _collector = Server::spawn(Command::new(otelcol(settings)?).arg(format!("--config={}", config.display())))?;
+    let collector = Server::spawn(Command::new(otelcol(settings)?).arg(format!("--config={}", config.display())))?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect(("127.0.0.1", collector_port)).is_err() {
         if Instant::now() > deadline {
@@ -96,6 +96,10 @@ pub fn run(settings: &Settings) -> anyhow::Result<Vec<Row>> {
                 bail!("{name}: {} errors under load", load.errors);
             }
             let peak = rss_mib(server.pid()).1;
+            drop(server);
+            // The collector writes the "on" row's spans for a while after its load ends:
+            // the next row waits for it, so it does not pay for them.
+            wait_until_idle(collector.pid());
             eprintln!(
                 "  round {round}/{rounds}, {name}: {:.0} req/s, peak RSS {peak:.0} MiB",
                 load.requests_per_second
@@ -142,7 +146,8 @@ pub fn section(settings: &Settings, rows: &[Row]) -> String {
          port nothing listens on (after the first failed export the runtime makes no spans for 5 s at a time, \
          counting them dropped). `wrk --latency -t2 -c{} -d{}s`, after a 1 s warm-up; client, runtime and \
          collector share the 2 cores, so the \"on\" row pays for the collector too. The three alternate for {} \
-         rounds, each a new runtime process; a row is its median round (requests/s, p50, p99), with its slowest \
+         rounds, each a new runtime process, and each waits until the collector is idle (it writes the \"on\" \
+         row's spans for seconds after that row's load ends); a row is its median round (requests/s, p50, p99), with its slowest \
          and fastest round beside it, and the highest peak RSS of its rounds. Ratios against tracing off's median, \
          in the same run ({}).\n",
         settings.connections,
@@ -174,4 +179,25 @@ pub fn section(settings: &Settings, rows: &[Row]) -> String {
         "\n`traces`: run alone with `bench/run.sh --only traces` (rewrites this section).\n"
     );
     md
+}
+
+/// Waits (at most 30 s) until `pid` has used no CPU for half a second.
+fn wait_until_idle(pid: u32) {
+    let cpu_ticks = || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // After the command's name, in parentheses: utime and stime are the 12th and 13th fields.
+        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
+        let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+        field(11) + field(12)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = cpu_ticks();
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = cpu_ticks();
+        if now == last {
+            return;
+        }
+        last = now;
+    }
 }

@@ -235,6 +235,14 @@ impl<S> tracing_subscriber::layer::Filter<S> for TraceFilter {
             tracing::subscriber::Interest::never()
         }
     }
+
+    /// The most verbose level of [`TARGET`]'s spans and events. Without a hint the
+    /// subscriber's maximum is TRACE, and so is the `log` crate's: every `log::trace!` of
+    /// every dependency (mio, rustls, ...) is then turned into a `tracing` event and offered
+    /// to the filters, which cost a request as much as 30 % more CPU with tracing on.
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        Some(tracing::level_filters::LevelFilter::INFO)
+    }
 }
 
 /// Hands ended spans to the export task; never blocks.
@@ -278,7 +286,9 @@ async fn export(
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut stopping = false;
     let mut resume_at: Option<tokio::time::Instant> = None;
-    let mut probing = false;
+    // The first spans are sent at once, as after a pause: a collector that is down from the
+    // start is found within milliseconds, not after a batch's wait filled the queue.
+    let mut probing = true;
     while !stopping {
         tokio::select! {
             span = spans.recv() => match span {
