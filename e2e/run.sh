@@ -48,6 +48,7 @@ steps=(
   port_clash                                                   # steps/lifecycle.sh
   rolling_update build_cache_hit rollback traffic_split compile_error oci_storage failover  # steps/updates.sh
   build_deadline delete_during_build                           # steps/lifecycle.sh
+  apply_traced                                                 # steps/traces.sh
   namespaced_install                                           # steps/security.sh
   helm_install                                                 # steps/helm.sh
 )

@@ -94,6 +94,13 @@ def ordered(spans):
     return out
 
 
+def duration(nanos, total):
+    """Milliseconds for a trace of a request, seconds for one of seconds (an apply)."""
+    if total >= 2e9:
+        return f"{nanos / 1e9:.2f} s"
+    return f"{nanos / 1e6:.2f} ms"
+
+
 def svg(spans, title):
     rows = ordered(spans)
     start = min(span["start"] for span in spans)
@@ -115,9 +122,8 @@ def svg(spans, title):
     # Time axis: five ticks over the trace's span.
     for i in range(6):
         x = PAD + LABEL + BAR * i / 5
-        ms = total / 1e6 * i / 5
         out.append(f'<line x1="{x:.1f}" y1="{TOP - 6}" x2="{x:.1f}" y2="{TOP + ROW * len(rows)}" stroke="#e4e4e4"/>')
-        out.append(f'<text x="{x:.1f}" y="{TOP - 10}" text-anchor="middle" fill="#666">{ms:.2f} ms</text>')
+        out.append(f'<text x="{x:.1f}" y="{TOP - 10}" text-anchor="middle" fill="#666">{duration(total * i / 5, total)}</text>')
     for row, (depth, span) in enumerate(rows):
         y = TOP + ROW * row
         kind = KINDS.get(span["kind"], "")
@@ -127,14 +133,14 @@ def svg(spans, title):
         w = max(BAR * (span["end"] - span["start"]) / total, 1.5)
         fill = ERROR if span["error"] else colour[span["service"]]
         out.append(f'<rect x="{x:.1f}" y="{y + 4}" width="{w:.1f}" height="{ROW - 8}" rx="2" fill="{fill}"/>')
-        ms = (span["end"] - span["start"]) / 1e6
-        out.append(f'<text x="{x + w + 4:.1f}" y="{y + 15}" fill="#444">{ms:.2f} ms</text>')
+        out.append(f'<text x="{x + w + 4:.1f}" y="{y + 15}" fill="#444">{duration(span["end"] - span["start"], total)}</text>')
     y = TOP + ROW * len(rows) + 22
     x = PAD
     for service in services:
         out.append(f'<rect x="{x}" y="{y - 10}" width="12" height="12" fill="{colour[service]}"/>')
-        out.append(f'<text x="{x + 16}" y="{y}">Function {escape(service)}</text>')
-        x += 110
+        name = service if service.startswith("wasmless-") else f"Function {service}"
+        out.append(f'<text x="{x + 16}" y="{y}">{escape(name)}</text>')
+        x += 40 + 7 * len(name)
     out.append(f'<rect x="{x}" y="{y - 10}" width="12" height="12" fill="{ERROR}"/>')
     out.append(f'<text x="{x + 16}" y="{y}">error</text>')
     out.append("</svg>")
