@@ -147,7 +147,8 @@ pub fn function_router(state: FunctionState) -> Router {
 
 /// Finds the request's Function, or the revision of it a split chooses, once for every
 /// layer inside: a pool port nobody serves any more, or a tag no revision has, is a 404.
-/// A split's answers say which revision gave them.
+/// A split's answers say which revision gave them; a pooled Function's that moved to its
+/// pods close their connection.
 async fn route(State(state): State<FunctionState>, mut request: Request, next: Next) -> Response {
     let tenant = match &state.routes {
         Routes::Single(tenant) => tenant.clone(),
@@ -167,6 +168,8 @@ async fn route(State(state): State<FunctionState>, mut request: Request, next: N
         },
     };
     let revision = tenant.revision.clone();
+    let close =
+        matches!(state.routes, Routes::Pool(_)) && tenant.served_by_pods.load(std::sync::atomic::Ordering::Relaxed);
     request.extensions_mut().insert(tenant);
     // Not a layer of its own: with tracing off, or the collector down, a request pays
     // one atomic load for tracing, not a layer's boxed future.
@@ -177,6 +180,13 @@ async fn route(State(state): State<FunctionState>, mut request: Request, next: N
     };
     if let Some(value) = revision.and_then(|revision| http::HeaderValue::from_str(&revision).ok()) {
         response.headers_mut().insert(crate::split::REVISION_HEADER, value);
+    }
+    // A pooled Function that moved to its own pods: the client's next connection goes
+    // through its Service again, to them.
+    if close {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
     }
     response
 }

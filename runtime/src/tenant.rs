@@ -55,6 +55,9 @@ pub struct Tenant {
     last_used: AtomicU64,
     /// Why the last load failed, until one succeeds (the pool's `/pool`).
     last_error: std::sync::Mutex<Option<String>>,
+    /// In a pool: the Function is served by its own pods now, and each answer here closes
+    /// its connection (the table entry's `servedByPods`).
+    pub served_by_pods: std::sync::atomic::AtomicBool,
 }
 
 impl Tenant {
@@ -102,6 +105,7 @@ impl Tenant {
             on_load: None,
             last_used: AtomicU64::new(0),
             last_error: std::sync::Mutex::new(None),
+            served_by_pods: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

@@ -410,7 +410,8 @@ async fn serve(
     let leaving = !pooled && entry_port.is_some();
     let (replicas, route) = if pooled || (leaving && own_available == 0) {
         pool::ensure_pool(ctx, ns).await?;
-        let port = pool::write_entry(ctx, func, ns, module).await?;
+        let was_served_by_pods = status.and_then(|status| status.served_by) == Some(ServedBy::Pods);
+        let port = pool::write_entry(ctx, func, ns, module, was_served_by_pods).await?;
         let state = pool::pool_state(ctx, ns, &name, port).await;
         let decision = scale::route(
             wanted,
@@ -419,6 +420,9 @@ async fn serve(
             state == pool::PoolState::Serving,
             status,
         );
+        if matches!(decision.route(port), Route::Pods) != was_served_by_pods {
+            pool::write_entry(ctx, func, ns, module, !was_served_by_pods).await?;
+        }
         served.pool = Some((port, state));
         served.entry_port = Some(port);
         served.pending = decision.pending;
@@ -428,6 +432,9 @@ async fn serve(
             if scale::settled(status, ServedBy::Pods) {
                 pool::remove_entry(ctx, func, ns).await?;
             } else {
+                // Meanwhile the pool closes its keep-alive connections, which reconnect
+                // to the pods before the entry goes.
+                pool::write_entry(ctx, func, ns, module, true).await?;
                 served.entry_port = entry_port;
                 served.pending = true;
             }

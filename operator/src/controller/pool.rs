@@ -54,10 +54,17 @@ pub(super) async fn ensure_pool(ctx: &Context, ns: &str) -> Result<(), StepError
     Ok(())
 }
 
-/// Writes the Function's entry in the pool's table; the Function's port in the pool. A
+/// Writes the Function's entry in the pool's table (`served_by_pods`: the Service routes
+/// to the Function's own pods); the Function's port in the pool. A
 /// Function keeps the port its entry has; a new one gets a port no other entry of the
 /// namespace holds (allocations are serialized in this process, the only writer).
-pub(super) async fn write_entry(ctx: &Context, func: &Function, ns: &str, module: &Module) -> Result<u16, StepError> {
+pub(super) async fn write_entry(
+    ctx: &Context,
+    func: &Function,
+    ns: &str,
+    module: &Module,
+    served_by_pods: bool,
+) -> Result<u16, StepError> {
     let name = func.name_any();
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
     let entry_name = objects::pool_entry_name(&name);
@@ -84,7 +91,7 @@ pub(super) async fn write_entry(ctx: &Context, func: &Function, ns: &str, module
                 .doing(READY, || format!("giving {name} a port in the pool"))?
         }
     };
-    let desired = objects::pool_entry(func, module, port);
+    let desired = objects::pool_entry(func, module, port, served_by_pods);
     apply_if_changed_with(&configmaps, existing.as_ref(), &desired)
         .await
         .doing(READY, || format!("writing the pool entry {entry_name}"))?;

@@ -75,6 +75,8 @@ impl ApplyTraces {
 
     /// Runs a step of the reconcile in a span of its own, a child of the reconcile's.
     pub(super) async fn step<T>(&self, name: &'static str, step: impl Future<Output = T>) -> T {
+        // On the heap: the steps' futures are large, and a reconcile holds several.
+        let step = Box::pin(step);
         let parent = TraceContext::current();
         let Some(tracer) = self.tracer.as_ref().filter(|_| parent.has_active_span()) else {
             return step.await;

@@ -235,9 +235,14 @@ pub fn pool_args(func: &Function, module: &Module) -> Vec<String> {
     args
 }
 
-/// A Function's entry in the pool's table: its port there and its runtime arguments.
-pub fn pool_entry(func: &Function, module: &Module, port: u16) -> ConfigMap {
-    let entry = serde_json::json!({ "port": port, "args": pool_args(func, module) });
+/// A Function's entry in the pool's table: its port there, its runtime arguments, and
+/// whether its Service routes to its own pods now (the pool then closes each connection
+/// after its answer, so keep-alive clients reconnect to the pods).
+pub fn pool_entry(func: &Function, module: &Module, port: u16, served_by_pods: bool) -> ConfigMap {
+    let mut entry = serde_json::json!({ "port": port, "args": pool_args(func, module) });
+    if served_by_pods {
+        entry["servedByPods"] = true.into();
+    }
     ConfigMap {
         metadata: meta(
             func,

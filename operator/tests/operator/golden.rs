@@ -411,7 +411,10 @@ fn golden_go_function_served_by_the_pool() {
         out.push_str(&format!("# {title}\n{}---\n", object.yaml()));
     };
     let port = objects::free_pool_port("hello", &Default::default()).expect("a free port");
-    doc("pool entry ConfigMap", &objects::pool_entry(&func, &module, port));
+    doc(
+        "pool entry ConfigMap",
+        &objects::pool_entry(&func, &module, port, false),
+    );
     doc(
         "Service, routed to the pool",
         &objects::service(&func, objects::Route::Pool { port }),

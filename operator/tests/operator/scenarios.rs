@@ -1182,6 +1182,11 @@ async fn scale_to_zero_serves_from_the_namespaces_pool(h: &Harness) {
     assert_eq!(entry.labels()[objects::COMPONENT_LABEL], objects::POOL_ENTRY_COMPONENT);
     let value: serde_json::Value = serde_json::from_str(&entry.data.unwrap()[objects::POOL_ENTRY_KEY]).unwrap();
     assert_eq!(value["port"], port);
+    assert_eq!(
+        value.get("servedByPods"),
+        None,
+        "the pool keeps its connections: {value}"
+    );
     let args: Vec<String> = serde_json::from_value(value["args"].clone()).unwrap();
     let source_digest = Harness::status_source_digest(&func);
     assert!(
@@ -1261,13 +1266,16 @@ async fn scale_to_zero_serves_from_the_namespaces_pool(h: &Harness) {
     assert_eq!(status(&func).served_by, Some(ServedBy::Pods));
     let service = h.api::<Service>().get("hello").await.unwrap();
     assert_eq!(service.spec.unwrap().selector.unwrap()[labels::FUNCTION], "hello");
-    assert!(
-        h.api::<ConfigMap>()
-            .get_opt(&objects::pool_entry_name("hello"))
-            .await
-            .unwrap()
-            .is_some(),
-        "the entry stays while the route settles"
+    let entry = h
+        .api::<ConfigMap>()
+        .get_opt(&objects::pool_entry_name("hello"))
+        .await
+        .unwrap()
+        .expect("the entry stays while the route settles");
+    let value: serde_json::Value = serde_json::from_str(&entry.data.unwrap()[objects::POOL_ENTRY_KEY]).unwrap();
+    assert_eq!(
+        value["servedByPods"], true,
+        "meanwhile the pool closes its connections, which reconnect to the pods: {value}"
     );
 }
 

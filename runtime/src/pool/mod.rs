@@ -140,6 +140,24 @@ impl Pool {
                     continue;
                 }
             };
+            if let Some(old) = held
+                .get_mut(&name)
+                .filter(|old| old.entry.port == entry.port && old.entry.args == entry.args && old.entry != entry)
+            {
+                // Only where the Service routes changed: the loaded Function serves on.
+                old.tenant
+                    .served_by_pods
+                    .store(entry.served_by_pods, std::sync::atomic::Ordering::Relaxed);
+                tracing::info!(
+                    function = %old.tenant.function,
+                    port = entry.port,
+                    served_by_pods = entry.served_by_pods,
+                    "the Function's Service moved"
+                );
+                old.entry = entry;
+                self.reported.lock().unwrap().remove(&name);
+                continue;
+            }
             if held.get(&name).is_some_and(|old| old.entry == entry) {
                 // Back to what serves (after a bad change, say): nothing is wrong any more.
                 self.reported.lock().unwrap().remove(&name);
@@ -163,6 +181,9 @@ impl Pool {
             };
             let added = listener.and_then(|listener| {
                 let tenant = self.tenant_for(&entry)?;
+                tenant
+                    .served_by_pods
+                    .store(entry.served_by_pods, std::sync::atomic::Ordering::Relaxed);
                 Ok(Held {
                     entry: entry.clone(),
                     tenant: Arc::new(tenant),

@@ -13,6 +13,11 @@ use std::path::Path;
 pub struct Entry {
     pub port: u16,
     pub args: Vec<String>,
+    /// The Function's Service routes to its own pods now: the pool serves on (a client
+    /// may still be routed here) and closes each connection after its response, so a
+    /// keep-alive client's next request reaches the pods.
+    #[serde(default, rename = "servedByPods")]
+    pub served_by_pods: bool,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -289,6 +289,67 @@ async fn the_admin_port_says_which_functions_are_live_and_why_one_is_not() {
 
 /// A Function that joins the table is loaded before any request while the budget has room
 /// (`--pool-load-ahead`, the default), so its first request does not wait for its code.
+/// Sets `servedByPods` in `name`'s entry, as the operator does when the Function's Service
+/// moves to its own pods (and back).
+fn set_served_by_pods(table: &Path, name: &str, served_by_pods: bool) {
+    let path = table.join(format!("{name}.json"));
+    let mut entry: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    entry["servedByPods"] = served_by_pods.into();
+    let staging = table.join(format!(".{name}.json.tmp"));
+    std::fs::write(&staging, entry.to_string()).unwrap();
+    std::fs::rename(staging, path).unwrap();
+}
+
+/// A keep-alive client of a pooled Function that moved to its own pods is told to
+/// reconnect (its next connection goes through the Service, to the pods): every answer
+/// closes its connection, and none fails. The loaded Function is not loaded again, and
+/// once back in the pool its connections are kept again.
+#[tokio::test]
+async fn a_function_moved_to_its_pods_closes_each_connection_and_serves_on() {
+    let table = tempfile::tempdir().unwrap();
+    let port = free_port();
+    add_function(table.path(), "moving", port, &rust_echo(), &[]);
+    let pool = Runtime::start_pool(table.path(), &[]);
+    let client = client();
+    let connection = |response: &reqwest::Response| {
+        response
+            .headers()
+            .get("connection")
+            .map(|value| value.to_str().unwrap().to_string())
+    };
+    let first = client.get(at(port, "/hello")).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(connection(&first), None, "kept alive while the pool serves it");
+
+    set_served_by_pods(table.path(), "moving", true);
+    eventually("answers close their connection", || async {
+        let response = client.get(at(port, "/hello")).send().await.unwrap();
+        assert_eq!(response.status(), 200, "served on meanwhile");
+        connection(&response).as_deref() == Some("close")
+    })
+    .await;
+    for _ in 0..5 {
+        let response = client.get(at(port, "/hello")).send().await.unwrap();
+        assert_eq!(
+            (response.status().as_u16(), connection(&response).as_deref()),
+            (200, Some("close"))
+        );
+    }
+    pool.wait_for_log(&["the Function's Service moved", "moving"]);
+
+    set_served_by_pods(table.path(), "moving", false);
+    eventually("connections are kept again", || async {
+        connection(&client.get(at(port, "/hello")).send().await.unwrap()).is_none()
+    })
+    .await;
+    let text = metrics(&pool).await;
+    assert_eq!(
+        sample(&text, "wasmless_pool_load_seconds_count", &[]),
+        Some(1.0),
+        "moving is loaded once, whatever routes to it: {text}"
+    );
+}
+
 #[tokio::test]
 async fn a_new_function_is_loaded_ahead_of_its_first_request() {
     let table = tempfile::tempdir().unwrap();
