@@ -20,6 +20,7 @@ mod switch;
 mod traces;
 
 pub use apply::is_subset;
+pub use pool::{IDLE_POOL_GRACE, scale_idle_pools};
 pub use status::{
     CONDITION_BUILT, CONDITION_READY, MAX_EVENT_NOTE_BYTES, REASON_RECONCILE_ERROR, REASON_REFERENCE_NOT_FOUND,
     event_note,
@@ -589,6 +590,11 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<O
     // The autoscaler's decisions come back as reconciles of the Functions they changed.
     let (scaled, decisions) = tokio::sync::mpsc::unbounded_channel();
     let autoscaler = tokio::spawn(autoscaler::run(ctx.clone(), controller.store(), scaled));
+    let idle_pools = tokio::spawn(pool::scale_idle_pools_forever(
+        ctx.clone(),
+        api::<Deployment>(&client, namespace),
+        controller.store(),
+    ));
     let decisions = futures::stream::unfold(decisions, |mut decisions| async move {
         decisions.recv().await.map(|func| (func, decisions))
     });
@@ -618,4 +624,5 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<O
         })
         .await;
     autoscaler.abort();
+    idle_pools.abort();
 }

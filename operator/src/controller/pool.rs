@@ -1,6 +1,7 @@
 //! Step 4 for a Function with `scale.min: 0`: the namespace's pool (its identity and
 //! Deployment), the Function's entry in the pool's table, and whether the pool's pods
-//! serve it yet (asked of each ready pool pod's `GET /pool`).
+//! serve it yet (asked of each ready pool pod's `GET /pool`). And off the reconcile: a
+//! pool no Function needs any more is scaled to zero pods.
 
 use super::apply::{apply_if_changed, apply_if_changed_with};
 use super::{Context, Doing, READY, StepError};
@@ -13,10 +14,13 @@ use hyper::body::Bytes;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::{DeleteParams, ListParams};
-use kube::{Api, ResourceExt};
-use std::collections::BTreeSet;
-use std::time::Duration;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::Store;
+use kube::{Api, Resource, ResourceExt};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use wasmless_artifact::ports;
 
 /// How the pool stands for one Function.
@@ -193,4 +197,87 @@ pub(super) async fn get(url: &str) -> Result<Bytes, String> {
     tokio::time::timeout(Duration::from_secs(1), request)
         .await
         .map_err(|_| format!("{url} did not answer within a second"))?
+}
+
+/// How long a namespace's pool runs with no Function that needs it before its pods go.
+pub const IDLE_POOL_GRACE: Duration = Duration::from_secs(60);
+/// How often the pools are looked at.
+const IDLE_POOL_CHECK: Duration = Duration::from_secs(15);
+
+/// Scales to zero pods the pool of each namespace where no Function asks to be pooled
+/// (`scale.min: 0` and poolable) and none has for `grace`: the last one was deleted, or
+/// left the pool. `idle` keeps when each namespace was first seen so. The Deployment stays
+/// (the operator has no `delete` on Deployments, and needs none): `ensure_pool` scales it
+/// up again for the next pooled Function. The namespaces scaled, each with an Event on its
+/// pool.
+pub async fn scale_idle_pools(
+    ctx: &Context,
+    deployments: &Api<Deployment>,
+    functions: &[Arc<Function>],
+    idle: &mut HashMap<String, Instant>,
+    grace: Duration,
+) -> Result<Vec<String>, Error> {
+    let needed: BTreeSet<String> = functions
+        .iter()
+        .filter(|func| func.spec.scales_to_zero() && func.spec.pool_refusal().is_none())
+        .filter_map(|func| func.namespace())
+        .collect();
+    let pools = deployments
+        .list(&ListParams::default().labels(&objects::pool_deployment_selector()))
+        .await?;
+    let mut scaled = Vec::new();
+    let mut running = BTreeSet::new();
+    for pool in pools.items.iter().filter(|pool| pool.name_any() == POOL_NAME) {
+        let Some(ns) = pool.namespace() else { continue };
+        let replicas = pool.spec.as_ref().and_then(|spec| spec.replicas).unwrap_or(1);
+        if needed.contains(&ns) || replicas == 0 {
+            continue;
+        }
+        running.insert(ns.clone());
+        if idle.entry(ns.clone()).or_insert_with(Instant::now).elapsed() < grace {
+            continue;
+        }
+        // A merge patch, not an apply: the operator's apply of the pool owns its other
+        // fields, and an apply of `replicas` alone would remove them.
+        Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
+            .patch(
+                POOL_NAME,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"replicas": 0}})),
+            )
+            .await?;
+        tracing::info!(namespace = %ns, "no Function needs the pool: scaled to zero pods");
+        let event = Event {
+            type_: EventType::Normal,
+            reason: "PoolIdle".into(),
+            note: Some(format!(
+                "no Function of {ns} has been pooled (scale.min 0) for {} s: the pool is scaled to 0 pods, and scales up for the next one",
+                grace.as_secs()
+            )),
+            action: "Scale".into(),
+            secondary: None,
+        };
+        if let Err(error) = ctx.recorder.publish(&event, &pool.object_ref(&())).await {
+            tracing::warn!(namespace = %ns, %error, "could not publish event");
+        }
+        scaled.push(ns);
+    }
+    idle.retain(|ns, _| running.contains(ns) && !scaled.contains(ns));
+    Ok(scaled)
+}
+
+/// Runs [`scale_idle_pools`] every few seconds, over the Functions the controller knows.
+pub(super) async fn scale_idle_pools_forever(
+    ctx: Arc<Context>,
+    deployments: Api<Deployment>,
+    functions: Store<Function>,
+) {
+    let mut idle = HashMap::new();
+    let mut tick = tokio::time::interval(IDLE_POOL_CHECK);
+    loop {
+        tick.tick().await;
+        if let Err(error) = scale_idle_pools(&ctx, &deployments, &functions.state(), &mut idle, IDLE_POOL_GRACE).await {
+            tracing::warn!(%error, "cannot scale the idle pools down; trying again");
+        }
+    }
 }

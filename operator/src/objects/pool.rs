@@ -72,6 +72,15 @@ pub fn pool_pod_selector() -> BTreeMap<String, String> {
     pool_labels()
 }
 
+/// The label selector of the pools' Deployments (and pods), for a list.
+pub fn pool_deployment_selector() -> String {
+    pool_labels()
+        .iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The pool's identity: it may read the ConfigMaps of its namespace (its table and the
 /// modules' chunks), nothing else; in particular no Secret. Shared by the namespace's
 /// pooled Functions, so it carries no owner reference.

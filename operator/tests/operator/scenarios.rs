@@ -1279,6 +1279,68 @@ async fn scale_to_zero_serves_from_the_namespaces_pool(h: &Harness) {
     );
 }
 
+/// A namespace's pool that no Function needs any more (the last pooled one deleted, or
+/// gone to pods) is scaled to zero pods after the grace, with an Event; the next pooled
+/// Function scales it up again. The Deployment itself stays.
+async fn an_idle_pool_scales_to_zero_pods_and_back(h: &Harness) {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    use wasmless_operator::controller::scale_idle_pools;
+    let pool_replicas = |deployment: Option<Deployment>| deployment.and_then(|d| d.spec?.replicas);
+    h.create("pooled", json!({"source": HELLO, "scale": {"min": 0}})).await;
+    h.reconcile("pooled").await.unwrap();
+    h.finish_build("pooled", &wasm("pooled")).await;
+    h.reconciled("pooled").await;
+    let deployments = h.api::<Deployment>();
+    let running = pool_replicas(deployments.get_opt(objects::POOL_NAME).await.unwrap());
+    assert_eq!(running, Some(h.ctx.settings.pool_replicas), "the pool runs for pooled");
+
+    let mut idle = HashMap::new();
+    let still_pooled = [Arc::new(h.function("pooled").await)];
+    let none = scale_idle_pools(&h.ctx, &deployments, &still_pooled, &mut idle, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(none.is_empty(), "a pool with a pooled Function stays: {none:?}");
+    // The Function gone (the controller's store no longer has it): not before the grace.
+    let waiting = scale_idle_pools(&h.ctx, &deployments, &[], &mut idle, Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert!(waiting.is_empty(), "within the grace: {waiting:?}");
+    assert_eq!(
+        pool_replicas(deployments.get_opt(objects::POOL_NAME).await.unwrap()),
+        running
+    );
+    let scaled = scale_idle_pools(&h.ctx, &deployments, &[], &mut idle, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(scaled, [h.ns.clone()]);
+    let pool = deployments.get_opt(objects::POOL_NAME).await.unwrap();
+    assert_eq!(
+        pool_replicas(pool.clone()),
+        Some(0),
+        "scaled to zero pods, the Deployment kept"
+    );
+    assert!(
+        pool.unwrap().spec.unwrap().template.spec.unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap_or_default()
+            .iter()
+            .any(|arg| arg == "--pool"),
+        "the rest of the pool's Deployment is as the operator wrote it"
+    );
+
+    // The next pooled Function brings the pods back.
+    h.create("next", json!({"source": HELLO_V2, "scale": {"min": 0}})).await;
+    h.reconcile("next").await.unwrap();
+    h.finish_build("next", &wasm("next")).await;
+    h.reconciled("next").await;
+    assert_eq!(
+        pool_replicas(deployments.get_opt(objects::POOL_NAME).await.unwrap()),
+        running
+    );
+}
+
 /// With a collector (`--otlp-endpoint`), an apply is one trace: its root span from the first
 /// reconcile of the generation to the one that finds it Ready, each reconcile a child with
 /// its steps, and the build a child with the wait for its pod and the builder's phases at
@@ -1460,5 +1522,6 @@ scenarios!(
     chunks_published_after_the_function_is_gone_are_collected,
     secrets_roll_the_pods_and_a_missing_one_is_a_condition,
     scale_to_zero_serves_from_the_namespaces_pool,
+    an_idle_pool_scales_to_zero_pods_and_back,
     an_apply_is_one_trace_with_its_build_phases,
 );
