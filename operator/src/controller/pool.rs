@@ -272,6 +272,10 @@ pub(super) async fn scale_idle_pools_forever(
     deployments: Api<Deployment>,
     functions: Store<Function>,
 ) {
+    // An empty store before the first list would make every pool look unneeded.
+    if functions.wait_until_ready().await.is_err() {
+        return;
+    }
     let mut idle = HashMap::new();
     let mut tick = tokio::time::interval(IDLE_POOL_CHECK);
     loop {
