@@ -32,6 +32,18 @@ pool_forgot() {
   done
 }
 
+# served_requests FUNCTION COMPONENT: the requests FUNCTION's series count, summed over the
+# ready pods of COMPONENT (runtime: its own pods; pool: the pool's), from their /metrics.
+served_requests() {
+  local ips selector="wasmless.io/component=$2"
+  [[ $2 == runtime ]] && selector="wasmless.io/function=$1,$selector"
+  ips=$(kubectl get pods -n "$NS" -l "$selector" \
+    -o 'jsonpath={range .items[?(@.status.podIP)]}{.status.podIP}{"\n"}{end}')
+  for ip in $ips; do
+    curl -fsS --max-time 2 "http://$ip:9090/metrics" || true
+  done | awk -v fn="function=\"$1\"" '/^wasmless_requests_total\{/ && index($0, fn) { sum += $NF } END { print sum + 0 }'
+}
+
 # request_loop URL LOG: one new connection every 50 ms until killed; each line `code seconds`.
 request_loop() {
   while :; do
@@ -85,7 +97,16 @@ scale_to_zero() {
   has_pods() { served_by_is idle pods && (($(ready_pods idle) >= 1)); }
   wait_until 120 "idle to get pods of its own under load, and the Service to route to them" has_pods
   echo "    $(ready_pods idle) pods of its own, routed to, $((SECONDS - started))s into the load"
+  # wrk's keep-alive connections move too: the pool answers a Function served by its pods
+  # with Connection: close, so they reconnect through the Service, to the pods.
+  local pods_before pool_before pods_took pool_took
+  pods_before=$(served_requests idle runtime)
+  pool_before=$(served_requests idle pool)
   sleep 10
+  pods_took=$(($(served_requests idle runtime) - pods_before))
+  pool_took=$(($(served_requests idle pool) - pool_before))
+  echo "    in the 10 s after the move: $pods_took requests served by idle's pods, $pool_took by the pool"
+  ((pods_took > pool_took)) || fail "the load stayed on the pool after the move to pods ($pool_took there, $pods_took on the pods)"
   kill -INT "$load"
   wait "$load" 2>/dev/null || true
   grep -E 'Requests/sec|requests in|Non-2xx|Socket errors|Latency  | 50%| 99%' "$WORK/wrk-idle-12.log" | sed 's/^ */    wrk: /' || true
