@@ -1361,7 +1361,9 @@ async fn an_apply_is_one_trace_with_its_build_phases(h: &Harness) {
     };
     h.create("hello", json!({"source": HELLO})).await;
     reconcile("hello").await;
-    // The builder starts now and reports its phases (150 ms in all), as its result line does.
+    // The builder starts now and reports its phases (150 ms in all), as its result line does
+    // (in whole milliseconds: a few after the reconcile that created the Job).
+    tokio::time::sleep(Duration::from_millis(5)).await;
     let builder_started = std::time::SystemTime::now();
     let started_ms = builder_started
         .duration_since(std::time::UNIX_EPOCH)
