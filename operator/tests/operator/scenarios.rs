@@ -1313,7 +1313,7 @@ async fn an_idle_pool_scales_to_zero_pods_and_back(h: &Harness) {
     let scaled = scale_idle_pools(&h.ctx, &deployments, &[], &mut idle, Duration::ZERO)
         .await
         .unwrap();
-    assert_eq!(scaled, [h.ns.clone()]);
+    assert_eq!(scaled, std::slice::from_ref(&h.ns));
     let pool = deployments.get_opt(objects::POOL_NAME).await.unwrap();
     assert_eq!(
         pool_replicas(pool.clone()),
