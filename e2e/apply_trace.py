@@ -2,7 +2,8 @@
 """Checks the operator's trace of one apply, as an OpenTelemetry Collector's file exporter
 wrote it: the `apply` root span of Function FUNCTION, at least two reconciles under it, and
 the build Job's span with the wait for its pod and the builder's phases, one after another.
-Prints the trace as an indented tree with each span's seconds, then `trace <id>`; exits 1
+Prints the trace as an indented tree with each span's start (from the apply's) and
+seconds, then `trace <id>`; exits 1
 saying what is missing (the e2e step retries until the trace is complete).
 
     python3 e2e/apply_trace.py spans.jsonl FUNCTION
@@ -46,7 +47,8 @@ def main():
         if span["start"] < root["start"]:
             sys.exit(f"{span['name']} starts before the apply")
     for depth, span in ordered(trace):
-        print(f"    {'  ' * depth}{span['name']}: {(span['end'] - span['start']) / 1e9:.2f} s")
+        at = (span["start"] - root["start"]) / 1e9
+        print(f"    {'  ' * depth}{span['name']}: at {at:.2f} s, {(span['end'] - span['start']) / 1e9:.2f} s")
     print(f"trace {root['trace']}")
 
 

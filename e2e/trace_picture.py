@@ -8,7 +8,9 @@ the trace the runtime's trace test checks (Function `a` calling `b`, which calls
         traces::one_trace_across_functions
     python3 e2e/trace_picture.py /tmp/spans.jsonl --out docs/trace.svg
 
-Without --trace, the trace with the most spans in the file. No dependencies but Python's own.
+Without --trace, the trace with the most spans in the file; --fold NAME draws spans named
+NAME without their children (docs/apply-trace.svg, an apply's trace, folds its reconciles).
+No dependencies but Python's own.
 """
 
 import argparse
@@ -94,6 +96,21 @@ def ordered(spans):
     return out
 
 
+def folded(spans, names):
+    """The spans but the descendants of those named one of `names`."""
+    by_id = {span["id"]: span for span in spans}
+
+    def hidden(span):
+        parent = by_id.get(span["parent"])
+        while parent is not None:
+            if parent["name"] in names:
+                return True
+            parent = by_id.get(parent["parent"])
+        return False
+
+    return [span for span in spans if not hidden(span)]
+
+
 def duration(nanos, total):
     """Milliseconds for a trace of a request, seconds for one of seconds (an apply)."""
     if total >= 2e9:
@@ -152,6 +169,13 @@ def main():
     parser.add_argument("spans", help="the collector's file exporter output (OTLP JSON lines)")
     parser.add_argument("--trace", help="the trace id (default: the trace with the most spans)")
     parser.add_argument("--out", default="-", help="where to write the SVG (default: stdout)")
+    parser.add_argument(
+        "--fold",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="draw spans named NAME without their children (an apply's many reconciles: --fold reconcile)",
+    )
     args = parser.parse_args()
     spans = read(args.spans)
     if not spans:
@@ -166,7 +190,11 @@ def main():
     spans = [span for span in spans if span["trace"] == trace]
     if not spans:
         sys.exit(f"{args.spans}: no span of trace {trace}")
-    picture = svg(spans, f"trace {trace}: {len(spans)} spans")
+    title = f"trace {trace}: {len(spans)} spans"
+    if args.fold:
+        spans = folded(spans, set(args.fold))
+        title += f" ({' and '.join(args.fold)} spans without their children)"
+    picture = svg(spans, title)
     if args.out == "-":
         sys.stdout.write(picture)
     else:

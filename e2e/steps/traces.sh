@@ -54,9 +54,12 @@ EOF
   output=$(python3 e2e/apply_trace.py "$dir/spans.jsonl" traced)
   echo "$output"
   trace=$(tail -1 <<<"$output" | cut -d' ' -f2)
-  # The picture of it (docs/apply-trace.svg was drawn so).
-  python3 e2e/trace_picture.py "$dir/spans.jsonl" --trace "$trace" --out "$WORK/apply-trace.svg"
-  echo "    picture: $WORK/apply-trace.svg"
+  # The picture of it: docs/apply-trace.svg is this, kept by
+  # WASMLESS_APPLY_TRACE_PICTURE=docs/apply-trace.svg e2e/run.sh install_operator apply_traced
+  local picture=${WASMLESS_APPLY_TRACE_PICTURE:-$WORK/apply-trace.svg}
+  python3 e2e/trace_picture.py "$dir/spans.jsonl" --trace "$trace" --fold reconcile --out "$picture" 2>/dev/null
+  [[ -z ${WASMLESS_APPLY_TRACE_PICTURE:-} ]] || cp "$dir/spans.jsonl" "${picture%.svg}.jsonl"
+  echo "    picture: $picture"
 
   # Undone as it was done: the operator without a collector (which rolls every function pod
   # back to no endpoint), the Function deleted, the collector stopped.
