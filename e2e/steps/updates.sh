@@ -282,7 +282,12 @@ build_cache_hit() {
       -o 'jsonpath={range .items[*]}{.reason}: {.message}{"\n"}{end}'
   }
   events_say_cache_hit() { [[ $(hello_again_events) == *"code cache hit"* ]]; }
-  wait_until 30 "an Event of hello-again saying 'code cache hit'" events_say_cache_hit
+  local deadline=$((SECONDS + 30))
+  until events_say_cache_hit; do
+    ((SECONDS < deadline)) ||
+      fail "no Event of hello-again says 'code cache hit' within 30 s; its Events: $(hello_again_events | tr '\n' '|')"
+    sleep 0.5
+  done
   expect_contains "$(hello_again_events)" "code cache hit" "the Events of hello-again"
   expect_service_answer hello-again v2
   kubectl delete fn hello-again -n "$NS" --wait=false >/dev/null
