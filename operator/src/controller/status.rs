@@ -101,11 +101,13 @@ pub(super) async fn update(
     Ok(status)
 }
 
-/// Adds where the build's time went to the `Built` condition's message (and so to its
-/// Event). The chunks can be seen before the builder's pod has ended (it publishes, then
-/// exits): then the `Built` Event goes out without them, and a later reconcile (the Job's
-/// completion wakes one) adds them with an Event `BuildPhases` of their own. Once read,
-/// later reconciles keep them.
+/// Adds where the build's time went to the `Built` condition's message, and publishes it
+/// as an Event `BuildPhases` of its own. The chunks can be seen before the builder's pod
+/// has ended (it publishes, then exits): then the `Built` Event goes out without them, and
+/// a later reconcile (the Job's completion wakes one) adds them. Not only in the `Built`
+/// Event: a reconcile that reads a status older than the last one written sees the
+/// transition again, and the recorder folds a repeated Event into the first one's series,
+/// with the first one's note (which had no phases). Once read, later reconciles keep them.
 async fn add_build_report(
     ctx: &Context,
     func: &Function,
@@ -130,17 +132,15 @@ async fn add_build_report(
         return;
     };
     built.message = format!("{}; {report}", built.message);
-    if same_build {
-        let event = Event {
-            type_: EventType::Normal,
-            reason: "BuildPhases".into(),
-            note: Some(event_note(&report)),
-            action: CONDITION_BUILT.into(),
-            secondary: None,
-        };
-        if let Err(error) = ctx.recorder.publish(&event, &func.object_ref(&())).await {
-            tracing::warn!(function = %name, %error, "could not publish event");
-        }
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "BuildPhases".into(),
+        note: Some(event_note(&report)),
+        action: CONDITION_BUILT.into(),
+        secondary: None,
+    };
+    if let Err(error) = ctx.recorder.publish(&event, &func.object_ref(&())).await {
+        tracing::warn!(function = %name, %error, "could not publish event");
     }
 }
 

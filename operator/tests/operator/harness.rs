@@ -310,7 +310,7 @@ impl Harness {
     }
 
     /// The Job's pod, ended in `phase` with its builder container `terminated` so.
-    async fn build_pod_ended(&self, job: &str, phase: &str, terminated: Value) {
+    pub(crate) async fn build_pod_ended(&self, job: &str, phase: &str, terminated: Value) {
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": format!("{job}-x7k2p"), "labels": {"batch.kubernetes.io/job-name": job}},
             // Gated: no scheduler or kubelet touches it; its status is what the test writes.

@@ -1279,6 +1279,52 @@ async fn scale_to_zero_serves_from_the_namespaces_pool(h: &Harness) {
     );
 }
 
+/// The builder's phases reach an Event even when the `Built` Event went out without them
+/// and a reconcile then reads a status older than the one last written: that reconcile sees
+/// the `Built` transition again, which the recorder folds into the first Event (its note
+/// unchanged), so the phases go out as `BuildPhases`.
+async fn build_phases_reach_an_event_whatever_status_a_reconcile_reads(h: &Harness) {
+    h.create("hello", json!({"source": HELLO})).await;
+    h.reconcile("hello").await.unwrap();
+    let before_built = h.function("hello").await;
+    // The chunks are seen before the builder's pod has ended: Built, without phases.
+    h.finish_build("hello", &wasm("hello")).await;
+    let built = h.reconciled("hello").await;
+    assert!(!condition(&built, "Built").message.contains("build phases"));
+    let result = json!({"digest": "sha256:00", "cached": true,
+        "phases": {"check": 0.01, "compile": 0.0, "snapshot": 0.0, "precompile": 0.0, "publish": 0.5, "total": 0.51},
+        "cache": {"module": "hit", "code": "hit"}});
+    let job = objects::job_name("hello", &Harness::status_source_digest(&built));
+    h.build_pod_ended(
+        &job,
+        "Succeeded",
+        json!({"exitCode": 0, "reason": "Completed", "message": result.to_string()}),
+    )
+    .await;
+    // A reconcile of the object as it was before the first status write.
+    wasmless_operator::reconcile(std::sync::Arc::new(before_built), h.ctx.clone())
+        .await
+        .unwrap();
+    let message = condition(&h.function("hello").await, "Built").message.clone();
+    assert!(message.contains("code cache hit"), "{message}");
+    let events: Api<k8s_openapi::api::events::v1::Event> = h.api();
+    let notes: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("hello"))
+        .filter_map(|e| Some(format!("{}: {}", e.reason?, e.note?)))
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|note| note.starts_with("BuildPhases: ") && note.contains("code cache hit")),
+        "{notes:#?}"
+    );
+}
+
 /// A namespace's pool that no Function needs any more (the last pooled one deleted, or
 /// gone to pods) is scaled to zero pods after the grace, with an Event; the next pooled
 /// Function scales it up again. The Deployment itself stays.
@@ -1525,5 +1571,6 @@ scenarios!(
     secrets_roll_the_pods_and_a_missing_one_is_a_condition,
     scale_to_zero_serves_from_the_namespaces_pool,
     an_idle_pool_scales_to_zero_pods_and_back,
+    build_phases_reach_an_event_whatever_status_a_reconcile_reads,
     an_apply_is_one_trace_with_its_build_phases,
 );
