@@ -228,23 +228,18 @@ impl Harness {
         self.create_chunks(name, Part::Module, wasm, &compress_and_split(wasm), size)
             .await;
         let job = objects::job_name(name, &source_digest);
-        let (started, now) = self.job_times(&job).await;
-        self.api::<Job>()
-            .patch_status(
-                &job,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {
-                    "startTime": started,
-                    "completionTime": now,
-                    "succeeded": 1,
-                    "conditions": [
-                        {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": now},
-                        {"type": "Complete", "status": "True", "lastTransitionTime": now},
-                    ],
-                }})),
-            )
-            .await
-            .expect("job status");
+        self.end_job(&job, |started, now| {
+            json!({
+                "startTime": started,
+                "completionTime": now,
+                "succeeded": 1,
+                "conditions": [
+                    {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": now},
+                    {"type": "Complete", "status": "True", "lastTransitionTime": now},
+                ],
+            })
+        })
+        .await;
         module_digest
     }
 
@@ -256,8 +251,22 @@ impl Harness {
         Digest::of(code)
     }
 
+    /// Writes the Job's status as the Job controller ends it: `status` of its start time
+    /// and now.
+    async fn end_job(&self, job: &str, status: impl FnOnce(&str, &str) -> Value) {
+        let (started, now) = self.job_times(job).await;
+        self.api::<Job>()
+            .patch_status(
+                job,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": status(&started, &now) })),
+            )
+            .await
+            .expect("job status");
+    }
+
     /// The Job's start time (a real Job controller has set one, which may not change) and now.
-    pub(crate) async fn job_times(&self, job: &str) -> (String, String) {
+    async fn job_times(&self, job: &str) -> (String, String) {
         let seconds = |t: k8s_openapi::jiff::Timestamp| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
         let now = k8s_openapi::jiff::Timestamp::now();
         let started = self
@@ -282,22 +291,17 @@ impl Harness {
         let func = self.function(name).await;
         let job = objects::job_name(name, &Self::status_source_digest(&func));
         self.build_pod_ended(&job, "Failed", terminated).await;
-        let (started, now) = self.job_times(&job).await;
-        self.api::<Job>()
-            .patch_status(
-                &job,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {
-                    "startTime": started,
-                    "failed": 1,
-                    "conditions": [
-                        {"type": "FailureTarget", "status": "True", "reason": reason, "lastTransitionTime": now},
-                        {"type": "Failed", "status": "True", "reason": reason, "message": format!("the Job failed: {reason}"), "lastTransitionTime": now},
-                    ],
-                }})),
-            )
-            .await
-            .expect("job status");
+        self.end_job(&job, |started, now| {
+            json!({
+                "startTime": started,
+                "failed": 1,
+                "conditions": [
+                    {"type": "FailureTarget", "status": "True", "reason": reason, "lastTransitionTime": now},
+                    {"type": "Failed", "status": "True", "reason": reason, "message": format!("the Job failed: {reason}"), "lastTransitionTime": now},
+                ],
+            })
+        })
+        .await;
     }
 
     /// A build whose builder published `wasm` and exited with its result line `result` (the
