@@ -770,36 +770,25 @@ impl FunctionSpec {
     }
 
     /// Why a Function that asks for `scale.min: 0` is served by pods of its own instead of
-    /// the pool (at least one): the pool runs many Functions in one process, so it holds
-    /// no Function's Secrets or ConfigMaps (the kubelet resolves those into a pod's
-    /// environment and volumes, one pod per Function), and it keeps no instance between
-    /// requests (`isolation: shared` keeps one per pod, on purpose).
+    /// the pool (at least one): the pool runs many Functions in one process, so it mounts
+    /// no Function's files (a CA bundle is one; env values from Secrets and ConfigMaps the
+    /// pool reads itself), and it keeps no instance between requests (`isolation: shared`
+    /// keeps one per pod, on purpose).
     pub fn pool_refusal(&self) -> Option<String> {
         if self.traffic.iter().filter(|t| t.percent > 0 || t.tag.is_some()).count() > 1 {
             return Some(
                 "spec.traffic splits it between revisions, which its own pods hold side by side: it keeps one pod of its own".into(),
             );
         }
-        let mut reads = Vec::new();
-        if self.env.iter().any(|var| var.value_from.is_some()) {
-            reads.push("env[].valueFrom");
-        }
-        if !self.env_from.is_empty() {
-            reads.push("envFrom");
-        }
-        if let Some(outbound) = &self.outbound {
-            if !outbound.headers.is_empty() {
-                reads.push("outbound.headers");
-            }
-            if outbound.ca_bundle.is_some() {
-                reads.push("outbound.caBundle");
-            }
-        }
-        if !reads.is_empty() {
-            return Some(format!(
-                "it reads Secrets or ConfigMaps ({}), which the shared pool does not hold: it keeps one pod of its own",
-                reads.join(", ")
-            ));
+        if self
+            .outbound
+            .as_ref()
+            .is_some_and(|outbound| outbound.ca_bundle.is_some())
+        {
+            return Some(
+                "outbound.caBundle is a file its pods mount, which the shared pool does not: it keeps one pod of its own"
+                    .into(),
+            );
         }
         let pool_memory = wasmless_formats::quantity::parse_bytes(POOL_MEMORY_LIMIT).expect("a quantity");
         if wasmless_formats::quantity::parse_bytes(&self.limits.memory).is_ok_and(|memory| memory > pool_memory) {

@@ -264,10 +264,19 @@ impl Config {
     /// The outbound policy and client settings, with injected header values read from the
     /// environment.
     pub fn outbound(&self) -> Result<crate::outbound::OutboundConfig, crate::outbound::OutboundConfigError> {
+        self.outbound_with(|name| std::env::var(name).ok())
+    }
+
+    /// The same, the header values read with `variable` (a pooled Function's own, which
+    /// are not the pool's environment).
+    pub fn outbound_with(
+        &self,
+        variable: impl Fn(&str) -> Option<String>,
+    ) -> Result<crate::outbound::OutboundConfig, crate::outbound::OutboundConfigError> {
         let headers = self
             .outbound_header
             .iter()
-            .map(|text| crate::outbound::parse_injected_header(text, |name| std::env::var(name).ok()))
+            .map(|text| crate::outbound::parse_injected_header(text, &variable))
             .collect::<Result<_, _>>()?;
         Ok(crate::outbound::OutboundConfig {
             allow: self.outbound_allow.clone(),

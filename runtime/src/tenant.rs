@@ -62,7 +62,8 @@ pub struct Tenant {
 
 impl Tenant {
     /// The tenant `config` describes, on `engine`. Nothing is read or loaded yet.
-    /// `process_env`: the variables whose `WASMLESS_HANDLER_ENV_*` join the handler's env.
+    /// `process_env`: the variables whose `WASMLESS_HANDLER_ENV_*` join the handler's env,
+    /// and where `--outbound-header` values are read.
     pub fn new(
         engine: &EngineHost,
         config: &Config,
@@ -71,10 +72,15 @@ impl Tenant {
         process_env: impl Iterator<Item = (String, String)>,
     ) -> Result<Self, ServeError> {
         let module = config.module.as_deref().ok_or(ServeError::NoModule)?;
+        let process_env: Vec<(String, String)> = process_env.collect();
+        let variable = |name: &str| {
+            let found = process_env.iter().rev().find(|(variable, _)| variable == name);
+            found.map(|(_, value)| value.clone())
+        };
         // Calls to this runtime's own admin port are refused: the port as bound (it may be 0).
         let outbound = outbound::OutboundConfig {
             admin_port,
-            ..config.outbound()?
+            ..config.outbound_with(variable)?
         };
         let outbound = Arc::new(outbound::Outbound::new(&outbound, metrics.clone())?);
         let limits = limits::RequestLimits::from_config(config);
@@ -82,7 +88,7 @@ impl Tenant {
         let loader = Loader::on(
             engine,
             limits,
-            config.handler_env(process_env),
+            config.handler_env(process_env.into_iter()),
             &config.function,
             metrics,
             outbound,

@@ -42,7 +42,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -66,6 +66,8 @@ pub struct Context {
     pub scaler: scale::Scaler,
     /// A trace per apply, when the operator has a collector (`--otlp-endpoint`).
     pub traces: ApplyTraces,
+    /// The controller's Functions once it runs (tests that reconcile without it list them).
+    functions: std::sync::OnceLock<Store<Function>>,
 }
 
 impl Context {
@@ -83,6 +85,7 @@ impl Context {
             pool_ports: tokio::sync::Mutex::default(),
             scaler: scale::Scaler::default(),
             traces: ApplyTraces::default(),
+            functions: std::sync::OnceLock::new(),
         }
     }
 
@@ -410,9 +413,14 @@ async fn serve(
     // there until a pod of its own is available, and its entry until the route has settled.
     let leaving = !pooled && entry_port.is_some();
     let (replicas, route) = if pooled || (leaving && own_available == 0) {
-        pool::ensure_pool(ctx, ns).await?;
+        pool::ensure_pool(ctx, func, ns).await?;
         let was_served_by_pods = status.and_then(|status| status.served_by) == Some(ServedBy::Pods);
-        let port = pool::write_entry(ctx, func, ns, module, was_served_by_pods).await?;
+        let config_hash = match config {
+            Some(Config::Complete(hash)) => hash.as_ref(),
+            _ => None,
+        };
+        let entry = pool::EntryParts { module, config_hash };
+        let port = pool::write_entry(ctx, func, ns, &entry, was_served_by_pods).await?;
         let state = pool::pool_state(ctx, ns, &name, port).await;
         let decision = scale::route(
             wanted,
@@ -422,7 +430,7 @@ async fn serve(
             status,
         );
         if matches!(decision.route(port), Route::Pods) != was_served_by_pods {
-            pool::write_entry(ctx, func, ns, module, !was_served_by_pods).await?;
+            pool::write_entry(ctx, func, ns, &entry, !was_served_by_pods).await?;
         }
         served.pool = Some((port, state));
         served.entry_port = Some(port);
@@ -435,7 +443,14 @@ async fn serve(
             } else {
                 // Meanwhile the pool closes its keep-alive connections, which reconnect
                 // to the pods before the entry goes.
-                pool::write_entry(ctx, func, ns, module, true).await?;
+                let entry = pool::EntryParts {
+                    module,
+                    config_hash: match config {
+                        Some(Config::Complete(hash)) => hash.as_ref(),
+                        _ => None,
+                    },
+                };
+                pool::write_entry(ctx, func, ns, &entry, true).await?;
                 served.entry_port = entry_port;
                 served.pending = true;
             }
@@ -572,6 +587,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<O
         watcher::Config::default().any_semantic(),
     );
     ctx.metrics.watch(controller.store());
+    let _ = ctx.functions.set(controller.store());
     // A Secret or ConfigMap that a Function's pods read changes their configuration: its
     // Functions are reconciled, and roll their pods. Metadata only: the resourceVersion is
     // all that is compared, and a value never reaches the operator.

@@ -9,6 +9,7 @@ use crate::Error;
 use crate::crd::Function;
 use crate::module::Module;
 use crate::objects::{self, POOL_NAME};
+use crate::references::{self, ConfigKind};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -21,7 +22,7 @@ use kube::{Api, Resource, ResourceExt};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use wasmless_artifact::ports;
+use wasmless_artifact::{Digest, ports};
 
 /// How the pool stands for one Function.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,9 +34,13 @@ pub(super) enum PoolState {
 }
 
 /// Writes the pool's ServiceAccount, Role, RoleBinding and Deployment in `ns` where they
-/// differ from what this operator would write.
-pub(super) async fn ensure_pool(ctx: &Context, ns: &str) -> Result<(), StepError> {
-    let (account, role, binding) = objects::pool_rbac(ns);
+/// differ from what this operator would write; the Role names the Secrets that `func` and
+/// the namespace's other pooled Functions read.
+pub(super) async fn ensure_pool(ctx: &Context, func: &Function, ns: &str) -> Result<(), StepError> {
+    let secrets = pooled_secrets(ctx, func, ns)
+        .await
+        .doing(READY, || format!("listing the Functions of namespace {ns}"))?;
+    let (account, role, binding) = objects::pool_rbac(ns, &secrets);
     let client = &ctx.client;
     apply_if_changed(&Api::<ServiceAccount>::namespaced(client.clone(), ns), &account)
         .await
@@ -58,6 +63,44 @@ pub(super) async fn ensure_pool(ctx: &Context, ns: &str) -> Result<(), StepError
     Ok(())
 }
 
+/// The Secrets the pool of `ns` may read: those of `func` (as this reconcile sees it) and
+/// of every other Function of `ns` that is pooled or still has an entry there.
+async fn pooled_secrets(ctx: &Context, func: &Function, ns: &str) -> Result<BTreeSet<String>, kube::Error> {
+    let others: Vec<Arc<Function>> = match ctx.functions.get() {
+        Some(store) => store.state(),
+        None => Api::<Function>::namespaced(ctx.client.clone(), ns)
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .map(Arc::new)
+            .collect(),
+    };
+    let name = func.name_any();
+    let in_pool = |func: &Function| {
+        let pooled = func.spec.scales_to_zero() && func.spec.pool_refusal().is_none();
+        pooled || func.status.as_ref().is_some_and(|status| status.pool_port.is_some())
+    };
+    let secrets = others
+        .iter()
+        .filter(|other| other.namespace().as_deref() == Some(ns) && other.name_any() != name)
+        .map(|other| other.as_ref())
+        .chain(std::iter::once(func))
+        .filter(|func| in_pool(func))
+        .flat_map(|func| references::references(&func.spec))
+        .filter(|reference| reference.kind == ConfigKind::Secret)
+        .map(|reference| reference.name)
+        .collect();
+    Ok(secrets)
+}
+
+/// What a pooled Function's entry is made of, beside its port and route.
+pub(super) struct EntryParts<'a> {
+    pub module: &'a Module,
+    /// The hash of the resourceVersions of what its `env` reads.
+    pub config_hash: Option<&'a Digest>,
+}
+
 /// Writes the Function's entry in the pool's table (`served_by_pods`: the Service routes
 /// to the Function's own pods); the Function's port in the pool. A
 /// Function keeps the port its entry has; a new one gets a port no other entry of the
@@ -66,7 +109,7 @@ pub(super) async fn write_entry(
     ctx: &Context,
     func: &Function,
     ns: &str,
-    module: &Module,
+    entry: &EntryParts<'_>,
     served_by_pods: bool,
 ) -> Result<u16, StepError> {
     let name = func.name_any();
@@ -95,7 +138,7 @@ pub(super) async fn write_entry(
                 .doing(READY, || format!("giving {name} a port in the pool"))?
         }
     };
-    let desired = objects::pool_entry(func, module, port, served_by_pods);
+    let desired = objects::pool_entry(func, entry.module, port, served_by_pods, entry.config_hash);
     apply_if_changed_with(&configmaps, existing.as_ref(), &desired)
         .await
         .doing(READY, || format!("writing the pool entry {entry_name}"))?;

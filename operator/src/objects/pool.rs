@@ -10,8 +10,8 @@
 
 use super::pod::{empty_dir, mount, restricted_container_security, restricted_pod_security, runtime_settings_env};
 use super::runtime::{
-    DRAIN_DELAY_SECONDS, SHUTDOWN_GRACE_SECONDS, TERMINATION_GRACE_PERIOD_SECONDS, admin_probe, args_with_locations,
-    container_port, surge_strategy,
+    DRAIN_DELAY_SECONDS, Expansion, SHUTDOWN_GRACE_SECONDS, TERMINATION_GRACE_PERIOD_SECONDS, admin_probe,
+    args_with_locations, container_port, function_env, handler_env_from, surge_strategy,
 };
 use super::{COMPONENT_LABEL, MANAGED_BY_LABEL, MANAGER, labels_for, meta, prometheus_annotations};
 use crate::crd::{Function, POOL_MEMORY_LIMIT};
@@ -26,8 +26,8 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::ResourceExt;
-use std::collections::BTreeMap;
-use wasmless_artifact::ports;
+use std::collections::{BTreeMap, BTreeSet};
+use wasmless_artifact::{Digest, ports};
 
 /// Name of the pool's Deployment, ServiceAccount, Role and RoleBinding in a namespace.
 pub const POOL_NAME: &str = "wasmless-pool";
@@ -81,23 +81,35 @@ pub fn pool_deployment_selector() -> String {
         .join(",")
 }
 
-/// The pool's identity: it may read the ConfigMaps of its namespace (its table and the
-/// modules' chunks), nothing else; in particular no Secret. Shared by the namespace's
-/// pooled Functions, so it carries no owner reference.
-pub fn pool_rbac(namespace: &str) -> (ServiceAccount, Role, RoleBinding) {
+/// The pool's identity: it may read the ConfigMaps of its namespace (its table, the
+/// modules' chunks, and what pooled Functions' `env` reads) and `get` the Secrets named in
+/// `secrets` — those the namespace's pooled Functions read — and nothing else. No Secret
+/// rule at all when there are none: a rule with no names would allow every Secret. Shared by
+/// the namespace's pooled Functions, so it carries no owner reference.
+pub fn pool_rbac(namespace: &str, secrets: &BTreeSet<String>) -> (ServiceAccount, Role, RoleBinding) {
     let account = ServiceAccount {
         metadata: pool_meta(namespace),
         ..Default::default()
     };
+    let mut rules = vec![PolicyRule {
+        api_groups: Some(vec!["".into()]),
+        resources: Some(vec!["configmaps".into()]),
+        // get: a module's chunks and env values; list and watch: the table's entries.
+        verbs: ["get", "list", "watch"].map(String::from).to_vec(),
+        ..Default::default()
+    }];
+    if !secrets.is_empty() {
+        rules.push(PolicyRule {
+            api_groups: Some(vec!["".into()]),
+            resources: Some(vec!["secrets".into()]),
+            resource_names: Some(secrets.iter().cloned().collect()),
+            verbs: vec!["get".into()],
+            ..Default::default()
+        });
+    }
     let role = Role {
         metadata: pool_meta(namespace),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec!["".into()]),
-            resources: Some(vec!["configmaps".into()]),
-            // get: a module's chunks; list and watch: the table's entries.
-            verbs: ["get", "list", "watch"].map(String::from).to_vec(),
-            ..Default::default()
-        }]),
+        rules: Some(rules),
     };
     let binding = RoleBinding {
         metadata: pool_meta(namespace),
@@ -217,7 +229,7 @@ fn chunks_location(func: &Function, module: &Module, count: usize) -> String {
 /// The runtime arguments a pooled Function is served with: its pod's, the module and code
 /// read from the API instead of a volume.
 pub fn pool_args(func: &Function, module: &Module) -> Vec<String> {
-    let mut args = match &module.location {
+    match &module.location {
         ModuleLocation::ConfigMaps { count } => {
             let code_chunks = module.code.as_ref().map_or(0, |code| code.chunks);
             args_with_locations(
@@ -228,29 +240,39 @@ pub fn pool_args(func: &Function, module: &Module) -> Vec<String> {
             )
         }
         ModuleLocation::Oci { .. } => super::runtime_args(func, module),
-    };
-    // A pod has the handler's environment in its own (from the container's `env`); the
-    // pool's process is shared, so a pooled Function's travels in its entry. Only literal
-    // values: one from a Secret or ConfigMap keeps the Function out of the pool
-    // (`FunctionSpec::pool_refusal`).
-    for var in &func.spec.env {
-        if var.value_from.is_none() {
-            args.extend([
-                "--env".into(),
-                format!("{}={}", var.name, var.value.as_deref().unwrap_or_default()),
-            ]);
-        }
     }
-    args
 }
 
 /// A Function's entry in the pool's table: its port there, its runtime arguments, and
 /// whether its Service routes to its own pods now (the pool then closes each connection
 /// after its answer, so keep-alive clients reconnect to the pods).
-pub fn pool_entry(func: &Function, module: &Module, port: u16, served_by_pods: bool) -> ConfigMap {
+///
+/// A pod has the Function's variables in its container's `env` and `envFrom`, which the
+/// kubelet resolves; the pool's process is shared, so a pooled Function's travel in its
+/// entry, in the same shape, and the pool reads their Secrets and ConfigMaps itself
+/// (`config_hash`, of their resourceVersions, changes the entry when one of them changes).
+/// Values are references, never read by the operator nor written here.
+pub fn pool_entry(
+    func: &Function,
+    module: &Module,
+    port: u16,
+    served_by_pods: bool,
+    config_hash: Option<&Digest>,
+) -> ConfigMap {
     let mut entry = serde_json::json!({ "port": port, "args": pool_args(func, module) });
     if served_by_pods {
         entry["servedByPods"] = true.into();
+    }
+    let env = function_env(func, Expansion::None);
+    if !env.is_empty() {
+        entry["env"] = serde_json::to_value(env).expect("JSON");
+    }
+    let env_from = handler_env_from(func);
+    if !env_from.is_empty() {
+        entry["envFrom"] = serde_json::to_value(env_from).expect("JSON");
+    }
+    if let Some(hash) = config_hash {
+        entry["configHash"] = hash.to_string().into();
     }
     ConfigMap {
         metadata: meta(

@@ -395,6 +395,22 @@ fn runtime_env(func: &Function, settings: &Settings) -> Vec<EnvVar> {
         }),
         ..Default::default()
     });
+    env.extend(function_env(func, Expansion::Kubelet));
+    env
+}
+
+/// Whether a literal value is read by the kubelet, which expands `$(NAME)` and turns `$$`
+/// into `$` (a pod's container), or taken as is (the pool's entry).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Expansion {
+    Kubelet,
+    None,
+}
+
+/// The Function's own variables: its outbound headers' values and its handler's `env`,
+/// under the names the runtime reads them by.
+pub(super) fn function_env(func: &Function, expansion: Expansion) -> Vec<EnvVar> {
+    let mut env = Vec::new();
     let headers = func.spec.outbound.iter().flat_map(|outbound| &outbound.headers);
     env.extend(headers.enumerate().map(|(index, header)| {
         let secret = &header.value_from.secret_key_ref;
@@ -411,20 +427,22 @@ fn runtime_env(func: &Function, settings: &Settings) -> Vec<EnvVar> {
             ..Default::default()
         }
     }));
-    env.extend(func.spec.env.iter().map(handler_env_var));
+    env.extend(func.spec.env.iter().map(|var| handler_env_var(var, expansion)));
     env
 }
 
-/// One variable of the handler's environment as a container variable. A literal value has
-/// every `$` doubled: the kubelet expands `$(NAME)` in container variables and turns `$$`
-/// into `$`, and the handler must get exactly what the Function says.
-fn handler_env_var(var: &crate::crd::EnvVar) -> EnvVar {
+/// One variable of the handler's environment as a container variable. For the kubelet, a
+/// literal value has every `$` doubled: it expands `$(NAME)` in container variables and
+/// turns `$$` into `$`, and the handler must get exactly what the Function says.
+fn handler_env_var(var: &crate::crd::EnvVar, expansion: Expansion) -> EnvVar {
     let source = var.value_from.as_ref();
+    let literal = var.value.as_deref().unwrap_or_default();
     EnvVar {
         name: format!("{HANDLER_ENV_PREFIX}{}", var.name),
-        value: match source {
-            Some(_) => None,
-            None => Some(var.value.as_deref().unwrap_or_default().replace('$', "$$")),
+        value: match (source, expansion) {
+            (Some(_), _) => None,
+            (None, Expansion::Kubelet) => Some(literal.replace('$', "$$")),
+            (None, Expansion::None) => Some(literal.to_string()),
         },
         value_from: source.map(|source| EnvVarSource {
             secret_key_ref: source.secret_key_ref.as_ref().map(|key| SecretKeySelector {
@@ -443,7 +461,7 @@ fn handler_env_var(var: &crate::crd::EnvVar) -> EnvVar {
 }
 
 /// The Function's `envFrom`, each under [`HANDLER_ENV_PREFIX`] (and the entry's own prefix).
-fn handler_env_from(func: &Function) -> Vec<EnvFromSource> {
+pub(super) fn handler_env_from(func: &Function) -> Vec<EnvFromSource> {
     func.spec
         .env_from
         .iter()
@@ -588,7 +606,7 @@ mod tests {
                 value: Some(value.into()),
                 value_from: None,
             };
-            let container_var = handler_env_var(&var);
+            let container_var = handler_env_var(&var, Expansion::Kubelet);
             assert_eq!(container_var.name, "WASMLESS_HANDLER_ENV_V");
             let written = container_var.value.unwrap();
             assert_eq!(kubelet_expand(&written, &defined), value, "written as {written:?}");

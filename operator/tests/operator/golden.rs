@@ -381,16 +381,25 @@ fn golden_rust_function_with_crates() {
 }
 
 /// A Go function with `scale.min: 0`, in ConfigMaps with code: its entry in the pool's
-/// table (the module and code read from the API), its Service while the pool serves it, and
-/// the namespace's pool with its identity.
+/// table (the module and code read from the API, its env's Secrets and ConfigMaps named,
+/// never read), its Service while the pool serves it, and the namespace's pool with its
+/// identity, which may read the Secrets pooled Functions name.
 #[test]
 fn golden_go_function_served_by_the_pool() {
     let func = function(json!({
         "language": "go",
         "source": "package handlers\n\nimport \"net/http\"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) { w.Write([]byte(\"idle\")) }\n",
-        "env": [{"name": "GREETING", "value": "hi"}],
+        "env": [
+            {"name": "GREETING", "value": "hi $(HOME)"},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "prices-api", "key": "token"}}},
+        ],
+        "envFrom": [{"configMapRef": {"name": "shop-settings"}, "prefix": "SHOP_"}],
         "scale": {"min": 0, "max": 4, "targetConcurrency": 20, "idleTimeout": "30s"},
-        "outbound": {"allow": ["http://prices.shop.svc.cluster.local:8080"]},
+        "outbound": {
+            "allow": ["http://prices.shop.svc.cluster.local:8080"],
+            "headers": [{"url": "http://prices.shop.svc.cluster.local:8080", "name": "Authorization",
+                         "valueFrom": {"secretKeyRef": {"name": "prices-auth", "key": "bearer"}}}],
+        },
     }));
     let mut settings = Settings::new("wasmless/runtime:1.2.3", "wasmless/builder:1.2.3");
     // Traces on: the pool is told the collector, as a Function's own pods are.
@@ -413,14 +422,15 @@ fn golden_go_function_served_by_the_pool() {
     let port = objects::free_pool_port("hello", &Default::default()).expect("a free port");
     doc(
         "pool entry ConfigMap",
-        &objects::pool_entry(&func, &module, port, false),
+        &objects::pool_entry(&func, &module, port, false, Some(&digest("config versions"))),
     );
     doc(
         "Service, routed to the pool",
         &objects::service(&func, objects::Route::Pool { port }),
     );
     doc("pool Deployment", &objects::pool_deployment("shop", &settings));
-    let (account, role, binding) = objects::pool_rbac("shop");
+    let secrets = ["prices-api", "prices-auth"].map(String::from).into();
+    let (account, role, binding) = objects::pool_rbac("shop", &secrets);
     doc("pool ServiceAccount", &account);
     doc("pool Role", &role);
     doc("pool RoleBinding", &binding);

@@ -1194,9 +1194,10 @@ async fn scale_to_zero_serves_from_the_namespaces_pool(h: &Harness) {
         "{args:?}"
     );
     assert!(has_flag(&args, "--module-digest", &module.to_string()), "{args:?}");
-    assert!(
-        has_flag(&args, "--env", "GREETING=hi"),
-        "literal env travels in the entry: {args:?}"
+    assert_eq!(
+        value["env"],
+        json!([{"name": "WASMLESS_HANDLER_ENV_GREETING", "value": "hi"}]),
+        "literal env travels in the entry, as the pod's container would have it"
     );
 
     // The Service: same name and port, the pool's pods on the Function's port there.
@@ -1239,20 +1240,98 @@ async fn scale_to_zero_serves_from_the_namespaces_pool(h: &Harness) {
     assert_ne!(status(&other).pool_port, Some(port));
     assert!(status(&other).pool_port.is_some());
 
-    // One that reads a Secret cannot be pooled: a pod of its own, and status says why.
+    // One that reads a Secret is pooled too: its entry names the Secret, never its value,
+    // and the pool's Role may get that Secret (and no other).
+    const VALUE: &str = "pooled-s3cret-value";
+    h.api::<Secret>()
+        .create(&PostParams::default(), &secret("creds", "token", VALUE))
+        .await
+        .unwrap();
+    let reads_secret = json!([{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}}]);
     h.create(
         "secretive",
-        json!({"source": HELLO, "scale": {"min": 0}, "envFrom": [{"secretRef": {"name": "creds", "optional": true}}]}),
+        json!({"source": HELLO, "scale": {"min": 0}, "env": reads_secret}),
     )
     .await;
     h.reconcile("secretive").await.unwrap();
     h.finish_build("secretive", &wasm("secretive")).await;
     let secretive = h.reconciled("secretive").await;
-    assert_eq!(status(&secretive).served_by, Some(ServedBy::Pods));
-    assert_eq!(h.deployment("secretive").await.unwrap().spec.unwrap().replicas, Some(1));
-    let ready = condition(&secretive, "Ready");
+    assert_eq!(
+        status(&secretive).served_by,
+        Some(ServedBy::Pool),
+        "{:?}",
+        status(&secretive)
+    );
+    assert_eq!(h.deployment("secretive").await.unwrap().spec.unwrap().replicas, Some(0));
+    let entry_value = |entry: ConfigMap| -> serde_json::Value {
+        serde_json::from_str(&entry.data.unwrap()[objects::POOL_ENTRY_KEY]).unwrap()
+    };
+    let entry = h
+        .api::<ConfigMap>()
+        .get(&objects::pool_entry_name("secretive"))
+        .await
+        .unwrap();
+    let text = serde_json::to_string(&entry).unwrap();
+    assert!(!text.contains(VALUE), "the Secret's value is in the entry: {text}");
+    let value = entry_value(entry);
+    assert_eq!(
+        value["env"],
+        json!([{"name": "WASMLESS_HANDLER_ENV_TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}}])
+    );
+    let first_hash = value["configHash"]
+        .as_str()
+        .expect("the hash of what its env reads")
+        .to_string();
+    let rules = h.api::<Role>().get(objects::POOL_NAME).await.unwrap().rules.unwrap();
+    let secret_rules: Vec<_> = rules
+        .iter()
+        .filter(|rule| rule.resources.as_deref() == Some(&["secrets".to_string()][..]))
+        .collect();
+    assert_eq!(secret_rules.len(), 1, "{rules:?}");
+    assert_eq!(secret_rules[0].verbs, ["get"]);
+    assert_eq!(
+        secret_rules[0].resource_names.as_deref(),
+        Some(&["creds".to_string()][..])
+    );
+    // Rotated: the entry changes, so the pool reads the Secret again.
+    h.api::<Secret>()
+        .patch(
+            "creds",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"token": "rotated"}})),
+        )
+        .await
+        .unwrap();
+    h.reconcile("secretive").await.unwrap();
+    let entry = h
+        .api::<ConfigMap>()
+        .get(&objects::pool_entry_name("secretive"))
+        .await
+        .unwrap();
+    assert_ne!(entry_value(entry)["configHash"].as_str(), Some(first_hash.as_str()));
+
+    // One with a CA bundle (a file its pods mount) is not: a pod of its own, and status says why.
+    h.create(
+        "trusting",
+        json!({"source": HELLO, "scale": {"min": 0}, "outbound": {"allow": ["https://internal.example"],
+            "caBundle": {"configMapKeyRef": {"name": "ca", "key": "ca.crt"}}}}),
+    )
+    .await;
+    h.api::<ConfigMap>()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "ca"}, "data": {"ca.crt": "PEM"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    h.reconcile("trusting").await.unwrap();
+    h.finish_build("trusting", &wasm("trusting")).await;
+    let trusting = h.reconciled("trusting").await;
+    assert_eq!(status(&trusting).served_by, Some(ServedBy::Pods));
+    assert_eq!(h.deployment("trusting").await.unwrap().spec.unwrap().replicas, Some(1));
+    let ready = condition(&trusting, "Ready");
     assert!(
-        ready.message.contains("scale.min 0 is not honoured") && ready.message.contains("envFrom"),
+        ready.message.contains("scale.min 0 is not honoured") && ready.message.contains("caBundle"),
         "{ready:?}"
     );
 

@@ -7,13 +7,15 @@
 //! The same client reads pooled Functions' chunk ConfigMaps ([`crate::configmap_chunks`]).
 
 use super::Pool;
-use super::table::{self, Row, Table};
+use super::references::{self, ApiObjects};
+use super::table::{self, Entry, Row, Table};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The label that names a ConfigMap's Function.
 pub const FUNCTION_LABEL: &str = "wasmless.io/function";
@@ -98,9 +100,22 @@ pub fn table_of(configmaps: &BTreeMap<String, (String, Row)>) -> Table {
     table
 }
 
+/// How long a Function whose Secrets or ConfigMaps could not be read waits before they are
+/// read again: doubling from the first, up to the last.
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+const RETRY_MOST: Duration = Duration::from_secs(10);
+
+/// An entry whose values could not be read: its ConfigMap, and when to try again.
+struct Unresolved {
+    configmap: ConfigMap,
+    wait: Duration,
+    next: Instant,
+}
+
 /// A connected client, and what to watch with it.
 pub struct ApiTable {
     configmaps: kube::Api<ConfigMap>,
+    objects: ApiObjects,
     namespace: String,
     selector: String,
 }
@@ -117,25 +132,76 @@ impl ApiTable {
         );
         crate::configmap_chunks::use_client(client.clone(), &namespace);
         Ok(Self {
-            configmaps: kube::Api::namespaced(client, &namespace),
+            configmaps: kube::Api::namespaced(client.clone(), &namespace),
+            objects: ApiObjects {
+                secrets: kube::Api::<Secret>::namespaced(client.clone(), &namespace),
+                configmaps: kube::Api::namespaced(client, &namespace),
+            },
             namespace,
             selector: selector.to_string(),
         })
     }
 
+    /// The row of an entry ConfigMap, its Secrets' and ConfigMaps' values read; whether
+    /// reading them failed (then it is read again later).
+    /// `previous`: the row held for it, whose values serve again when only the route changed.
+    async fn read_row(&self, configmap: &ConfigMap, previous: Option<&(String, Row)>) -> ((String, Row), bool) {
+        let (function, row) = row_of(configmap);
+        let Ok(entry) = row.entry else {
+            return ((function, row), false);
+        };
+        if let Some((_, Row { entry: Ok(held), .. })) = previous {
+            let reused = Entry {
+                resolved: held.resolved.clone(),
+                ..entry.clone()
+            };
+            if held.same_but_route(&reused) {
+                let row = Row {
+                    origin: row.origin,
+                    entry: Ok(reused),
+                };
+                return ((function, row), false);
+            }
+        }
+        let resolved = references::resolve(entry, &self.objects).await;
+        let failed = resolved.is_err();
+        let row = Row {
+            origin: row.origin,
+            entry: resolved,
+        };
+        ((function, row), failed)
+    }
+
     /// Watches until the process ends: every change is applied as it arrives, a relist
     /// replaces the table once complete. A failed watch is retried with backoff, the last
-    /// table serving meanwhile.
+    /// table serving meanwhile; so is a Function whose Secrets could not be read, on its own.
     pub async fn run(self, pool: Arc<Pool>) {
         tracing::info!(namespace = %self.namespace, selector = %self.selector, "watching the pool's table through the Kubernetes API");
         let config = watcher::Config::default().labels(&self.selector);
-        let mut events = watcher::watcher(self.configmaps, config).default_backoff().boxed();
+        let mut events = watcher::watcher(self.configmaps.clone(), config)
+            .default_backoff()
+            .boxed();
         let mut held: BTreeMap<String, (String, Row)> = BTreeMap::new();
         // A relist's ConfigMaps, applied together once it is complete: one missing from it
         // was deleted while the watch was down.
         let mut relisted: Option<BTreeMap<String, (String, Row)>> = None;
+        let mut unresolved: BTreeMap<String, Unresolved> = BTreeMap::new();
+        let mut retries = tokio::time::interval(RETRY_FIRST);
+        retries.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut failing = false;
-        while let Some(event) = events.next().await {
+        loop {
+            let event = tokio::select! {
+                event = events.next() => match event {
+                    Some(event) => event,
+                    None => break,
+                },
+                _ = retries.tick(), if !unresolved.is_empty() => {
+                    if self.retry(&mut unresolved, &mut held).await {
+                        pool.apply(table_of(&held));
+                    }
+                    continue;
+                }
+            };
             let event = match event {
                 Ok(event) => event,
                 Err(error) => {
@@ -154,26 +220,79 @@ impl ApiTable {
             match event {
                 Event::Init => relisted = Some(BTreeMap::new()),
                 Event::InitApply(configmap) => {
-                    relisted
-                        .get_or_insert_default()
-                        .insert(name(&configmap), row_of(&configmap));
+                    let (row, failed) = self.read_row(&configmap, held.get(&name(&configmap))).await;
+                    note_unresolved(&mut unresolved, &configmap, failed);
+                    relisted.get_or_insert_default().insert(name(&configmap), row);
                 }
                 Event::InitDone => {
                     held = relisted.take().unwrap_or_default();
+                    unresolved.retain(|name, _| held.contains_key(name));
                     pool.apply(table_of(&held));
                     tracing::info!(functions = pool.len(), "pool table read from the API");
                 }
                 Event::Apply(configmap) => {
-                    held.insert(name(&configmap), row_of(&configmap));
+                    let (row, failed) = self.read_row(&configmap, held.get(&name(&configmap))).await;
+                    note_unresolved(&mut unresolved, &configmap, failed);
+                    held.insert(name(&configmap), row);
                     pool.apply(table_of(&held));
                 }
                 Event::Delete(configmap) => {
                     held.remove(&name(&configmap));
+                    unresolved.remove(&name(&configmap));
                     pool.apply(table_of(&held));
                 }
             }
         }
         tracing::error!("the watch of the pool's ConfigMaps ended; serving the last table");
+    }
+
+    /// Reads again the values of the entries that are due; whether a row changed.
+    async fn retry(
+        &self,
+        unresolved: &mut BTreeMap<String, Unresolved>,
+        held: &mut BTreeMap<String, (String, Row)>,
+    ) -> bool {
+        let now = Instant::now();
+        let due: Vec<String> = unresolved
+            .iter()
+            .filter(|(_, waiting)| waiting.next <= now)
+            .map(|(name, _)| name.clone())
+            .collect();
+        let mut changed = false;
+        for name in due {
+            let configmap = unresolved[&name].configmap.clone();
+            let (row, failed) = self.read_row(&configmap, None).await;
+            if failed {
+                let waiting = unresolved.get_mut(&name).expect("due");
+                waiting.wait = (waiting.wait * 2).min(RETRY_MOST);
+                waiting.next = Instant::now() + waiting.wait;
+            } else {
+                unresolved.remove(&name);
+                tracing::info!(function = %row.0, "its Secrets and ConfigMaps were read");
+            }
+            if held.get(&name) != Some(&row) {
+                held.insert(name, row);
+                changed = true;
+            }
+        }
+        changed
+    }
+}
+
+/// Keeps `configmap` for another try when reading its values failed, forgets it otherwise.
+fn note_unresolved(unresolved: &mut BTreeMap<String, Unresolved>, configmap: &ConfigMap, failed: bool) {
+    let name = configmap.metadata.name.clone().unwrap_or_default();
+    if failed {
+        unresolved.insert(
+            name,
+            Unresolved {
+                configmap: configmap.clone(),
+                wait: RETRY_FIRST,
+                next: Instant::now() + RETRY_FIRST,
+            },
+        );
+    } else {
+        unresolved.remove(&name);
     }
 }
 

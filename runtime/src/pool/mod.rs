@@ -8,6 +8,7 @@
 //! pool with nothing but a target port.
 
 pub mod api;
+pub mod references;
 pub mod source;
 pub mod table;
 
@@ -142,7 +143,7 @@ impl Pool {
             };
             if let Some(old) = held
                 .get_mut(&name)
-                .filter(|old| old.entry.port == entry.port && old.entry.args == entry.args && old.entry != entry)
+                .filter(|old| old.entry != entry && old.entry.same_but_route(&entry))
             {
                 // Only where the Service routes changed: the loaded Function serves on.
                 old.tenant
@@ -342,7 +343,8 @@ impl Pool {
             ));
         }
         let metrics = Arc::new(self.metrics.for_function(&config.function));
-        let mut tenant = Tenant::new(&self.engine, &config, metrics, self.admin_port, std::iter::empty())
+        let variables = entry.resolved.0.iter().cloned();
+        let mut tenant = Tenant::new(&self.engine, &config, metrics, self.admin_port, variables)
             .map_err(|error| error.to_string())?;
         tenant.host_permits = Some(self.permits.clone());
         let pool = Arc::downgrade(self);

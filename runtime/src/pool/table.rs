@@ -3,12 +3,13 @@
 //! volume, can write) or from a ConfigMap the pool watches through the API ([`super::api`]).
 //! One bad entry costs only its own Function.
 
+use k8s_openapi::api::core::v1::{EnvFromSource, EnvVar};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
 
 /// One Function of the table, as its file says.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Entry {
     pub port: u16,
@@ -18,6 +19,48 @@ pub struct Entry {
     /// keep-alive client's next request reaches the pods.
     #[serde(default, rename = "servedByPods")]
     pub served_by_pods: bool,
+    /// The variables a dedicated pod's container would have (`WASMLESS_HANDLER_ENV_*`,
+    /// `WASMLESS_OUTBOUND_HEADER_*`), in core/v1's shape: literal values, and values from
+    /// the namespace's Secrets and ConfigMaps, which the pool reads as the kubelet would
+    /// for a pod ([`super::references`]). No `$(VAR)` expansion: a value is taken as is.
+    #[serde(default)]
+    pub env: Vec<EnvVar>,
+    #[serde(default, rename = "envFrom")]
+    pub env_from: Vec<EnvFromSource>,
+    /// Changes when an object `env` or `envFrom` reads changes (the operator's hash of
+    /// their resourceVersions): the entry then differs, and its values are read again.
+    #[serde(default, rename = "configHash")]
+    pub config_hash: Option<String>,
+    /// `env` and `envFrom` resolved: the Function's variables, never serialised or logged.
+    #[serde(skip)]
+    pub resolved: Resolved,
+}
+
+impl Entry {
+    /// Whether it reads anything from the API (a Secret or a ConfigMap).
+    pub fn reads_objects(&self) -> bool {
+        !self.env_from.is_empty() || self.env.iter().any(|var| var.value_from.is_some())
+    }
+
+    /// The same Function, served the same way, whatever its route: only `servedByPods`
+    /// may differ.
+    pub fn same_but_route(&self, other: &Entry) -> bool {
+        Entry {
+            served_by_pods: other.served_by_pods,
+            ..self.clone()
+        } == *other
+    }
+}
+
+/// A Function's variables from its entry's `env` and `envFrom`, by name, as its runtime
+/// would find them in its environment. Its `Debug` shows names only.
+#[derive(Clone, Default, PartialEq)]
+pub struct Resolved(pub Vec<(String, String)>);
+
+impl std::fmt::Debug for Resolved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.iter().map(|(name, _)| name)).finish()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -28,7 +71,7 @@ pub enum TableError {
 
 /// One Function's entry, or why it cannot be used, and where it came from (`hello.json`,
 /// `ConfigMap hello-pool`) for the messages about it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     pub origin: String,
     pub entry: Result<Entry, String>,
@@ -61,7 +104,8 @@ pub fn read(dir: &Path) -> Result<Table, TableError> {
         }
         let parsed = std::fs::read(entry.path())
             .map_err(|error| format!("cannot read it: {error}"))
-            .and_then(|bytes| parse_entry(&bytes));
+            .and_then(|bytes| parse_entry(&bytes))
+            .and_then(super::references::resolve_literal);
         table.insert(
             name.to_string(),
             Row {

@@ -7,7 +7,7 @@
 use super::{at, eventually, metrics};
 use crate::support::*;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -96,6 +96,23 @@ impl TestNamespace {
             "data": {"entry.json": entry_json},
         }))
         .await;
+    }
+
+    /// Writes (or overwrites) a Secret of text values.
+    async fn apply_secret(&self, name: &str, values: &[(&str, &str)]) {
+        let data: BTreeMap<String, String> = values.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let secret: Secret = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data,
+        }))
+        .unwrap();
+        Api::<Secret>::namespaced(self.client.clone(), &self.name)
+            .patch(
+                name,
+                &PatchParams::apply("wasmless-tests").force(),
+                &Patch::Apply(&secret),
+            )
+            .await
+            .unwrap_or_else(|error| panic!("writing Secret {name}: {error}"));
     }
 
     async fn delete_entry(&self, function: &str) {
@@ -353,4 +370,97 @@ async fn real_api_pool_is_not_ready_until_it_has_read_its_table() {
     let (status, body) = get(pool.admin_url("/readyz")).await;
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("table"), "{body}");
+}
+
+#[tokio::test]
+async fn real_api_pool_gives_a_function_its_secrets_and_configmaps_values_and_reads_them_again_when_told() {
+    let namespace = TestNamespace::new("pool-secrets").await;
+    let built = Built::echo();
+    built.write(&namespace, "secretive").await;
+    built.write(&namespace, "configured").await;
+    built.write(&namespace, "waiting").await;
+    namespace.apply_secret("greeting", &[("text", "from the Secret")]).await;
+    namespace
+        .apply(serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"},
+            "data": {"GREETING": "from the ConfigMap", "OTHER": "x"},
+        }))
+        .await;
+    let pool = namespace.start_pool(&namespace.kubeconfig);
+    eventually("the pool is ready once it has listed its ConfigMaps", || ready(&pool)).await;
+
+    // As the operator writes it: the variables a pod's container would have.
+    let entry = |function: &str, port: u16, env: serde_json::Value, env_from: serde_json::Value, hash: &str| {
+        serde_json::json!({
+            "port": port, "args": built.args(function, &[]), "env": env, "envFrom": env_from, "configHash": hash,
+        })
+        .to_string()
+    };
+    let from_secret = serde_json::json!([{"name": "WASMLESS_HANDLER_ENV_GREETING",
+        "valueFrom": {"secretKeyRef": {"name": "greeting", "key": "text"}}}]);
+    let secretive = free_port();
+    namespace
+        .write_raw_entry(
+            "secretive",
+            &entry("secretive", secretive, from_secret.clone(), serde_json::json!([]), "v1"),
+        )
+        .await;
+    let configured = free_port();
+    let from_configmap = serde_json::json!([{"prefix": "WASMLESS_HANDLER_ENV_", "configMapRef": {"name": "settings"}}]);
+    namespace
+        .write_raw_entry(
+            "configured",
+            &entry("configured", configured, serde_json::json!([]), from_configmap, "v1"),
+        )
+        .await;
+    eventually("the Function answers with its Secret's value", || async {
+        greeting(secretive).await.as_deref() == Some("from the Secret")
+    })
+    .await;
+    eventually("the other answers with its ConfigMap's value", || async {
+        greeting(configured).await.as_deref() == Some("from the ConfigMap")
+    })
+    .await;
+    let logs = pool.logs().join("\n");
+    assert!(!logs.contains("from the Secret"), "a Secret's value was logged: {logs}");
+
+    // Rotated: the Secret changes, then the entry's hash (the operator's resourceVersions).
+    namespace.apply_secret("greeting", &[("text", "rotated")]).await;
+    namespace
+        .write_raw_entry(
+            "secretive",
+            &entry("secretive", secretive, from_secret, serde_json::json!([]), "v2"),
+        )
+        .await;
+    eventually("the Function answers with the Secret's new value", || async {
+        greeting(secretive).await.as_deref() == Some("rotated")
+    })
+    .await;
+
+    // A Secret that does not exist yet: named on /pool, and read once it exists.
+    let waiting = free_port();
+    let from_missing = serde_json::json!([{"name": "WASMLESS_HANDLER_ENV_GREETING",
+        "valueFrom": {"secretKeyRef": {"name": "later", "key": "text"}}}]);
+    namespace
+        .write_raw_entry(
+            "waiting",
+            &entry("waiting", waiting, from_missing, serde_json::json!([]), "v1"),
+        )
+        .await;
+    eventually("the pool names the missing Secret", || async {
+        pool_status(&pool).await["waiting"]["error"]
+            .as_str()
+            .is_some_and(|error| error.contains("Secret later does not exist (env GREETING)"))
+    })
+    .await;
+    assert_eq!(
+        greeting(secretive).await.as_deref(),
+        Some("rotated"),
+        "its neighbour serves on"
+    );
+    namespace.apply_secret("later", &[("text", "at last")]).await;
+    eventually("the Function serves once its Secret exists", || async {
+        greeting(waiting).await.as_deref() == Some("at last")
+    })
+    .await;
 }
