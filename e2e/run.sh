@@ -39,7 +39,7 @@ steps=(
   install_operator goless_sample new_pod_precompiled           # steps/install.sh
   cluster_dns                                                  # steps/dns.sh
   scale_and_autoscale autoscale_on_cpu                         # steps/scale.sh
-  scale_to_zero                                                # steps/zero.sh
+  scale_to_zero pooled_secret                                  # steps/zero.sh
   cli_deploy                                                   # steps/cli.sh
   least_privilege                                              # steps/security.sh
   call_another_function secret_rotation                       # steps/outbound.sh

@@ -137,3 +137,67 @@ scale_to_zero() {
   echo "    gone from the pool $((SECONDS - started))s after kubectl delete"
   ok
 }
+
+pooled_secret() {
+  step "scale.min 0 and env from a Secret and a ConfigMap: served by the pool, which may read that Secret and no other; a rotation reaches the pool with no failed request"
+  kubectl create secret generic pool-greeting -n "$NS" --from-literal=text=first >/dev/null
+  kubectl create secret generic pool-unrelated -n "$NS" --from-literal=text=nobody >/dev/null
+  kubectl create configmap pool-settings -n "$NS" --from-literal=PUNCTUATION='!' >/dev/null
+  local source manifest started
+  source=$(printf 'package handlers\n\nimport (\n\t"net/http"\n\t"os"\n)\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {\n\tw.Write([]byte(os.Getenv("GREETING") + os.Getenv("PUNCTUATION")))\n}\n')
+  manifest=$(python3 -c 'import json,sys; print(json.dumps({
+    "apiVersion": "wasmless.io/v1alpha1", "kind": "Function",
+    "metadata": {"name": "pooled-secretive", "namespace": sys.argv[2]},
+    "spec": {"source": sys.argv[1], "scale": {"min": 0},
+             "env": [{"name": "GREETING", "valueFrom": {"secretKeyRef": {"name": "pool-greeting", "key": "text"}}}],
+             "envFrom": [{"configMapRef": {"name": "pool-settings"}}]}}))' "$source" "$NS")
+  started=$SECONDS
+  kubectl apply -f - <<<"$manifest" >/dev/null
+  wait_until 240 "pooled-secretive to be Ready" phase_is pooled-secretive Ready
+  echo "    Ready $((SECONDS - started))s after kubectl apply"
+  expect_eq "$(fn_field pooled-secretive .status.servedBy)" pool "pooled-secretive's status.servedBy"
+  expect_eq "$(own_pods pooled-secretive)" 0 "pooled-secretive's pods of its own"
+  expect_service_answer pooled-secretive "first!"
+
+  # The pool's identity: get on the Secret a pooled Function reads, nothing more.
+  local pool_sa="system:serviceaccount:$NS:wasmless-pool"
+  expect_eq "$(kubectl auth can-i get secret/pool-greeting -n "$NS" --as="$pool_sa")" yes "the pool may get the Secret its Function reads"
+  expect_eq "$(kubectl auth can-i get secret/pool-unrelated -n "$NS" --as="$pool_sa" || true)" no "the pool may get a Secret no pooled Function reads"
+  expect_eq "$(kubectl auth can-i list secrets -n "$NS" --as="$pool_sa" || true)" no "the pool may list Secrets"
+  local objects
+  objects=$(kubectl get fn/pooled-secretive deploy/pooled-secretive role/wasmless-pool -n "$NS" -o yaml
+    kubectl get cm -n "$NS" -l wasmless.io/function=pooled-secretive -o yaml)
+  [[ $objects != *first* ]] || fail "the Secret's value appears in the Function, its Deployment, the pool's Role or its ConfigMaps"
+
+  local url
+  url=$(service_url pooled-secretive)
+  request_loop "$url" "$WORK/pooled-secret.log" &
+  PIDS+=($!)
+  local loop=$!
+  sleep 1
+  local patched=$SECONDS
+  kubectl patch secret pool-greeting -n "$NS" --type merge -p '{"stringData":{"text":"second"}}' >/dev/null
+  answers_second() { [[ $(get "$url" 2>/dev/null) == "second!" ]]; }
+  wait_until 30 "the pool to answer with the new value" answers_second
+  echo "    the pool answered with the new value $((SECONDS - patched))s after the patch"
+  sleep 1
+  kill "$loop" 2>/dev/null || true
+  wait "$loop" 2>/dev/null || true
+  local total failed
+  total=$(wc -l <"$WORK/pooled-secret.log")
+  failed=$(grep -vc '^200 ' "$WORK/pooled-secret.log" || true)
+  echo "    $total requests during the rotation, $failed failed"
+  grep -v '^200 ' "$WORK/pooled-secret.log" | head -5 || true
+  expect_eq "$failed" 0 "failed requests during the rotation"
+  expect_eq "$(own_pods pooled-secretive)" 0 "pooled-secretive's pods of its own after the rotation"
+
+  kubectl delete fn pooled-secretive -n "$NS" --wait=false >/dev/null
+  # The operator narrows the pool's Role every 15 s: the Secret of a deleted Function goes.
+  local deleted=$SECONDS
+  forgot_secret() { [[ $(kubectl auth can-i get secret/pool-greeting -n "$NS" --as="$pool_sa" || true) == no ]]; }
+  wait_until 40 "the pool's Role to forget the deleted Function's Secret" forgot_secret
+  echo "    the pool's Role forgot the Secret $((SECONDS - deleted))s after kubectl delete"
+  kubectl delete secret pool-greeting pool-unrelated -n "$NS" >/dev/null
+  kubectl delete configmap pool-settings -n "$NS" >/dev/null
+  ok
+}

@@ -20,7 +20,7 @@ mod switch;
 mod traces;
 
 pub use apply::is_subset;
-pub use pool::{IDLE_POOL_GRACE, scale_idle_pools};
+pub use pool::{IDLE_POOL_GRACE, narrow_pool_roles, scale_idle_pools};
 pub use status::{
     CONDITION_BUILT, CONDITION_READY, MAX_EVENT_NOTE_BYTES, REASON_RECONCILE_ERROR, REASON_REFERENCE_NOT_FOUND,
     event_note,

@@ -77,21 +77,52 @@ async fn pooled_secrets(ctx: &Context, func: &Function, ns: &str) -> Result<BTre
             .collect(),
     };
     let name = func.name_any();
+    let others = others
+        .iter()
+        .map(|other| other.as_ref())
+        .filter(|other| other.name_any() != name);
+    Ok(secrets_read_in_pool(others.chain(std::iter::once(func)), ns))
+}
+
+/// The Secrets that the Functions of `ns` among `functions` read while they are in its
+/// pool (pooled, or leaving with an entry still there).
+fn secrets_read_in_pool<'a>(functions: impl IntoIterator<Item = &'a Function>, ns: &str) -> BTreeSet<String> {
     let in_pool = |func: &Function| {
         let pooled = func.spec.scales_to_zero() && func.spec.pool_refusal().is_none();
         pooled || func.status.as_ref().is_some_and(|status| status.pool_port.is_some())
     };
-    let secrets = others
-        .iter()
-        .filter(|other| other.namespace().as_deref() == Some(ns) && other.name_any() != name)
-        .map(|other| other.as_ref())
-        .chain(std::iter::once(func))
-        .filter(|func| in_pool(func))
+    functions
+        .into_iter()
+        .filter(|func| func.namespace().as_deref() == Some(ns) && in_pool(func))
         .flat_map(|func| references::references(&func.spec))
         .filter(|reference| reference.kind == ConfigKind::Secret)
         .map(|reference| reference.name)
-        .collect();
-    Ok(secrets)
+        .collect()
+}
+
+/// Narrows each pool's Role to the Secrets its namespace's pooled Functions read now: a
+/// Function deleted, gone to pods or changed no longer lets the pool read its Secrets.
+/// (Reconciles only ever write the Role of a Function they see; this is the one that
+/// notices what is gone.) The namespaces whose Role changed.
+pub async fn narrow_pool_roles(
+    ctx: &Context,
+    deployments: &Api<Deployment>,
+    functions: &[Arc<Function>],
+) -> Result<Vec<String>, Error> {
+    let pools = deployments
+        .list(&ListParams::default().labels(&objects::pool_deployment_selector()))
+        .await?;
+    let mut narrowed = Vec::new();
+    for pool in pools.items.iter().filter(|pool| pool.name_any() == POOL_NAME) {
+        let Some(ns) = pool.namespace() else { continue };
+        let secrets = secrets_read_in_pool(functions.iter().map(|func| func.as_ref()), &ns);
+        let (_, role, _) = objects::pool_rbac(&ns, &secrets);
+        if apply_if_changed(&Api::<Role>::namespaced(ctx.client.clone(), &ns), &role).await? {
+            tracing::info!(namespace = %ns, secrets = ?secrets, "the pool's Role now names only the Secrets its Functions read");
+            narrowed.push(ns);
+        }
+    }
+    Ok(narrowed)
 }
 
 /// What a pooled Function's entry is made of, beside its port and route.
@@ -323,8 +354,12 @@ pub(super) async fn scale_idle_pools_forever(
     let mut tick = tokio::time::interval(IDLE_POOL_CHECK);
     loop {
         tick.tick().await;
-        if let Err(error) = scale_idle_pools(&ctx, &deployments, &functions.state(), &mut idle, IDLE_POOL_GRACE).await {
+        let state = functions.state();
+        if let Err(error) = scale_idle_pools(&ctx, &deployments, &state, &mut idle, IDLE_POOL_GRACE).await {
             tracing::warn!(%error, "cannot scale the idle pools down; trying again");
+        }
+        if let Err(error) = narrow_pool_roles(&ctx, &deployments, &state).await {
+            tracing::warn!(%error, "cannot narrow the pools' Roles; trying again");
         }
     }
 }

@@ -1309,6 +1309,21 @@ async fn scale_to_zero_serves_from_the_namespaces_pool(h: &Harness) {
         .await
         .unwrap();
     assert_ne!(entry_value(entry)["configHash"].as_str(), Some(first_hash.as_str()));
+    // Gone from the controller's store (deleted): the pool's Role forgets its Secret.
+    let remaining = [
+        std::sync::Arc::new(h.function("hello").await),
+        std::sync::Arc::new(h.function("other").await),
+    ];
+    let narrowed = wasmless_operator::controller::narrow_pool_roles(&h.ctx, &h.api::<Deployment>(), &remaining)
+        .await
+        .unwrap();
+    assert_eq!(narrowed, [h.ns.clone()]);
+    let rules = h.api::<Role>().get(objects::POOL_NAME).await.unwrap().rules.unwrap();
+    assert_eq!(rules.len(), 1, "only the ConfigMaps rule: {rules:?}");
+    let again = wasmless_operator::controller::narrow_pool_roles(&h.ctx, &h.api::<Deployment>(), &remaining)
+        .await
+        .unwrap();
+    assert!(again.is_empty(), "nothing more to narrow: {again:?}");
 
     // One with a CA bundle (a file its pods mount) is not: a pod of its own, and status says why.
     h.create(
