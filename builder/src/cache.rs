@@ -197,7 +197,97 @@ fn check_entry(path: &Path) -> Result<Option<Vec<u8>>, String> {
             expected.trim_end()
         ));
     }
+    touch(path);
     Ok(Some(payload.to_vec()))
+}
+
+/// How long a hit leaves an entry's modification time alone: it marks when the entry was
+/// last used (for [`BuildCache::collect`]) without a write on every hit.
+const TOUCH_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Marks an entry just read as used now, unless it was within [`TOUCH_AFTER`]. Best effort:
+/// an entry that cannot be touched is only collected sooner.
+fn touch(path: &Path) {
+    let now = std::time::SystemTime::now();
+    let Ok(file) = std::fs::File::options().write(true).open(path) else {
+        return;
+    };
+    let stale = file
+        .metadata()
+        .and_then(|meta| meta.modified())
+        .map_or(true, |modified| {
+            now.duration_since(modified).unwrap_or_default() > TOUCH_AFTER
+        });
+    if stale {
+        let _ = file.set_modified(now);
+    }
+}
+
+/// What [`BuildCache::collect`] found and removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Collected {
+    /// Bytes of entries before, and removed.
+    pub held: u64,
+    pub freed: u64,
+    pub removed: usize,
+}
+
+/// The directories of this cache's own entries; the compilers' caches beside them are theirs
+/// (Go trims its own build cache of what it has not used for days).
+const ENTRY_DIRS: [&str; 3] = ["modules", "code", "functions"];
+
+impl BuildCache {
+    /// Removes the least recently used entries (by modification time, which a hit renews
+    /// at most hourly) while the cache's own entries — modules, compiled code, compiled
+    /// functions — take more than `budget`, down to three quarters of it, so that a full
+    /// cache is not collected again at every build. Concurrent builds stay safe: one whose
+    /// entry goes finds a miss and compiles it again. A writer's temporary file is only
+    /// removed once it is an hour old (a crashed build's).
+    pub fn collect(&self, budget: u64) -> std::io::Result<Collected> {
+        let now = std::time::SystemTime::now();
+        let mut entries: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
+        let mut stack: Vec<PathBuf> = ENTRY_DIRS.iter().map(|dir| self.dir.join(dir)).collect();
+        while let Some(dir) = stack.pop() {
+            let listing = match std::fs::read_dir(&dir) {
+                Ok(listing) => listing,
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(error) => return Err(error),
+            };
+            for entry in listing.flatten() {
+                let Ok(meta) = entry.metadata() else { continue };
+                if meta.is_dir() {
+                    stack.push(entry.path());
+                    continue;
+                }
+                let modified = meta.modified().unwrap_or(now);
+                let writing = entry.file_name().to_string_lossy().starts_with(".tmp-")
+                    && now.duration_since(modified).unwrap_or_default() < TOUCH_AFTER;
+                if !writing {
+                    entries.push((modified, meta.len(), entry.path()));
+                }
+            }
+        }
+        let held: u64 = entries.iter().map(|(_, len, _)| len).sum();
+        let mut collected = Collected {
+            held,
+            ..Collected::default()
+        };
+        if held <= budget {
+            return Ok(collected);
+        }
+        entries.sort();
+        let goal = budget / 4 * 3;
+        for (_, len, path) in entries {
+            if held - collected.freed <= goal {
+                break;
+            }
+            if std::fs::remove_file(&path).is_ok() {
+                collected.freed += len;
+                collected.removed += 1;
+            }
+        }
+        Ok(collected)
+    }
 }
 
 /// Removes an entry that failed its check, so the rebuild replaces it, and says why.
@@ -269,4 +359,82 @@ pub fn check_usable(dir: &Path) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    fn age(path: &Path, ago: Duration) {
+        let file = std::fs::File::options().write(true).open(path).unwrap();
+        file.set_modified(SystemTime::now() - ago).unwrap();
+    }
+
+    #[test]
+    fn collecting_removes_the_least_recently_used_entries_down_to_three_quarters_of_the_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = BuildCache::new(dir.path());
+        let functions = cache.functions();
+        let kilobyte = vec![7u8; 1000];
+        // Ten modules and ten compiled functions of about 1 kB, the first the oldest.
+        let modules: Vec<Digest> = (0..10u8).map(|n| Digest::of(&[n])).collect();
+        for (n, digest) in modules.iter().enumerate() {
+            cache.put_module(digest, &kilobyte).unwrap();
+            assert!(wasmless_runtime::precompiled::CacheStore::insert(
+                &*functions,
+                &[n as u8],
+                kilobyte.clone()
+            ));
+            age(
+                &cache.module_path(digest),
+                Duration::from_secs(86_400 * (20 - n as u64)),
+            );
+            // An hour newer than its module: an order that does not hang on nanoseconds.
+            age(
+                &functions.path(&[n as u8]),
+                Duration::from_secs(86_400 * (20 - n as u64) - 3600),
+            );
+        }
+        // The oldest module is used now: a hit marks it.
+        assert!(matches!(cache.get_module(&modules[0]), Lookup::Hit(_)));
+        let entry_len = std::fs::metadata(cache.module_path(&modules[0])).unwrap().len();
+        let held = 20 * entry_len;
+
+        assert_eq!(
+            cache.collect(held).unwrap().removed,
+            0,
+            "within the budget: nothing goes"
+        );
+        let collected = cache.collect(held - 1).unwrap();
+        assert_eq!(collected.held, held);
+        assert!(held - collected.freed <= (held - 1) / 4 * 3, "{collected:?}");
+        assert_eq!(collected.removed, 6, "{collected:?}");
+        // The oldest go first (modules 1-3 and functions 0-2), the one just used stays.
+        assert!(matches!(cache.get_module(&modules[0]), Lookup::Hit(_)));
+        for (n, module) in modules.iter().enumerate().skip(1) {
+            match n {
+                1..=3 => assert_eq!(cache.get_module(module), Lookup::Miss, "module {n}"),
+                _ => assert!(matches!(cache.get_module(module), Lookup::Hit(_)), "module {n}"),
+            }
+        }
+        use wasmless_runtime::precompiled::CacheStore;
+        assert!(functions.get(&[0]).is_none() && functions.get(&[2]).is_none());
+        assert!(functions.get(&[3]).is_some() && functions.get(&[9]).is_some());
+    }
+
+    #[test]
+    fn a_write_under_way_is_not_collected_and_a_crashed_ones_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = BuildCache::new(dir.path());
+        make_private_dir(&dir.path().join("code")).unwrap();
+        let writing = dir.path().join("code").join(".tmp-writing");
+        let crashed = dir.path().join("code").join(".tmp-crashed");
+        std::fs::write(&writing, vec![0u8; 1000]).unwrap();
+        std::fs::write(&crashed, vec![0u8; 1000]).unwrap();
+        age(&crashed, Duration::from_secs(7200));
+        let collected = cache.collect(10).unwrap();
+        assert_eq!(collected.removed, 1);
+        assert!(writing.exists() && !crashed.exists());
+    }
 }

@@ -48,6 +48,11 @@ pub struct BuildArgs {
     /// The operator's source digest, used in the published labels.
     #[arg(long, env = "WASMLESS_SOURCE_DIGEST")]
     pub source_digest: Option<Digest>,
+    /// The most the cache's own entries (built modules, compiled code, compiled functions)
+    /// may take: after each build the least recently used go, down to three quarters of
+    /// it. Go's and Cargo's caches beside them are not counted (Go trims its own).
+    #[arg(long, env = "WASMLESS_BUILD_CACHE_BUDGET", default_value = "4Gi", value_parser = wasmless_formats::quantity::parse_bytes)]
+    pub cache_budget: u64,
     /// Where Kubernetes reads a container's result; written when it exists.
     #[arg(long, env = "WASMLESS_TERMINATION_LOG", default_value = "/dev/termination-log")]
     pub termination_log: PathBuf,
@@ -59,10 +64,13 @@ pub struct BuildArgs {
 /// for anything else (retrying may succeed).
 pub async fn run(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> i32 {
     let termination_log = args.termination_log.clone();
+    let budget = args.cache_budget;
     match build(args, progress).await {
-        Ok(result) => {
+        Ok((result, cache_dir)) => {
             println!("{result}");
             write_termination_log(&termination_log, &result);
+            // After the result: the operator has what it needs, nobody waits for this.
+            collect_cache(&cache_dir, budget);
             0
         }
         Err(Failure { message, sources_fault }) => {
@@ -98,8 +106,25 @@ impl From<BuildError> for Failure {
     }
 }
 
-/// Returns the JSON result line, or why the build failed.
-async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<String, Failure> {
+/// Keeps the cache's own entries under `budget`, saying what went; a failure costs only
+/// the collection.
+fn collect_cache(cache_dir: &Path, budget: u64) {
+    match crate::cache::BuildCache::new(cache_dir).collect(budget) {
+        Ok(collected) if collected.removed > 0 => tracing::info!(
+            cache = %cache_dir.display(),
+            removed = collected.removed,
+            freed_bytes = collected.freed,
+            held_bytes = collected.held,
+            budget,
+            "the build cache was over its budget: its least recently used entries were removed"
+        ),
+        Ok(_) => {}
+        Err(error) => tracing::warn!(cache = %cache_dir.display(), %error, "cannot collect the build cache"),
+    }
+}
+
+/// Returns the JSON result line and the cache directory it used, or why the build failed.
+async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<(String, PathBuf), Failure> {
     let started = std::time::Instant::now();
     // The wall clock of the start, for the operator's trace of the build: its phases are
     // placed from here (the pod's own timestamps have whole seconds only).
@@ -230,7 +255,7 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<Stri
             result["codeConfigMaps"] = serde_json::json!(published.code_config_maps);
         }
     }
-    Ok(result.to_string())
+    Ok((result.to_string(), cache_dir))
 }
 
 /// `WASMLESS_BUILD_CACHE`, else `~/.cache/wasmless/builder`.
