@@ -1317,7 +1317,7 @@ async fn scale_to_zero_serves_from_the_namespaces_pool(h: &Harness) {
     let narrowed = wasmless_operator::controller::narrow_pool_roles(&h.ctx, &h.api::<Deployment>(), &remaining)
         .await
         .unwrap();
-    assert_eq!(narrowed, [h.ns.clone()]);
+    assert_eq!(narrowed, std::slice::from_ref(&h.ns));
     let rules = h.api::<Role>().get(objects::POOL_NAME).await.unwrap().rules.unwrap();
     assert_eq!(rules.len(), 1, "only the ConfigMaps rule: {rules:?}");
     let again = wasmless_operator::controller::narrow_pool_roles(&h.ctx, &h.api::<Deployment>(), &remaining)
