@@ -346,10 +346,22 @@ pub(super) async fn scale_idle_pools_forever(
     deployments: Api<Deployment>,
     functions: Store<Function>,
 ) {
-    // An empty store before the first list would make every pool look unneeded.
-    if functions.wait_until_ready().await.is_err() {
-        return;
+    // An empty store before the first list would make every pool look unneeded, and every
+    // Role's Secrets unread. The store's readiness is waited for, but not for ever: on the
+    // test cluster, the controller's store never reported ready (kube-runtime 5), and this
+    // loop never ran. The grace covers a store that fills late: a pool is scaled down only
+    // after it was seen unneeded for that long, and Roles are narrowed only after it.
+    let started = Instant::now();
+    if tokio::time::timeout(IDLE_POOL_GRACE, functions.wait_until_ready())
+        .await
+        .is_err()
+    {
+        tracing::info!("the Function store did not report ready; checking idle pools anyway");
     }
+    tracing::info!(
+        every_s = IDLE_POOL_CHECK.as_secs(),
+        "checking for idle pools and the Secrets their Roles name"
+    );
     let mut idle = HashMap::new();
     let mut tick = tokio::time::interval(IDLE_POOL_CHECK);
     loop {
@@ -358,7 +370,9 @@ pub(super) async fn scale_idle_pools_forever(
         if let Err(error) = scale_idle_pools(&ctx, &deployments, &state, &mut idle, IDLE_POOL_GRACE).await {
             tracing::warn!(%error, "cannot scale the idle pools down; trying again");
         }
-        if let Err(error) = narrow_pool_roles(&ctx, &deployments, &state).await {
+        if started.elapsed() >= IDLE_POOL_GRACE
+            && let Err(error) = narrow_pool_roles(&ctx, &deployments, &state).await
+        {
             tracing::warn!(%error, "cannot narrow the pools' Roles; trying again");
         }
     }
