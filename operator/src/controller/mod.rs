@@ -412,14 +412,16 @@ async fn serve(
     // A Function that leaves the pool (scale.min raised, or it now reads a Secret) stays
     // there until a pod of its own is available, and its entry until the route has settled.
     let leaving = !pooled && entry_port.is_some();
+    let entry = pool::EntryParts {
+        module,
+        config_hash: match config {
+            Some(Config::Complete(hash)) => hash.as_ref(),
+            _ => None,
+        },
+    };
     let (replicas, route) = if pooled || (leaving && own_available == 0) {
         pool::ensure_pool(ctx, func, ns).await?;
         let was_served_by_pods = status.and_then(|status| status.served_by) == Some(ServedBy::Pods);
-        let config_hash = match config {
-            Some(Config::Complete(hash)) => hash.as_ref(),
-            _ => None,
-        };
-        let entry = pool::EntryParts { module, config_hash };
         let port = pool::write_entry(ctx, func, ns, &entry, was_served_by_pods).await?;
         let state = pool::pool_state(ctx, ns, &name, port).await;
         let decision = scale::route(
@@ -443,13 +445,6 @@ async fn serve(
             } else {
                 // Meanwhile the pool closes its keep-alive connections, which reconnect
                 // to the pods before the entry goes.
-                let entry = pool::EntryParts {
-                    module,
-                    config_hash: match config {
-                        Some(Config::Complete(hash)) => hash.as_ref(),
-                        _ => None,
-                    },
-                };
                 pool::write_entry(ctx, func, ns, &entry, true).await?;
                 served.entry_port = entry_port;
                 served.pending = true;

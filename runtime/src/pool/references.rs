@@ -301,30 +301,19 @@ mod tests {
     #[tokio::test]
     async fn what_is_missing_is_named_unless_it_is_optional() {
         let namespace = namespace();
-        let missing = |env: serde_json::Value| entry(env, serde_json::json!([]));
-        let error = resolve(
-            missing(serde_json::json!([{"name": "WASMLESS_HANDLER_ENV_TOKEN", "valueFrom": {"secretKeyRef": {"name": "gone", "key": "token"}}}])),
-            &namespace,
-        )
-        .await
-        .unwrap_err();
+        // The error of an entry whose one variable reads `name`'s `key`.
+        async fn error_of(namespace: &Namespace, variable: &str, name: &str, key: &str) -> String {
+            let env =
+                serde_json::json!([{"name": variable, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}}]);
+            resolve(entry(env, serde_json::json!([])), namespace).await.unwrap_err()
+        }
         assert_eq!(
-            error,
+            error_of(&namespace, "WASMLESS_HANDLER_ENV_TOKEN", "gone", "token").await,
             "Secret gone does not exist (env TOKEN): create it, or mark the reference optional"
         );
-        let error = resolve(
-            missing(serde_json::json!([{"name": "WASMLESS_HANDLER_ENV_TOKEN", "valueFrom": {"secretKeyRef": {"name": "api", "key": "nope"}}}])),
-            &namespace,
-        )
-        .await
-        .unwrap_err();
+        let error = error_of(&namespace, "WASMLESS_HANDLER_ENV_TOKEN", "api", "nope").await;
         assert!(error.starts_with("Secret api has no key nope (env TOKEN)"), "{error}");
-        let error = resolve(
-            missing(serde_json::json!([{"name": "WASMLESS_HANDLER_ENV_RAW", "valueFrom": {"secretKeyRef": {"name": "api", "key": "binary"}}}])),
-            &namespace,
-        )
-        .await
-        .unwrap_err();
+        let error = error_of(&namespace, "WASMLESS_HANDLER_ENV_RAW", "api", "binary").await;
         assert!(error.contains("not UTF-8"), "{error}");
         let optional = resolve(
             entry(
@@ -340,12 +329,7 @@ mod tests {
             forbidden: vec!["api".into()],
             ..namespace
         };
-        let error = resolve(
-            missing(serde_json::json!([{"name": "WASMLESS_HANDLER_ENV_TOKEN", "valueFrom": {"secretKeyRef": {"name": "api", "key": "token"}}}])),
-            &forbidden,
-        )
-        .await
-        .unwrap_err();
+        let error = error_of(&forbidden, "WASMLESS_HANDLER_ENV_TOKEN", "api", "token").await;
         assert!(error.contains("may not read Secret api"), "{error}");
     }
 
