@@ -198,7 +198,10 @@ fn runtime_container(func: &Function, settings: &Settings) -> Container {
             container_port("http", ports::HTTP),
             container_port("metrics", ports::ADMIN),
         ]),
-        readiness_probe: Some(probe("/readyz", 2)),
+        // Every second: the kubelet probes as soon as it sees the container started, which
+        // can be before the runtime listens, and the pod then takes traffic only from the
+        // next probe on (a new pod on the test cluster once waited 2 s for it).
+        readiness_probe: Some(probe("/readyz", 1)),
         liveness_probe: Some(probe("/healthz", 10)),
         env: Some(runtime_env(func, settings)),
         env_from: Some(handler_env_from(func)).filter(|env_from| !env_from.is_empty()),
