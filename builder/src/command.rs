@@ -134,7 +134,9 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<(Str
     let source = Source::read(args.language, &args.source).map_err(|e| Failure::from(BuildError::Source(e)))?;
     // A cache directory that cannot be used costs a cold build, never the build: the
     // result says why.
+    // Absolute, because Go refuses a relative GOCACHE and the compilers run elsewhere.
     let wanted = args.cache_dir.unwrap_or_else(default_cache_dir);
+    let wanted = std::path::absolute(&wanted).unwrap_or(wanted);
     let (cache_dir, cache_unusable) = match crate::cache::check_usable(&wanted) {
         Ok(()) => (wanted.clone(), None),
         Err(why) => {

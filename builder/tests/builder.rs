@@ -718,6 +718,30 @@ fn a_cache_directory_that_cannot_be_used_builds_cold_and_says_why() {
     assert!(problems.contains("install -d -o 65532"), "says what to do: {problems}");
 }
 
+/// `--cache-dir` relative to where the builder runs is made absolute, as Go's `GOCACHE`
+/// must be (`--compiler-caches-in-cache-dir` puts it there), and a second build hits it.
+#[test]
+fn a_relative_cache_directory_is_used_as_an_absolute_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("module.wat");
+    std::fs::write(&source, WAT_MODULE).unwrap();
+    let build_in_dir = || {
+        let output = build_command("wat", &source, &dir.path().join("out.wasm"), Path::new("cache"))
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        result(&output)
+    };
+    let first = build_in_dir();
+    assert_eq!(
+        first["cache"]["dir"],
+        dir.path().join("cache").to_str().unwrap(),
+        "{first}"
+    );
+    let second = build_in_dir();
+    assert_eq!(second["cache"]["module"], "hit", "{second}");
+}
+
 /// A Rust handler with dependencies in its Cargo.toml (serde with derive, serde_json) builds
 /// through a crates registry the test serves on 127.0.0.1, holding only the crates
 /// scripts/cargo-registry.sh fetched at set-up; its Cargo.lock holds the build (`--locked`),
