@@ -188,7 +188,7 @@ compile_error() {
 }
 
 oci_storage() {
-  step "the Rust example with storage: oci: built, pushed to a registry, pulled by digest"
+  step "the Rust example with storage: oci: built, pushed to a registry, pulled by digest; an edit switches the running pods in place, no failed request"
   mkdir -p "$WORK/registry"
   printf 'version: 0.1\nlog: {level: warn}\nstorage: {filesystem: {rootdirectory: %s}}\nhttp: {addr: "%s"}\n' \
     "$WORK/registry" "$REGISTRY" >"$WORK/registry.yml"
@@ -204,6 +204,37 @@ oci_storage() {
   routes=$(kubectl get deploy hello-rust -n "$NS" -o 'jsonpath={.spec.template.metadata.annotations.wasmless\.io/routes}')
   expect_contains "$routes" "oci://$REGISTRY/$NS/hello-rust@sha256:" "the module the runtime's routes name"
   [[ -n $(curl -fsS "http://$REGISTRY/v2/$NS/hello-rust/tags/list") ]] || fail "nothing in the registry"
+  # An edit: the new build's module is pulled by digest (nothing to mount), so the running
+  # pods switch to it in place as soon as it is built, while the rollout starts new ones.
+  local url serving_pods started first_digest
+  url=$(service_url hello-rust)
+  first_digest=$(fn_field hello-rust .status.moduleDigest)
+  serving_pods=$(kubectl get pods -n "$NS" -l wasmless.io/function=hello-rust,wasmless.io/component=runtime \
+    --field-selector=status.phase=Running -o 'jsonpath={.items[*].metadata.name}')
+  [[ -n $serving_pods ]] || fail "no running pod of hello-rust before the edit"
+  start_request_loop "$url" "$WORK/oci-edit-requests.log"
+  started=$(date +%s.%N)
+  sed -e 's/^  language: rust$/  language: rust\n  storage: oci/' -e 's/Hello from Rust!\\n/rust-v2\\n/' \
+    examples/hello-rust/function.yaml | kubectl apply -n "$NS" -f - >/dev/null
+  answers() { [[ $(get "$url" 2>/dev/null) == "$1" ]]; }
+  wait_until 600 "hello-rust to answer rust-v2" answers rust-v2
+  edit_recorded() { [[ $(fn_field hello-rust .status.moduleDigest) != "$first_digest" ]]; }
+  wait_until 60 "status to name the edit's module" edit_recorded
+  # A pod that served the first build and whose routes name the edit's module was switched.
+  local pod routes switched=0 digest
+  digest=$(fn_field hello-rust .status.moduleDigest)
+  for pod in $serving_pods; do
+    routes=$(kubectl get pod "$pod" -n "$NS" -o 'jsonpath={.metadata.annotations.wasmless\.io/routes}' 2>/dev/null) || continue
+    [[ $routes == *"$digest"* ]] && switched=$((switched + 1))
+  done
+  echo "pods switched in place: $switched of $(wc -w <<<"$serving_pods") ($serving_pods)"
+  ((switched > 0)) || fail "no pod that served the first build was switched to the edit in place"
+  sleep 1
+  stop_request_loop "$WORK/oci-edit-requests.log"
+  local total failed first
+  read -r total failed first <<<"$(request_loop_figures "$WORK/oci-edit-requests.log" "$started" rust-v2)"
+  echo "$total requests during the edit, $failed failed; rust-v2 answered ${first} s after kubectl apply; build phases: $(fn_field hello-rust .status.buildMessage)"
+  expect_eq "$failed" 0 "failed requests during the edit"
   ok
 }
 

@@ -44,32 +44,30 @@ pub(super) fn serving_module(deployment: &Deployment) -> Option<Module> {
     Module::from_pod_annotations(annotations)
 }
 
-/// The OCI module built from `digest`, as an earlier reconcile recorded it on status: the
-/// current build, or a kept revision's.
+/// The OCI module built from `digest`, as an earlier reconcile recorded it on status: a
+/// kept revision's (the current build is the newest revision).
 pub(super) fn oci_module_from_status(func: &Function, digest: &Digest) -> Option<Module> {
+    // From the revisions only: `status.sourceDigest` names what is being built as soon as a
+    // build starts, while `moduleDigest` and `moduleRef` still name what serves, the
+    // previous build's module (taking those for the new source served the old code as the
+    // new revision: an edit never took effect).
     let status = func.status.as_ref()?;
-    if status.source_digest.as_deref() == Some(&digest.to_string()) {
-        let module = oci_module(
-            digest,
-            status.module_digest.as_deref()?,
-            status.code_digest.as_deref(),
-            status.module_ref.as_deref()?,
-        )?;
-        return Some(Module {
-            size: status.module_size.and_then(|s| u64::try_from(s).ok()),
-            ..module
-        });
-    }
     let revision = status
         .revisions
         .iter()
         .find(|revision| revision.source_digest == digest.to_string())?;
-    oci_module(
+    let module = oci_module(
         digest,
         &revision.module_digest,
         revision.code_digest.as_deref(),
         revision.module_ref.as_deref()?,
-    )
+    )?;
+    // Its size is on status while it is the module that serves.
+    let size = status
+        .module_size
+        .filter(|_| status.module_digest.as_deref() == Some(revision.module_digest.as_str()))
+        .and_then(|size| u64::try_from(size).ok());
+    Some(Module { size, ..module })
 }
 
 /// An OCI module from the digests and `oci://` reference status records of it.

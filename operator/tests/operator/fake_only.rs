@@ -283,4 +283,46 @@ async fn oci_storage_publishes_to_the_registry_and_serves_by_reference() {
     assert_eq!(status(&func).code_digest, Some(code.to_string()));
     let served = served_alone(&h.deployment("hello").await.unwrap().spec.unwrap().template);
     assert_eq!(served["codeDigest"], code.to_string(), "{served}");
+
+    // An edit: while its build runs, status names the new source but what serves is still
+    // the first build's module, which no reconcile may take for the edit's.
+    h.update_spec("hello", json!({"source": HELLO_V2})).await;
+    let edited = Harness::status_source_digest(&h.reconciled("hello").await);
+    assert_ne!(edited, digest);
+    let func = h.reconciled("hello").await;
+    assert_eq!(status(&func).phase, Some(Phase::Building), "{:?}", status(&func));
+    assert_eq!(status(&func).revisions.len(), 1, "{:?}", status(&func).revisions);
+    let served = served_alone(&h.deployment("hello").await.unwrap().spec.unwrap().template);
+    assert_eq!(served["moduleDigest"], module.to_string(), "{served}");
+    // Its build ends: its own module serves, as a second revision.
+    let module_v2 = Digest::of(b"oci module v2");
+    let reference_v2 = format!(
+        "registry.local:5000/fns/default/hello@sha256:{}",
+        Digest::of(b"manifest v2").hex()
+    );
+    let result = format!(r#"{{"digest":"{module_v2}","size":10,"published":"oci://{reference_v2}"}}"#);
+    h.fail_build("hello", &result).await;
+    h.api::<Job>()
+        .patch_status(
+            &objects::job_name("hello", &edited),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"failed": null, "succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}})),
+        )
+        .await
+        .unwrap();
+    let func = h.reconciled("hello").await;
+    let served = served_alone(&h.deployment("hello").await.unwrap().spec.unwrap().template);
+    assert_eq!(served["module"], format!("oci://{reference_v2}"), "{served}");
+    let revisions: Vec<(String, String)> = status(&func)
+        .revisions
+        .iter()
+        .map(|r| (r.source_digest.clone(), r.module_digest.clone()))
+        .collect();
+    assert_eq!(
+        revisions,
+        [
+            (edited.to_string(), module_v2.to_string()),
+            (digest.to_string(), module.to_string())
+        ]
+    );
 }
