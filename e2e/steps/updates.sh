@@ -233,7 +233,7 @@ oci_storage() {
   stop_request_loop "$WORK/oci-edit-requests.log"
   local total failed first
   read -r total failed first <<<"$(request_loop_figures "$WORK/oci-edit-requests.log" "$started" rust-v2)"
-  echo "$total requests during the edit, $failed failed; rust-v2 answered ${first} s after kubectl apply; build phases: $(fn_field hello-rust .status.buildMessage)"
+  echo "$total requests during the edit, $failed failed; rust-v2 answered ${first} s after kubectl apply; $(fn_field hello-rust '.status.conditions[?(@.type=="Built")].message')"
   expect_eq "$failed" 0 "failed requests during the edit"
   ok
 }

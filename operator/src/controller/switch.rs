@@ -1,6 +1,7 @@
 //! Step 4, in place: the Function's running pods move to what a new pod template serves
 //! without waiting for new pods, where they have every revision it names mounted (a
-//! rollback to the standby revision, a split's shares changed, a split promoted). Their
+//! rollback to the standby revision, a split's shares changed, a split promoted; a
+//! revision in a registry needs no mount, so a new OCI build switches them too). Their
 //! `wasmless.io/routes` annotation is rewritten, which the runtime reads through its
 //! downward API file within a few hundred milliseconds and switches to once the revisions
 //! are loaded. The rollout replaces them with pods of the new template meanwhile, so what
