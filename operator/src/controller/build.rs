@@ -76,6 +76,19 @@ pub(super) async fn build(func: &Function, ctx: &Context, ns: &str, digest: &Dig
     if is("Complete") {
         return completed_build(ctx, ns, &name, &job_name, digest, storage).await;
     }
+    // An OCI build is recorded only by its result line: it is read as soon as the builder
+    // has exited with success, a second or two before the Job counts the pod and completes
+    // (the kubelet's report, then the Job controller's batch), which an edit would wait for.
+    if matches!(storage, Storage::Oci)
+        && let Some(module) = last_termination(ctx, ns, &job_name)
+            .await
+            .doing(BUILT, || format!("reading the pods of the build Job {job_name}"))?
+            .filter(|terminated| terminated.exit_code == 0)
+            .and_then(|terminated| terminated.message)
+            .and_then(|message| module_from_result(&message, digest).ok())
+    {
+        return Ok(Build::Done(module));
+    }
     Ok(Build::Running { job: job_name })
 }
 

@@ -294,22 +294,17 @@ async fn oci_storage_publishes_to_the_registry_and_serves_by_reference() {
     assert_eq!(status(&func).revisions.len(), 1, "{:?}", status(&func).revisions);
     let served = served_alone(&h.deployment("hello").await.unwrap().spec.unwrap().template);
     assert_eq!(served["moduleDigest"], module.to_string(), "{served}");
-    // Its build ends: its own module serves, as a second revision.
+    // Its builder exits with its result: its own module serves, as a second revision, from
+    // that reconcile on, before the Job has counted the pod and completed.
     let module_v2 = Digest::of(b"oci module v2");
     let reference_v2 = format!(
         "registry.local:5000/fns/default/hello@sha256:{}",
         Digest::of(b"manifest v2").hex()
     );
     let result = format!(r#"{{"digest":"{module_v2}","size":10,"published":"oci://{reference_v2}"}}"#);
-    h.fail_build("hello", &result).await;
-    h.api::<Job>()
-        .patch_status(
-            &objects::job_name("hello", &edited),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"failed": null, "succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}})),
-        )
-        .await
-        .unwrap();
+    let terminated = json!({"exitCode": 0, "reason": "Completed", "message": result});
+    h.build_pod_ended(&objects::job_name("hello", &edited), "Succeeded", terminated)
+        .await;
     let func = h.reconciled("hello").await;
     let served = served_alone(&h.deployment("hello").await.unwrap().spec.unwrap().template);
     assert_eq!(served["module"], format!("oci://{reference_v2}"), "{served}");
