@@ -122,6 +122,17 @@ request_loop_figures() {
   echo "$total $failed $first"
 }
 
+# pods_whose_routes_name PODS TEXT: how many of PODS (those still there) have TEXT in their
+# wasmless.io/routes annotation, that is, were switched in place to what TEXT names.
+pods_whose_routes_name() {
+  local pod routes count=0
+  for pod in $1; do
+    routes=$(kubectl get pod "$pod" -n "$NS" -o 'jsonpath={.metadata.annotations.wasmless\.io/routes}' 2>/dev/null) || continue
+    [[ $routes == *"$2"* ]] && count=$((count + 1))
+  done
+  echo "$count"
+}
+
 jobs_of() { kubectl get jobs -n "$NS" -l "wasmless.io/function=$1" -o name | wc -l; }
 has_jobs() { [[ $(jobs_of "$1") -ge 1 ]]; }
 

@@ -78,11 +78,8 @@ rollback() {
   wait_until 60 "hello to answer v2 again" answers v2
   # In place: the pods that served v2b serve v2 now, by their routes annotation (the
   # revision before the one serving is mounted in every pod), while new ones roll out.
-  local pod routes switched=0
-  for pod in $serving_pods; do
-    routes=$(kubectl get pod "$pod" -n "$NS" -o 'jsonpath={.metadata.annotations.wasmless\.io/routes}' 2>/dev/null) || continue
-    [[ $routes == *"\"$previous\""* ]] && switched=$((switched + 1))
-  done
+  local switched
+  switched=$(pods_whose_routes_name "$serving_pods" "\"$previous\"")
   echo "pods switched in place: $switched of $(wc -w <<<"$serving_pods") ($serving_pods)"
   ((switched > 0)) || fail "no pod that served $newest was switched to $previous in place"
   expect_eq "$(kubectl get fn hello -n "$NS" -o wide --no-headers | awk '{print $(NF)}')" "$previous" "kubectl get fn -o wide's SERVING column"
@@ -221,12 +218,8 @@ oci_storage() {
   edit_recorded() { [[ $(fn_field hello-rust .status.moduleDigest) != "$first_digest" ]]; }
   wait_until 60 "status to name the edit's module" edit_recorded
   # A pod that served the first build and whose routes name the edit's module was switched.
-  local pod routes switched=0 digest
-  digest=$(fn_field hello-rust .status.moduleDigest)
-  for pod in $serving_pods; do
-    routes=$(kubectl get pod "$pod" -n "$NS" -o 'jsonpath={.metadata.annotations.wasmless\.io/routes}' 2>/dev/null) || continue
-    [[ $routes == *"$digest"* ]] && switched=$((switched + 1))
-  done
+  local switched
+  switched=$(pods_whose_routes_name "$serving_pods" "$(fn_field hello-rust .status.moduleDigest)")
   echo "pods switched in place: $switched of $(wc -w <<<"$serving_pods") ($serving_pods)"
   ((switched > 0)) || fail "no pod that served the first build was switched to the edit in place"
   sleep 1
