@@ -3,9 +3,14 @@
 //! a ConfigMap volume: the pool serves Functions added after it started, and a volume is
 //! fixed when the pod starts.
 //!
-//! The client is the pool's (`--pool api:...`), one per process, set once it has
-//! connected: a source is parsed from a Function's flags in several places (its tenant,
-//! the code prefetch) that have no client of their own to pass.
+//! A Function's own pod reads them so too when the operator switches it in place to a
+//! revision built after it started (its volumes are fixed then): with its ServiceAccount's
+//! token, whose Role may `get` only that Function's chunks.
+//!
+//! The client is one per process: the pool's (`--pool api:...`), set once it has
+//! connected, or else made on the first read from the pod's in-cluster configuration. A
+//! source is parsed from a Function's flags in several places (its tenant, the code
+//! prefetch) that have no client of their own to pass.
 
 use std::sync::OnceLock;
 use wasmless_artifact::{Digest, Part};
@@ -24,9 +29,9 @@ pub struct ConfigMapChunks {
 #[derive(Debug, thiserror::Error)]
 pub enum ChunkFetchError {
     #[error(
-        "{source_text}: configmaps: sources are read through the pool's Kubernetes API client (--pool api:<selector>), and this runtime has none"
+        "{source_text}: configmaps: sources are read through the Kubernetes API, with the pool's client (--pool api:<selector>) or the pod's ServiceAccount token, and this runtime has neither ({reason})"
     )]
-    NoClient { source_text: String },
+    NoClient { source_text: String, reason: String },
     #[error("{source_text}: cannot read ConfigMap {name} in namespace {namespace}: {error}")]
     Api {
         source_text: String,
@@ -52,12 +57,26 @@ struct ChunkApi {
 static API: OnceLock<ChunkApi> = OnceLock::new();
 
 /// Makes `configmaps:` sources readable in this process, from `namespace`. Called once,
-/// by the pool in API mode; a second call is ignored.
+/// by the pool in API mode; a second call (or one after [`in_cluster`]) is ignored.
 pub fn use_client(client: kube::Client, namespace: &str) {
     let _ = API.set(ChunkApi {
         configmaps: kube::Api::namespaced(client, namespace),
         namespace: namespace.to_string(),
     });
+}
+
+/// The process's client: the pool's, else one made now from the pod's in-cluster
+/// configuration (its ServiceAccount's token and namespace).
+fn in_cluster() -> Result<&'static ChunkApi, String> {
+    if let Some(api) = API.get() {
+        return Ok(api);
+    }
+    let config = kube::Config::incluster().map_err(|error| error.to_string())?;
+    let namespace = config.default_namespace.clone();
+    let client = kube::Client::try_from(config).map_err(|error| error.to_string())?;
+    use_client(client, &namespace);
+    tracing::info!(namespace = %namespace, "reading configmaps: sources with the pod's ServiceAccount");
+    Ok(API.get().expect("a client was just set"))
 }
 
 impl ConfigMapChunks {
@@ -91,8 +110,9 @@ impl ConfigMapChunks {
     /// The stored chunks of `part`, in index order, as the builder wrote them.
     pub async fn fetch(&self, part: Part) -> Result<Vec<Vec<u8>>, ChunkFetchError> {
         let source_text = self.to_string();
-        let api = API.get().ok_or_else(|| ChunkFetchError::NoClient {
+        let api = in_cluster().map_err(|reason| ChunkFetchError::NoClient {
             source_text: source_text.clone(),
+            reason,
         })?;
         let key = part.configmap_key();
         let mut chunks = Vec::with_capacity(self.count);
@@ -161,10 +181,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn outside_a_pool_reading_says_there_is_no_client() {
+    async fn outside_a_pool_and_a_pod_reading_says_there_is_no_client() {
         let chunks = ConfigMapChunks::parse(&format!("hello/{}/1", Digest::of(b"source"))).unwrap();
         let error = chunks.fetch(Part::Module).await.unwrap_err().to_string();
         assert!(error.contains("--pool api:"), "{error}");
+        assert!(error.contains("ServiceAccount token"), "{error}");
         assert!(error.contains("configmaps:hello/"), "{error}");
     }
 }

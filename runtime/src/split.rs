@@ -24,6 +24,10 @@ use wasmless_artifact::Digest;
 /// How often `--traffic-file` is read for a change: a few hundred bytes, and the kubelet
 /// rewrites a downward API file within a few hundred milliseconds of the annotation.
 const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
+/// How many more times a list whose revisions did not load is tried, one
+/// [`FOLLOW_INTERVAL`] apart: a revision read through the API may be refused for a moment
+/// after the operator widened the pod's Role, until the API server's authorizer sees it.
+const LOAD_RETRIES: u32 = 20;
 
 /// The request header that asks for a tagged revision.
 pub const TAG_HEADER: &str = "wasmless-tag";
@@ -279,12 +283,14 @@ impl Revisions {
     }
 
     /// Reads `file` every [`FOLLOW_INTERVAL`] and switches to what it says whenever it
-    /// changes from `applied` (the bytes served now). A list that does not parse, or whose
-    /// revisions do not load, is logged once and the last one serves on.
+    /// changes from `applied` (the bytes served now). A list that does not parse is logged
+    /// once; one whose revisions do not load is tried again [`LOAD_RETRIES`] times, then
+    /// logged; meanwhile the last one serves on.
     pub async fn follow(self: Arc<Self>, file: PathBuf, mut applied: Vec<u8>) {
         let mut tick = tokio::time::interval(FOLLOW_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut unreadable = false;
+        let mut retries_left = 0;
         loop {
             tick.tick().await;
             let bytes = match tokio::fs::read(&file).await {
@@ -297,20 +303,37 @@ impl Revisions {
                 }
             };
             unreadable = false;
-            if bytes == applied {
+            if bytes != applied {
+                applied = bytes;
+                retries_left = LOAD_RETRIES;
+            } else if retries_left == 0 {
                 continue;
+            } else {
+                retries_left -= 1;
             }
-            applied = bytes;
             let started = std::time::Instant::now();
-            let outcome = match Traffic::parse(String::from_utf8_lossy(&applied).trim()) {
-                Ok(traffic) => self.switch(&traffic).await.map_err(|error| error.to_string()),
-                Err(error) => Err(error),
+            let traffic = match Traffic::parse(String::from_utf8_lossy(&applied).trim()) {
+                Ok(traffic) => traffic,
+                Err(error) => {
+                    retries_left = 0;
+                    tracing::error!(file = %file.display(), %error, serving = %self.summary(), "the traffic file's new list cannot be served; the last one serves on");
+                    continue;
+                }
             };
-            match outcome {
-                Ok(()) => tracing::info!(
-                    traffic = %self.summary(),
-                    switch_ms = started.elapsed().as_secs_f64() * 1000.0,
-                    "serving the traffic file's revisions"
+            match self.switch(&traffic).await {
+                Ok(()) => {
+                    retries_left = 0;
+                    tracing::info!(
+                        traffic = %self.summary(),
+                        switch_ms = started.elapsed().as_secs_f64() * 1000.0,
+                        "serving the traffic file's revisions"
+                    )
+                }
+                Err(error) if retries_left > 0 => tracing::warn!(
+                    file = %file.display(),
+                    %error,
+                    retries_left,
+                    "the traffic file's new list cannot be served yet; trying again"
                 ),
                 Err(error) => tracing::error!(
                     file = %file.display(),

@@ -188,6 +188,18 @@ async fn a_traffic_file_moves_requests_between_revisions_in_place_and_nothing_fa
         assert_eq!(body.trim(), "hello-2", "the last list serves on");
     }
 
+    // A revision that cannot be read yet (through the API: refused until the API server
+    // sees the pod's widened Role) is tried again, and served once it can be, though the
+    // list does not change again.
+    let late = revision(dir.path(), "hello-4", 100, None);
+    let module = std::path::PathBuf::from(late["module"].as_str().unwrap());
+    let hidden = module.with_extension("hidden");
+    std::fs::rename(&module, &hidden).unwrap();
+    write_traffic(&file, &serde_json::json!([late]));
+    runtime.wait_for_log(&["cannot be served yet; trying again", "hello-4.wasm"]);
+    std::fs::rename(&hidden, &module).unwrap();
+    until_answer(&client, &url, "hello-4").await;
+
     // A split, in place: exact shares and the revision header.
     let mut half_one = one.clone();
     half_one["percent"] = 50.into();
