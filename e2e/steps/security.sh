@@ -28,10 +28,26 @@ least_privilege() {
   expect_contains "$refused" "build Jobs run as the wasmless-builder ServiceAccount only" "a build Job as the default account, as the operator"
   expect_contains "$(probe_job wasmless-builder | dry_run_as_operator)" "created (server dry run)" "a build Job as wasmless-builder, as the operator"
   refused=$(probe_deployment wasmless-builder false | dry_run_as_operator)
-  expect_contains "$refused" "function pods run as the default ServiceAccount, without its token" "function pods as another account, as the operator"
+  expect_contains "$refused" "function pods run as the default ServiceAccount without its token" "function pods as another account, as the operator"
   refused=$(probe_deployment default true | dry_run_as_operator)
-  expect_contains "$refused" "function pods run as the default ServiceAccount, without its token" "function pods with a token, as the operator"
+  expect_contains "$refused" "function pods run as the default ServiceAccount without its token" "function pods with a token, as the operator"
   expect_contains "$(probe_deployment default false | dry_run_as_operator)" "created (server dry run)" "function pods as the default account without a token, as the operator"
+  refused=$(probe_deployment hello-chunk-reader true | dry_run_as_operator)
+  expect_contains "$refused" "or as their Function's chunk reader" "function pods as another Function's chunk reader, as the operator"
+  expect_contains "$(probe_deployment probe-chunk-reader true | dry_run_as_operator)" "created (server dry run)" "function pods as their Function's chunk reader, as the operator"
+  refused=$(printf '%s\n' 'apiVersion: rbac.authorization.k8s.io/v1' 'kind: Role' \
+    'metadata: {name: probe-chunk-reader, labels: {wasmless.io/function: probe}}' \
+    'rules: [{apiGroups: [""], resources: [configmaps], verbs: [get], resourceNames: [hello-module-0123456789-0]}]' | dry_run_as_operator)
+  expect_contains "$refused" "a chunk reader's Role only get its Function's chunk ConfigMaps" "a chunk reader Role naming another Function's chunks, as the operator"
+  # hello's own chunk reader (its revisions are in ConfigMaps): its chunks, by name, and nothing else.
+  local reader=system:serviceaccount:$NS:hello-chunk-reader chunk
+  chunk=$(kubectl get role hello-chunk-reader -n "$NS" -o 'jsonpath={.rules[0].resourceNames[0]}')
+  expect_contains "$chunk" "hello-" "the chunk reader Role names hello's chunks"
+  expect_eq "$(kubectl auth can-i get "configmaps/$chunk" --as="$reader" -n "$NS")" yes "hello's chunk reader gets its chunk"
+  expect_eq "$(kubectl auth can-i list configmaps --as="$reader" -n "$NS" || true)" no "hello's chunk reader lists no ConfigMaps"
+  expect_eq "$(kubectl auth can-i get configmaps/hello-source --as="$reader" -n "$NS" || true)" no "hello's chunk reader gets no other ConfigMap"
+  expect_eq "$(kubectl get deploy hello -n "$NS" -o 'jsonpath={.spec.template.spec.serviceAccountName}')" hello-chunk-reader \
+    "hello's pods run as its chunk reader"
   # The operator's own writes pass it: the builder RBAC it wrote for hello is there.
   expect_eq "$(kubectl get role wasmless-builder -n "$NS" -o 'jsonpath={.rules[0].verbs}')" '["create","patch"]' \
     "the builder Role's verbs"

@@ -11,37 +11,36 @@ new_function() {
 }
 
 rolling_update() {
-  step "a source change: one new build, a rolling update with zero failed requests, old pods gone"
-  local before
+  step "a source change: one new build, the running pod switched to it in place (read through the API), a rolling update, zero failed requests, old pods gone"
+  local before url serving_pods started
   before=$(fn_field hello .status.moduleDigest)
-  # Requests through the Service, one connection each, for as long as the update runs.
-  local url
   url=$(service_url hello)
-  (
-    while [[ ! -f $WORK/stop ]]; do
-      if body=$(get "$url" 2>&1); then echo "ok $body"; else echo "FAIL $body"; fi
-      sleep 0.05
-    done
-  ) >"$WORK/requests.log" &
-  PIDS+=($!)
-  local loop=$!
+  serving_pods=$(kubectl get pods -n "$NS" -l wasmless.io/function=hello,wasmless.io/component=runtime \
+    --field-selector=status.phase=Running -o 'jsonpath={.items[*].metadata.name}')
+  [[ -n $serving_pods ]] || fail "no running pod of hello before the change"
+  # Requests through the Service, one connection each, for as long as the update runs.
+  start_request_loop "$url" "$WORK/requests.log"
+  started=$(date +%s.%N)
   set_source hello "$(go_handler 'v2')"
   module_changed() { [[ $(fn_field hello .status.moduleDigest) != "$before" ]]; }
   wait_until 600 "the new module" module_changed
+  # The pod that served v1 has no volume of the new revision: its routes read its chunk
+  # ConfigMaps through the API, as hello's chunk reader.
+  local switched
+  switched=$(pods_whose_routes_name "$serving_pods" "configmaps:hello/$(fn_field hello .status.sourceDigest)/")
+  echo "pods switched in place: $switched of $(wc -w <<<"$serving_pods") ($serving_pods)"
   kubectl wait fn/hello -n "$NS" --for=condition=Ready --timeout=180s >/dev/null
   kubectl rollout status deploy/hello -n "$NS" --timeout=120s >/dev/null
   only_running_pods() { ! kubectl get pods -n "$NS" -l wasmless.io/function=hello,wasmless.io/component=runtime --no-headers | grep -v Running; }
   wait_until 120 "the old pods to go" only_running_pods
   sleep 2
-  touch "$WORK/stop"
-  wait "$loop" || true
-  local total failed
-  total=$(wc -l <"$WORK/requests.log")
-  failed=$(grep -c '^FAIL' "$WORK/requests.log" || true)
-  echo "$total requests during the update, $failed failed; last answer: $(tail -1 "$WORK/requests.log")"
-  grep '^FAIL' "$WORK/requests.log" | head -5 || true
+  stop_request_loop "$WORK/requests.log"
+  local total failed first
+  read -r total failed first <<<"$(request_loop_figures "$WORK/requests.log" "$started" v2)"
+  echo "$total requests during the update, $failed failed; v2 answered ${first} s after kubectl apply; last answer: $(tail -1 "$WORK/requests.log" | cut -d' ' -f2-)"
   expect_eq "$failed" 0 "failed requests during the rolling update"
-  expect_eq "$(tail -1 "$WORK/requests.log")" "ok v2" "the answer after the update"
+  expect_eq "$(tail -1 "$WORK/requests.log" | cut -d' ' -f2-)" "ok v2" "the answer after the update"
+  ((switched > 0)) || fail "the pod that served v1 was not switched to v2 in place (its routes do not read the new chunks through the API)"
   # One build for the new source; the old build's Job is collected once the new module serves.
   local source
   source=$(fn_field hello .status.sourceDigest)

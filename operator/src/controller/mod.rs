@@ -377,7 +377,13 @@ async fn serve(
         false => served.shares.clone(),
     };
     let standby = switch::standby(ctx, func, ns, &routes).await?;
-    let serving_set = objects::Serving { routes, standby };
+    let chunk_reader =
+        switch::chunk_reader(ctx, func, ns, &routes.iter().chain(standby.iter()).collect::<Vec<_>>()).await?;
+    let serving_set = objects::Serving {
+        routes,
+        standby,
+        chunk_reader,
+    };
     let mut desired = match (config, &existing) {
         (Some(Config::Complete(hash)), Some(existing)) if keep_template => {
             let mut desired = objects::deployment(func, &ctx.settings, &serving_set, hash.as_ref());
@@ -463,7 +469,7 @@ async fn serve(
     if (rolled || switch::rolling(existing.as_ref()))
         && let Some(template) = desired.spec.as_ref().map(|spec| &spec.template)
     {
-        switch::in_place(ctx, func, ns, template).await?;
+        switch::in_place(ctx, func, ns, template, &serving_set).await?;
     }
     let service = objects::service(func, route);
     apply::apply_if_changed(&services, &service)

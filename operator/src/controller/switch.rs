@@ -1,21 +1,25 @@
 //! Step 4, in place: the Function's running pods move to what a new pod template serves
-//! without waiting for new pods, where they have every revision it names mounted (a
-//! rollback to the standby revision, a split's shares changed, a split promoted; a
-//! revision in a registry needs no mount, so a new OCI build switches them too). Their
+//! without waiting for new pods: a rollback to the standby revision, a split's shares
+//! changed or promoted, a new build. A revision in ConfigMaps is read from its directory
+//! where the pod has it mounted, else through the API with the Function's chunk reader
+//! (a ServiceAccount whose Role may `get` only the chunks of the revisions it serves and
+//! stands by with); a revision in a registry needs neither. Their
 //! `wasmless.io/routes` annotation is rewritten, which the runtime reads through its
 //! downward API file within a few hundred milliseconds and switches to once the revisions
 //! are loaded. The rollout replaces them with pods of the new template meanwhile, so what
 //! the Deployment says and what each pod's annotations say is what serves.
 
-use super::{Context, Doing, READY, StepError, find};
+use super::{Context, Doing, READY, StepError, apply, find};
 use crate::crd::Function;
 use crate::module::{ModuleLocation, POD_ANNOTATIONS};
 use crate::objects::{self, REVISIONS_DIR, ROUTES_ANNOTATION, ROUTES_VOLUME, TRAFFIC_ANNOTATION};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Map, Value};
+use std::collections::BTreeSet;
 
 /// The revision mounted beside the ones that serve: the kept revision built before the
 /// one with the most requests (the newest kept one while that one is not recorded yet),
@@ -66,21 +70,73 @@ pub(super) fn rolling(deployment: Option<&Deployment>) -> bool {
         || status.updated_replicas.unwrap_or_default() != status.replicas.unwrap_or_default()
 }
 
-/// Rewrites the routes (and module) annotations of each running pod of `func` that has
-/// every revision `template` serves mounted and serves something else. Returns how many.
+/// The ServiceAccount `func`'s pods run as to read the chunks of the revisions in
+/// ConfigMaps they serve or stand by with (and nothing else), written now, before any pod
+/// is switched to them; `None` (the default account, no token) when none is in ConfigMaps,
+/// or when an account of that name exists that the Function does not own: the operator
+/// never lends its pods an identity someone else may have given rights to.
+pub(super) async fn chunk_reader(
+    ctx: &Context,
+    func: &Function,
+    ns: &str,
+    serving: &[&objects::Share],
+) -> Result<Option<String>, StepError> {
+    let function = func.name_any();
+    let chunks: BTreeSet<String> = serving
+        .iter()
+        .flat_map(|share| objects::chunk_configmap_names(&function, &share.module))
+        .collect();
+    if chunks.is_empty() {
+        return Ok(None);
+    }
+    let (account, role, binding) = objects::chunk_reader_rbac(func, &chunks);
+    let name = account.name_any();
+    let accounts: Api<ServiceAccount> = Api::namespaced(ctx.client.clone(), ns);
+    let existing = accounts
+        .get_opt(&name)
+        .await
+        .doing(READY, || format!("reading the ServiceAccount {name}"))?;
+    let uid = func.uid();
+    if let Some(existing) = existing.as_ref()
+        && !existing
+            .owner_references()
+            .iter()
+            .any(|owner| Some(&owner.uid) == uid.as_ref())
+    {
+        tracing::warn!(function = %function, namespace = ns, account = %name, "a ServiceAccount of this name exists that the Function does not own: its pods run without a token, and a new revision waits for new pods");
+        return Ok(None);
+    }
+    apply::apply_if_changed_with(&accounts, existing.as_ref(), &account)
+        .await
+        .doing(READY, || format!("applying the ServiceAccount {name}"))?;
+    apply::apply_if_changed(&Api::<Role>::namespaced(ctx.client.clone(), ns), &role)
+        .await
+        .doing(READY, || format!("applying the Role {name}"))?;
+    apply::apply_if_changed(&Api::<RoleBinding>::namespaced(ctx.client.clone(), ns), &binding)
+        .await
+        .doing(READY, || format!("applying the RoleBinding {name}"))?;
+    Ok(Some(name))
+}
+
+/// Rewrites the routes (and module) annotations of each running pod of `func` that can
+/// serve what `template` serves and serves something else: a revision in ConfigMaps from
+/// its directory where the pod has it mounted, else through the API where the pod runs as
+/// the Function's chunk reader; one in a registry by its reference. Returns how many.
 pub(super) async fn in_place(
     ctx: &Context,
     func: &Function,
     ns: &str,
     template: &PodTemplateSpec,
+    serving: &objects::Serving,
 ) -> Result<usize, StepError> {
     let Some(wanted) = template.metadata.as_ref().and_then(|meta| meta.annotations.as_ref()) else {
         return Ok(0);
     };
-    let Some(routes) = wanted.get(ROUTES_ANNOTATION) else {
+    // A template kept as it was (a Secret the new one needs is missing) serves something
+    // else than `serving`: the pods stay with what it says.
+    if wanted.get(ROUTES_ANNOTATION) != Some(&objects::routes_json(&serving.routes)) {
         return Ok(0);
-    };
-    let needed = mounted_revisions(routes);
+    }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let name = func.name_any();
     let listed = pods
@@ -89,7 +145,7 @@ pub(super) async fn in_place(
         .doing(READY, || format!("listing the pods of {name}"))?;
     let annotations: Map<String, Value> = POD_ANNOTATIONS
         .iter()
-        .chain([&ROUTES_ANNOTATION, &TRAFFIC_ANNOTATION])
+        .chain([&TRAFFIC_ANNOTATION])
         .map(|key| {
             (
                 key.to_string(),
@@ -99,9 +155,17 @@ pub(super) async fn in_place(
             )
         })
         .collect();
-    let patch = serde_json::json!({ "metadata": { "annotations": annotations } });
     let mut switched = 0;
-    for pod in listed.items.iter().filter(|pod| can_switch(pod, routes, &needed)) {
+    for pod in &listed.items {
+        let Some(routes) = routes_for(pod, serving, &name) else {
+            continue;
+        };
+        if pod.annotations().get(ROUTES_ANNOTATION) == Some(&routes) {
+            continue;
+        }
+        let mut annotations = annotations.clone();
+        annotations.insert(ROUTES_ANNOTATION.into(), Value::from(routes));
+        let patch = serde_json::json!({ "metadata": { "annotations": annotations } });
         let pod_name = pod.name_any();
         match pods
             .patch(&pod_name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -119,40 +183,34 @@ pub(super) async fn in_place(
     Ok(switched)
 }
 
-/// The directories the routes' revisions are read from, for those that are mounted (an
-/// OCI revision is pulled by the runtime: nothing to have).
-fn mounted_revisions(routes: &str) -> Vec<String> {
-    let targets: Vec<Value> = serde_json::from_str(routes).unwrap_or_default();
-    targets
-        .iter()
-        .filter_map(|target| target["module"].as_str())
-        .filter(|module| module.starts_with(REVISIONS_DIR))
-        .map(str::to_string)
-        .collect()
-}
-
-/// A running pod that follows its routes annotation, serves other routes now, and has
-/// every directory in `needed` mounted.
-fn can_switch(pod: &Pod, routes: &str, needed: &[String]) -> bool {
+/// The routes `pod` would serve `serving` with, given what it has: `None` when it is going,
+/// does not follow its routes annotation, or lacks a revision in ConfigMaps (neither
+/// mounted nor readable through the API).
+fn routes_for(pod: &Pod, serving: &objects::Serving, function: &str) -> Option<String> {
     if pod.metadata.deletion_timestamp.is_some() {
-        return false;
+        return None;
     }
-    if pod.annotations().get(ROUTES_ANNOTATION).map(String::as_str) == Some(routes) {
-        return false;
-    }
-    let Some(spec) = pod.spec.as_ref() else {
-        return false;
-    };
+    let spec = pod.spec.as_ref()?;
     let follows = spec
         .volumes
         .iter()
         .flatten()
         .any(|volume| volume.name == ROUTES_VOLUME && volume.downward_api.is_some());
-    let mounted: Vec<&str> = spec
+    if !follows {
+        return None;
+    }
+    let mounted: BTreeSet<&str> = spec
         .containers
         .iter()
         .flat_map(|container| container.volume_mounts.iter().flatten())
-        .map(|mount| mount.mount_path.as_str())
+        .filter_map(|mount| mount.mount_path.strip_prefix(REVISIONS_DIR)?.strip_prefix('/'))
         .collect();
-    follows && needed.iter().all(|path| mounted.contains(&path.as_str()))
+    let reader = objects::chunk_reader_name(function);
+    let reads_api = spec.service_account_name.as_deref() == Some(reader.as_str())
+        && spec.automount_service_account_token == Some(true);
+    objects::routes_json_reading(
+        &serving.routes,
+        |revision| mounted.contains(revision),
+        if reads_api { function } else { "" },
+    )
 }

@@ -20,8 +20,9 @@ pub use pool::{
 };
 pub use runtime::{
     DRAIN_DELAY_SECONDS, HANDLER_ENV_PREFIX, POD_IP_ENV, REVISIONS_DIR, ROUTES_ANNOTATION, ROUTES_VOLUME,
-    SHUTDOWN_GRACE_SECONDS, Serving, Share, TERMINATION_GRACE_PERIOD_SECONDS, TRAFFIC_ANNOTATION, deployment,
-    outbound_header_env, primary, routes_json, runtime_args, split_args, traffic_summary,
+    SHUTDOWN_GRACE_SECONDS, Serving, Share, TERMINATION_GRACE_PERIOD_SECONDS, TRAFFIC_ANNOTATION,
+    chunk_configmap_names, chunk_reader_name, chunk_reader_rbac, deployment, outbound_header_env, primary, routes_json,
+    routes_json_reading, runtime_args, split_args, traffic_summary,
 };
 
 use crate::crd::{Function, Language};

@@ -12,8 +12,9 @@ use k8s_openapi::api::core::v1::{
     ConfigMapEnvSource, ConfigMapKeySelector, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort,
     DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvFromSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath,
     ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, SecretEnvSource, SecretKeySelector,
-    Volume, VolumeProjection,
+    ServiceAccount, Volume, VolumeProjection,
 };
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
@@ -66,6 +67,10 @@ pub struct Serving {
     /// At least one; their percents add up to 100.
     pub routes: Vec<Share>,
     pub standby: Option<Share>,
+    /// The Function's chunk reader ([`chunk_reader_name`]) when the pods run as it, with
+    /// its token, to read a revision built after they started from the API; `None`: the
+    /// namespace's default account without a token.
+    pub chunk_reader: Option<String>,
 }
 
 impl Serving {
@@ -171,8 +176,11 @@ pub fn deployment(func: &Function, settings: &Settings, serving: &Serving, confi
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
-                    // A handler has no business with the Kubernetes API.
-                    automount_service_account_token: Some(false),
+                    // A handler has no business with the Kubernetes API (it sees none of
+                    // the pod's files); the runtime reads its own revisions' chunks there,
+                    // where the pods run as the Function's chunk reader.
+                    service_account_name: serving.chunk_reader.clone(),
+                    automount_service_account_token: Some(serving.chunk_reader.is_some()),
                     enable_service_links: Some(false),
                     security_context: Some(restricted_pod_security()),
                     containers: vec![container],
@@ -258,28 +266,109 @@ pub fn split_args(func: &Function, shares: &[Share]) -> Vec<String> {
     args
 }
 
-/// `--traffic`'s JSON list (and [`ROUTES_ANNOTATION`]'s) for `shares`.
+/// `--traffic`'s JSON list (and [`ROUTES_ANNOTATION`]'s) for `shares`, each read from its
+/// directory under [`REVISIONS_DIR`] or its OCI artifact.
 pub fn routes_json(shares: &[Share]) -> String {
-    let targets: Vec<serde_json::Value> = shares
-        .iter()
-        .map(|share| {
-            let location = match &share.module.location {
-                ModuleLocation::ConfigMaps { .. } => format!("{REVISIONS_DIR}/{}", share.revision),
-                ModuleLocation::Oci { reference } => format!("{}{reference}", wasmless_artifact::oci::SCHEME),
-            };
-            let code = share.module.code.as_ref();
-            serde_json::json!({
-                "revision": share.revision,
-                "percent": share.percent,
-                "tag": share.tag,
-                "module": location,
-                "moduleDigest": share.module.digest.to_string(),
-                "code": code.map(|_| location.clone()),
-                "codeDigest": code.map(|code| code.digest.to_string()),
-            })
-        })
-        .collect();
-    serde_json::Value::from(targets).to_string()
+    routes_json_reading(shares, |_| true, "").expect("every revision mounted")
+}
+
+/// [`routes_json`] for a pod that has only the revisions `mounted` says under
+/// [`REVISIONS_DIR`]: a revision in ConfigMaps it has not is read through the API
+/// (`configmaps:<function>/<source digest>/<count>`) where `function` is given (the pod
+/// runs as its chunk reader), else the pod cannot serve it (`None`).
+pub fn routes_json_reading(shares: &[Share], mounted: impl Fn(&str) -> bool, function: &str) -> Option<String> {
+    let mut targets = Vec::with_capacity(shares.len());
+    for share in shares {
+        let code = share.module.code.as_ref();
+        let (module, code_location) = match &share.module.location {
+            ModuleLocation::ConfigMaps { .. } if mounted(&share.revision) => {
+                let dir = format!("{REVISIONS_DIR}/{}", share.revision);
+                (dir.clone(), dir)
+            }
+            ModuleLocation::ConfigMaps { .. } if function.is_empty() => return None,
+            ModuleLocation::ConfigMaps { count } => {
+                let digest = &share.module.source_digest;
+                let code_chunks = code.map_or(0, |code| code.chunks);
+                (
+                    format!("configmaps:{function}/{digest}/{count}"),
+                    format!("configmaps:{function}/{digest}/{code_chunks}"),
+                )
+            }
+            ModuleLocation::Oci { reference } => {
+                let location = format!("{}{reference}", wasmless_artifact::oci::SCHEME);
+                (location.clone(), location)
+            }
+        };
+        targets.push(serde_json::json!({
+            "revision": share.revision,
+            "percent": share.percent,
+            "tag": share.tag,
+            "module": module,
+            "moduleDigest": share.module.digest.to_string(),
+            "code": code.map(|_| code_location),
+            "codeDigest": code.map(|code| code.digest.to_string()),
+        }));
+    }
+    Some(serde_json::Value::from(targets).to_string())
+}
+
+/// The ServiceAccount (and Role, and RoleBinding) of `function`'s pods where its revisions
+/// are in ConfigMaps.
+pub fn chunk_reader_name(function: &str) -> String {
+    format!("{function}-chunk-reader")
+}
+
+/// The chunk ConfigMaps of `module` (the module's and its code's), by name.
+pub fn chunk_configmap_names(function: &str, module: &Module) -> Vec<String> {
+    let ModuleLocation::ConfigMaps { count } = module.location else {
+        return Vec::new();
+    };
+    let mut names = Part::Module.configmap_names(function, &module.source_digest, count);
+    if let Some(code) = &module.code {
+        names.extend(Part::Code.configmap_names(function, &module.source_digest, code.chunks));
+    }
+    names
+}
+
+/// The identity `func`'s pods read its revisions' chunks with: a ServiceAccount whose Role
+/// may `get` the ConfigMaps `chunks` names and nothing else (the admission policy refuses
+/// any other rule under this name), so a revision built after a pod started can be
+/// switched to in place.
+pub fn chunk_reader_rbac(
+    func: &Function,
+    chunks: &std::collections::BTreeSet<String>,
+) -> (ServiceAccount, Role, RoleBinding) {
+    let name = chunk_reader_name(&func.name_any());
+    let labels = labels_for(func, "chunk-reader");
+    let account = ServiceAccount {
+        metadata: meta(func, name.clone(), labels.clone()),
+        ..Default::default()
+    };
+    let role = Role {
+        metadata: meta(func, name.clone(), labels.clone()),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["".into()]),
+            resources: Some(vec!["configmaps".into()]),
+            resource_names: Some(chunks.iter().cloned().collect()),
+            verbs: vec!["get".into()],
+            ..Default::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: meta(func, name.clone(), labels),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: name.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name,
+            namespace: func.namespace(),
+            ..Default::default()
+        }]),
+    };
+    (account, role, binding)
 }
 
 /// The pod's own [`ROUTES_ANNOTATION`] as the file `--traffic-file` reads.

@@ -62,6 +62,19 @@ fn render(func: &Function, settings: &Settings, module: &Module, storage: Storag
     doc(&mut out, "builder ServiceAccount", &account);
     doc(&mut out, "builder Role", &role);
     doc(&mut out, "builder RoleBinding", &binding);
+    let serving = serving(module);
+    if serving.chunk_reader.is_some() {
+        let chunks = serving
+            .routes
+            .iter()
+            .chain(serving.standby.iter())
+            .flat_map(|share| objects::chunk_configmap_names("hello", &share.module))
+            .collect();
+        let (account, role, binding) = objects::chunk_reader_rbac(func, &chunks);
+        doc(&mut out, "chunk reader ServiceAccount", &account);
+        doc(&mut out, "chunk reader Role", &role);
+        doc(&mut out, "chunk reader RoleBinding", &binding);
+    }
     out
 }
 
@@ -77,6 +90,8 @@ fn serving(module: &Module) -> objects::Serving {
     objects::Serving {
         routes: vec![share("hello-2", 100)],
         standby: Some(share("hello-1", 0)).filter(|_| matches!(module.location, ModuleLocation::ConfigMaps { .. })),
+        chunk_reader: matches!(module.location, ModuleLocation::ConfigMaps { .. })
+            .then(|| objects::chunk_reader_name("hello")),
     }
 }
 

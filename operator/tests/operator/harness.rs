@@ -373,7 +373,20 @@ impl Harness {
     /// A pod of the Function's current pod template that is running (on a cluster, one the
     /// rollout does not own: it stays through the scenario), as the ReplicaSet would make it.
     pub(crate) async fn running_pod(&self, function: &str, name: &str) -> String {
-        let template = self.deployment(function).await.unwrap().spec.unwrap().template;
+        self.running_pod_with(function, name, |_| {}).await
+    }
+
+    /// [`Self::running_pod`] with its spec changed by `edit` first.
+    pub(crate) async fn running_pod_with(
+        &self,
+        function: &str,
+        name: &str,
+        edit: impl FnOnce(&mut k8s_openapi::api::core::v1::PodSpec),
+    ) -> String {
+        let mut template = self.deployment(function).await.unwrap().spec.unwrap().template;
+        if let Some(spec) = template.spec.as_mut() {
+            edit(spec);
+        }
         let meta = template.metadata.unwrap();
         let pod = Pod {
             metadata: kube::api::ObjectMeta {

@@ -143,7 +143,31 @@ async fn finished_build_rolls_out_and_becomes_ready(h: &Harness) {
         module.to_string()
     );
     let pod = deployment.spec.as_ref().unwrap().template.spec.clone().unwrap();
-    assert_eq!(pod.automount_service_account_token, Some(false));
+    // The pods' one identity: their Function's chunk reader, which may only get its
+    // revisions' chunks (for a switch in place to a revision built after they started).
+    assert_eq!(pod.service_account_name.as_deref(), Some("hello-chunk-reader"));
+    assert_eq!(pod.automount_service_account_token, Some(true));
+    let role = h
+        .api::<k8s_openapi::api::rbac::v1::Role>()
+        .get("hello-chunk-reader")
+        .await
+        .expect("the chunk reader's Role");
+    let rules = role.rules.unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        (rules[0].verbs.as_slice(), rules[0].resources.as_deref()),
+        (&["get".to_string()][..], Some(&["configmaps".to_string()][..]))
+    );
+    let short = &st.source_digest.as_deref().unwrap()["sha256:".len()..][..10];
+    let readable = rules[0].resource_names.clone().unwrap_or_default();
+    assert!(
+        readable.contains(&format!("hello-module-{short}-0"))
+            && readable
+                .iter()
+                .all(|name| name.starts_with(&format!("hello-module-{short}-"))
+                    || name.starts_with(&format!("hello-code-{short}-"))),
+        "the chunks of the one revision, by name: {readable:?}"
+    );
     let runtime = &pod.containers[0];
     let args = runtime.args.clone().unwrap();
     let flag = |name: &str| args[args.iter().position(|a| a == name).unwrap() + 1].clone();
@@ -577,7 +601,15 @@ async fn traffic_splits_between_revisions_in_the_pods(h: &Harness) {
     h.make_available("hello").await;
     h.reconciled("hello").await;
 
-    // A new build's revision is in no running pod: the rollout brings it, nothing switches.
+    // A new build's revision is in no running pod's volumes. A pod that runs as the
+    // Function's chunk reader reads it through the API (its Role names the new chunks first);
+    // one without a token is left to the rollout.
+    let tokenless = h
+        .running_pod_with("hello", "hello-tokenless", |spec| {
+            spec.service_account_name = None;
+            spec.automount_service_account_token = Some(false);
+        })
+        .await;
     h.update_spec(
         "hello",
         json!({"source": "package handlers\n\n// v3\n", "traffic": null}),
@@ -591,11 +623,41 @@ async fn traffic_splits_between_revisions_in_the_pods(h: &Harness) {
         template_annotation(&deployment, annotations::MODULE_DIGEST),
         v3.to_string()
     );
+    let v3_source = status(&h.function("hello").await).source_digest.unwrap();
     let pod = h.api::<Pod>().get(&running).await.unwrap();
+    let route = &routes_now(&pod)[0];
+    assert_eq!(
+        (route["revision"].as_str(), route["moduleDigest"].as_str()),
+        (Some("hello-3"), Some(v3.to_string().as_str())),
+        "switched in place to the new build"
+    );
+    let module = route["module"].as_str().unwrap();
+    assert!(
+        module.starts_with(&format!("configmaps:hello/{v3_source}/")),
+        "read through the API: {module}"
+    );
+    let role = h
+        .api::<k8s_openapi::api::rbac::v1::Role>()
+        .get(&objects::chunk_reader_name("hello"))
+        .await
+        .unwrap();
+    let readable = role.rules.unwrap()[0].resource_names.clone().unwrap_or_default();
+    let short = &v3_source.trim_start_matches("sha256:")[..10];
+    assert!(
+        readable.contains(&format!("hello-module-{short}-0")),
+        "the chunk reader may get the new chunks: {readable:?}"
+    );
+    assert!(
+        readable
+            .iter()
+            .all(|name| name.starts_with("hello-module-") || name.starts_with("hello-code-")),
+        "and only chunks: {readable:?}"
+    );
+    let pod = h.api::<Pod>().get(&tokenless).await.unwrap();
     assert_eq!(
         routes_now(&pod)[0]["revision"],
         "hello-1",
-        "not switched to an unmounted revision"
+        "a pod without the chunk reader's token is not switched to an unmounted revision"
     );
 }
 
