@@ -248,6 +248,7 @@ fn the_runtime_follows_the_routes_the_operator_annotates() {
             percent: 0,
             tag: None,
         }),
+        chunk_reader: Some(objects::chunk_reader_name("hello")),
     };
     let settings = wasmless_operator::Settings::new("runtime:1", "builder:1");
     let deployment = objects::deployment(&func, &settings, &serving, None);
@@ -291,4 +292,25 @@ fn the_runtime_follows_the_routes_the_operator_annotates() {
         .collect();
     assert!(mounts.contains(&traffic[0].module.as_str()), "{mounts:?}");
     assert!(mounts.contains(&"/revisions/hello-1"), "{mounts:?}");
+    // A pod switched in place to a revision it has not mounted reads the same chunks the
+    // builder wrote, through the API: the runtime takes the operator's `configmaps:` text.
+    let reading = objects::routes_json_reading(&serving.routes, |_| false, "hello").expect("read through the API");
+    let traffic = wasmless_runtime::split::Traffic::parse(&reading)
+        .expect("the runtime parses it")
+        .0;
+    let wasmless_runtime::module_source::ModuleSource::ConfigMaps(chunks) =
+        wasmless_runtime::module_source::ModuleSource::parse(&traffic[0].module).expect("a module source")
+    else {
+        panic!("not read through the API: {}", traffic[0].module);
+    };
+    assert_eq!(
+        wasmless_artifact::Part::Module.configmap_names(&chunks.function, &chunks.source_digest, chunks.count),
+        objects::chunk_configmap_names("hello", &serving.routes[0].module),
+        "the chunks the runtime reads are the ones the chunk reader may get"
+    );
+    assert_eq!(
+        objects::routes_json_reading(&serving.routes, |_| false, ""),
+        None,
+        "without the chunk reader a pod cannot have it"
+    );
 }
