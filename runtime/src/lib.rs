@@ -128,12 +128,26 @@ pub async fn serve(
         .into_future(),
     );
 
-    let (routes, listeners, function_addr) = match &config.pool {
-        Some(source) => serve_many(&config, &metrics, source, admin_addr.port(), &pool_slot).await?,
-        None if config.traffic.is_some() || config.traffic_file.is_some() => {
-            serve_revisions(&config, &metrics, admin_addr.port()).await?
+    let starting = async {
+        match &config.pool {
+            Some(source) => serve_many(&config, &metrics, source, admin_addr.port(), &pool_slot).await,
+            None if config.traffic.is_some() || config.traffic_file.is_some() => {
+                serve_revisions(&config, &metrics, admin_addr.port()).await
+            }
+            None => serve_one(&config, &metrics, admin_addr.port()).await,
         }
-        None => serve_one(&config, &metrics, admin_addr.port()).await?,
+    };
+    let mut shutdown = std::pin::pin!(shutdown);
+    // A pod told to stop before it serves (one waiting for its Function's first build)
+    // has nothing to drain.
+    let (routes, listeners, function_addr) = tokio::select! {
+        started = starting => started?,
+        () = &mut shutdown => {
+            tracing::info!("stopped before serving");
+            let _ = stop_admin.send(());
+            let _ = admin.await;
+            return Ok(());
+        }
     };
     let state = FunctionState::new(routes, server::Uploads::from_config(&config));
     let (phase_tx, phase) = tokio::sync::watch::channel(edge::Phase::Serving);
@@ -160,7 +174,7 @@ pub async fn serve(
             // thread that could not start.
             result.map_err(std::io::Error::other)??;
         }
-        () = shutdown => drain_and_close(&config, &readiness, &phase_tx, server).await?,
+        () = &mut shutdown => drain_and_close(&config, &readiness, &phase_tx, server).await?,
     }
     let _ = stop_admin.send(());
     let _ = admin.await;
@@ -201,25 +215,19 @@ async fn serve_one(config: &Config, metrics: &Arc<Metrics>, admin_port: u16) -> 
 /// `--traffic-file`, which is then followed), each a tenant of its own on one engine, all
 /// loaded before the port opens.
 async fn serve_revisions(config: &Config, metrics: &Arc<Metrics>, admin_port: u16) -> Result<Serving, ServeError> {
-    let (traffic, file) = match (&config.traffic, &config.traffic_file) {
-        (Some(traffic), _) => (traffic.clone(), None),
+    let engine = loader::EngineHost::new(&limits::RequestLimits::from_config(config), config.cache_dir.clone())?;
+    let (revisions, file) = match (&config.traffic, &config.traffic_file) {
+        (Some(traffic), _) => (
+            split::Revisions::load(engine, config, metrics.clone(), admin_port, traffic).await?,
+            None,
+        ),
         (None, Some(file)) => {
-            let bytes = std::fs::read(file).map_err(|error| ServeError::TrafficFile {
-                file: file.clone(),
-                problem: error.to_string(),
-            })?;
-            let traffic = split::Traffic::parse(String::from_utf8_lossy(&bytes).trim()).map_err(|problem| {
-                ServeError::TrafficFile {
-                    file: file.clone(),
-                    problem,
-                }
-            })?;
-            (traffic, Some((file.clone(), bytes)))
+            let (revisions, applied) = first_revisions(file, engine, config, metrics, admin_port).await?;
+            (revisions, Some((file.clone(), applied)))
         }
         (None, None) => return Err(ServeError::NoModule),
     };
-    let engine = loader::EngineHost::new(&limits::RequestLimits::from_config(config), config.cache_dir.clone())?;
-    let revisions = Arc::new(split::Revisions::load(engine, config, metrics.clone(), admin_port, &traffic).await?);
+    let revisions = Arc::new(revisions);
     if let Some((file, applied)) = file {
         tokio::spawn(revisions.clone().follow(file, applied));
     }
@@ -229,6 +237,54 @@ async fn serve_revisions(config: &Config, metrics: &Arc<Metrics>, admin_port: u1
     let listeners: edge::Listeners = Arc::new(vec![Arc::new(listener.into_std()?)]);
     let (_, listeners) = tokio::sync::watch::channel(listeners);
     Ok((server::Routes::Split(revisions), listeners, function_addr))
+}
+
+/// How often a `--traffic-file` that names no revision yet is read again.
+const FIRST_ROUTES_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+/// How many times the first revisions named after such a wait are tried before the runtime
+/// gives up: a revision read through the API may be refused for a moment after the
+/// operator widened the pod's Role.
+const FIRST_LOAD_ATTEMPTS: u32 = 20;
+
+/// The revisions `file` names first, loaded, and the bytes they were read from. An empty
+/// list (`[]`: the pod of a new Function, started while its first build runs) is waited
+/// on, the port closed and the pod not ready, until the operator names a revision.
+async fn first_revisions(
+    file: &std::path::Path,
+    engine: loader::EngineHost,
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    admin_port: u16,
+) -> Result<(split::Revisions, Vec<u8>), ServeError> {
+    let problem = |problem: String| ServeError::TrafficFile {
+        file: file.to_path_buf(),
+        problem,
+    };
+    let mut waited = false;
+    let mut attempts = 0;
+    loop {
+        let bytes = tokio::fs::read(file)
+            .await
+            .map_err(|error| problem(error.to_string()))?;
+        let text = String::from_utf8_lossy(&bytes);
+        if serde_json::from_str::<Vec<serde_json::Value>>(text.trim()).is_ok_and(|list| list.is_empty()) {
+            if !std::mem::replace(&mut waited, true) {
+                tracing::info!(file = %file.display(), "no revision to serve yet: waiting for the first build");
+            }
+            tokio::time::sleep(FIRST_ROUTES_INTERVAL).await;
+            continue;
+        }
+        let traffic = split::Traffic::parse(text.trim()).map_err(problem)?;
+        match split::Revisions::load(engine.clone(), config, metrics.clone(), admin_port, &traffic).await {
+            Ok(revisions) => return Ok((revisions, bytes)),
+            Err(error) if waited && attempts < FIRST_LOAD_ATTEMPTS => {
+                attempts += 1;
+                tracing::warn!(%error, attempts, "the first revisions cannot be loaded yet; trying again");
+                tokio::time::sleep(FIRST_ROUTES_INTERVAL).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 /// The pool: its table followed from `source` (each Function's port open, nothing loaded

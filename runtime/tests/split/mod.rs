@@ -2,7 +2,8 @@
 //! shares, a tag reaching its revision, each revision's own metrics, and a split that
 //! names a module that does not match its digest refused before anything serves; and
 //! `--traffic-file`, which moves a running runtime's requests from revision to revision
-//! without one failing, and serves on when the file says something it cannot serve.
+//! without one failing, and serves on when the file says something it cannot serve; and a
+//! pod started before its Function's first build, which waits for a revision to be named.
 
 use crate::pool::metrics;
 use crate::support::*;
@@ -223,6 +224,75 @@ async fn a_traffic_file_moves_requests_between_revisions_in_place_and_nothing_fa
         *answers.entry(header).or_default() += 1;
     }
     assert_eq!(answers, [("hello-1".into(), 50), ("hello-2".into(), 50)].into());
+}
+
+/// The pod of a new Function starts while its first build runs: its routes name nothing
+/// (`[]`), and it opens its port only once the operator names a revision, then serves it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_started_before_its_first_build_waits_for_a_revision_then_serves_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("traffic.json");
+    write_traffic_text(&file, "[]");
+    let one = revision(dir.path(), "hello-1", 100, None);
+    let named_after = std::time::Duration::from_millis(700);
+    let writer = std::thread::spawn({
+        let file = file.clone();
+        move || {
+            std::thread::sleep(named_after);
+            write_traffic(&file, &serde_json::json!([one]));
+        }
+    });
+    let started = std::time::Instant::now();
+    let runtime = Runtime::start_traffic_file(&file, &["--function", "hello"]);
+    assert!(
+        started.elapsed() >= named_after,
+        "it served before a revision was named ({:?})",
+        started.elapsed()
+    );
+    writer.join().unwrap();
+    runtime.wait_for_log(&["no revision to serve yet"]);
+    let body = client()
+        .get(runtime.url("/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(body.trim(), "hello-1");
+    let ready = client().get(runtime.admin_url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+}
+
+/// A waiting pod told to stop (its Function deleted, or its build failed) stops at once.
+#[test]
+fn a_pod_waiting_for_its_first_build_stops_at_once_when_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("traffic.json");
+    write_traffic_text(&file, "[]");
+    let mut child = runtime_command_without_module()
+        .arg("--traffic-file")
+        .arg(&file)
+        .args(["--function", "hello"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(child.try_wait().unwrap().is_none(), "it waits, not exits");
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still waiting 3 s after SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 fn runtime_command_without_module() -> std::process::Command {
