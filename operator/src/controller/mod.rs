@@ -365,6 +365,11 @@ async fn serve(
         shares,
     };
     let Some(module) = serving.as_ref().filter(|_| !matches!(build, Build::Invalid(_))) else {
+        if let Some(Config::Complete(hash)) = config
+            && served.traffic_problem.is_none()
+        {
+            wait_for_first_build(func, ctx, ns, build, hash.as_ref(), &mut served).await?;
+        }
         return Ok(served);
     };
     let routes = match served.shares.is_empty() {
@@ -377,8 +382,14 @@ async fn serve(
         false => served.shares.clone(),
     };
     let standby = switch::standby(ctx, func, ns, &routes).await?;
-    let chunk_reader =
-        switch::chunk_reader(ctx, func, ns, &routes.iter().chain(standby.iter()).collect::<Vec<_>>()).await?;
+    let chunk_reader = switch::chunk_reader(
+        ctx,
+        func,
+        ns,
+        &routes.iter().chain(standby.iter()).collect::<Vec<_>>(),
+        false,
+    )
+    .await?;
     let serving_set = objects::Serving {
         routes,
         standby,
@@ -482,6 +493,64 @@ async fn serve(
         served.deployment = None;
     }
     Ok(served)
+}
+
+/// Step 4 before anything is built: the pods of a new Function start while its first
+/// build runs, with routes that name no revision (the runtime waits, not ready), and the
+/// build's reconcile switches them in place to what it built (`switch::in_place`), so the
+/// first answer waits for the build, not for a pod to start after it. Its Service is made
+/// too, so only its endpoints remain to be programmed. A build that failed leaves no pod
+/// waiting. A Function that scales to zero waits in no pod of its own.
+async fn wait_for_first_build(
+    func: &Function,
+    ctx: &Context,
+    ns: &str,
+    build: &Build,
+    config_hash: Option<&Digest>,
+    served: &mut Served,
+) -> Result<(), StepError> {
+    let name = func.name_any();
+    let building = matches!(build, Build::Running { .. });
+    let existing = served.deployment.as_ref();
+    if func.spec.scales_to_zero()
+        || existing.is_some_and(|deployment| find::serving_module(deployment).is_some())
+        || (existing.is_none() && !building)
+    {
+        return Ok(());
+    }
+    let storage = func.spec.storage.unwrap_or(ctx.settings.default_storage);
+    let chunk_reader = match storage {
+        crate::crd::Storage::ConfigMap => switch::chunk_reader(ctx, func, ns, &[], true).await?,
+        crate::crd::Storage::Oci => None,
+    };
+    let waiting = objects::Serving {
+        routes: Vec::new(),
+        standby: None,
+        chunk_reader,
+    };
+    let live_replicas = existing.and_then(|d| d.spec.as_ref()?.replicas);
+    let replicas = match building {
+        true => scale::replicas(func, ctx.scaler.wanted(func), live_replicas),
+        false => 0,
+    };
+    let mut desired = objects::deployment(func, &ctx.settings, &waiting, config_hash);
+    if let Some(spec) = desired.spec.as_mut() {
+        spec.replicas = Some(replicas);
+    }
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
+    apply::apply_if_changed_with(&deployments, existing, &desired)
+        .await
+        .doing(READY, || {
+            format!("applying the Deployment {name}, waiting for its first build")
+        })?;
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
+    let service = objects::service(func, Route::Pods);
+    apply::apply_if_changed(&services, &service)
+        .await
+        .doing(READY, || format!("applying the Service {}", service.name_any()))?;
+    served.replicas = replicas;
+    served.route = Some(Route::Pods);
+    Ok(())
 }
 
 /// The revisions of a split, each with its module: the latest build's is the one just

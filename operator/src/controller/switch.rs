@@ -74,19 +74,23 @@ pub(super) fn rolling(deployment: Option<&Deployment>) -> bool {
 /// ConfigMaps they serve or stand by with (and nothing else), written now, before any pod
 /// is switched to them; `None` (the default account, no token) when none is in ConfigMaps,
 /// or when an account of that name exists that the Function does not own: the operator
-/// never lends its pods an identity someone else may have given rights to.
+/// never lends its pods an identity someone else may have given rights to. `first_build`:
+/// the pods start before the Function's first build (into ConfigMaps) ends, so the account
+/// and its binding are written with no chunk to read yet: the Role, which must name some
+/// (a rule without names would grant every ConfigMap), comes with the build.
 pub(super) async fn chunk_reader(
     ctx: &Context,
     func: &Function,
     ns: &str,
     serving: &[&objects::Share],
+    first_build: bool,
 ) -> Result<Option<String>, StepError> {
     let function = func.name_any();
     let chunks: BTreeSet<String> = serving
         .iter()
         .flat_map(|share| objects::chunk_configmap_names(&function, &share.module))
         .collect();
-    if chunks.is_empty() {
+    if chunks.is_empty() && !first_build {
         return Ok(None);
     }
     let (account, role, binding) = objects::chunk_reader_rbac(func, &chunks);
@@ -109,9 +113,11 @@ pub(super) async fn chunk_reader(
     apply::apply_if_changed_with(&accounts, existing.as_ref(), &account)
         .await
         .doing(READY, || format!("applying the ServiceAccount {name}"))?;
-    apply::apply_if_changed(&Api::<Role>::namespaced(ctx.client.clone(), ns), &role)
-        .await
-        .doing(READY, || format!("applying the Role {name}"))?;
+    if !chunks.is_empty() {
+        apply::apply_if_changed(&Api::<Role>::namespaced(ctx.client.clone(), ns), &role)
+            .await
+            .doing(READY, || format!("applying the Role {name}"))?;
+    }
     apply::apply_if_changed(&Api::<RoleBinding>::namespaced(ctx.client.clone(), ns), &binding)
         .await
         .doing(READY, || format!("applying the RoleBinding {name}"))?;

@@ -64,7 +64,7 @@ fn outbound_ca(func: &Function) -> Option<&crate::crd::CaBundle> {
 /// back to), so that a switch to it moves running pods in place instead of new ones.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Serving {
-    /// At least one; their percents add up to 100.
+    /// Their percents add up to 100; none while a new Function's first build runs.
     pub routes: Vec<Share>,
     pub standby: Option<Share>,
     /// The Function's chunk reader ([`chunk_reader_name`]) when the pods run as it, with
@@ -74,12 +74,6 @@ pub struct Serving {
 }
 
 impl Serving {
-    /// The share with the most requests (the first of equals): the module the pods'
-    /// module annotations name.
-    pub fn primary(&self) -> &Share {
-        primary(&self.routes).expect("a Function serves at least one revision")
-    }
-
     /// Several revisions take requests.
     pub fn is_split(&self) -> bool {
         self.routes.len() > 1
@@ -118,7 +112,11 @@ pub struct Share {
 pub fn deployment(func: &Function, settings: &Settings, serving: &Serving, config_hash: Option<&Digest>) -> Deployment {
     let labels = labels_for(func, "runtime");
     let mut annotations = prometheus_annotations();
-    serving.primary().module.write_pod_annotations(&mut annotations);
+    // No revision yet: the pods of a new Function start while its first build runs, and
+    // wait for the operator to name one in their routes.
+    if let Some(primary) = primary(&serving.routes) {
+        primary.module.write_pod_annotations(&mut annotations);
+    }
     if let Some(hash) = config_hash {
         annotations.insert(CONFIG_HASH_ANNOTATION.into(), hash.to_string());
     }

@@ -98,8 +98,32 @@ async fn new_function_starts_one_content_addressed_build(h: &Harness) {
     let rules = role.rules.unwrap();
     assert_eq!(rules.len(), 1);
     assert_eq!(rules[0].resources, Some(vec!["configmaps".to_string()]));
-    // Nothing to serve yet.
-    assert!(h.deployment("hello").await.is_none());
+    // Nothing to serve yet, but the pods start meanwhile: their routes name no revision (the
+    // runtime waits, not ready), and they run as the chunk reader, whose Role comes with the
+    // build (a Role with no names would grant every ConfigMap).
+    let waiting = h
+        .deployment("hello")
+        .await
+        .expect("a Deployment whose pods wait for the build");
+    assert_eq!(waiting.spec.as_ref().unwrap().replicas, Some(1));
+    assert_eq!(template_annotation(&waiting, objects::ROUTES_ANNOTATION), "[]");
+    let pod = waiting.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some("hello-chunk-reader"));
+    assert!(
+        h.api::<k8s_openapi::api::rbac::v1::Role>()
+            .get_opt("hello-chunk-reader")
+            .await
+            .unwrap()
+            .is_none(),
+        "no Role before there is a chunk to read"
+    );
+    assert!(
+        h.api::<Service>().get_opt("hello").await.unwrap().is_some(),
+        "the Service"
+    );
+    let func = h.function("hello").await;
+    assert_eq!(status(&func).phase, Some(Phase::Building));
+    assert_eq!(condition(&func, "Ready").reason, "NoModule");
     assert!(h.event_reasons("hello").await.contains(&"Building".to_string()));
 
     // Reconciling again (a restart, a watch event) never starts a second build.
@@ -990,6 +1014,55 @@ async fn multibyte_compiler_output_reaches_an_event(h: &Harness) {
         "the Event was refused: {:?}",
         h.event_reasons("hello").await
     );
+    // The pods that waited for this first build have nothing to wait for any more.
+    let waiting = h.deployment("hello").await.unwrap();
+    assert_eq!(
+        waiting.spec.as_ref().unwrap().replicas,
+        Some(0),
+        "no pod waits for a failed build"
+    );
+}
+
+/// The pods of a new Function start while its first build runs, and the build's reconcile
+/// switches the one already running to what it built, through the API (it has no volume of
+/// it), while the rollout brings pods that mount it.
+async fn a_new_functions_pods_start_during_its_build_and_switch_to_it(h: &Harness) {
+    h.create("hello", json!({"source": HELLO})).await;
+    h.reconcile("hello").await.unwrap();
+    let waiting = h.running_pod("hello", "hello-waiting").await;
+    let module = h.finish_build("hello", &wasm("hello")).await;
+    let func = h.reconciled("hello").await;
+    let source = status(&func).source_digest.unwrap();
+    let pod = h.api::<Pod>().get(&waiting).await.unwrap();
+    let routes: Vec<serde_json::Value> = serde_json::from_str(&pod.annotations()[objects::ROUTES_ANNOTATION]).unwrap();
+    assert_eq!(routes.len(), 1, "{routes:?}");
+    assert_eq!(routes[0]["revision"], "hello-1");
+    assert_eq!(routes[0]["moduleDigest"], module.to_string());
+    assert!(
+        routes[0]["module"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("configmaps:hello/{source}/")),
+        "{routes:?}"
+    );
+    assert_eq!(pod.annotations()[annotations::MODULE_DIGEST], module.to_string());
+    // The chunk reader may now get exactly the chunks it reads.
+    let role = h
+        .api::<k8s_openapi::api::rbac::v1::Role>()
+        .get("hello-chunk-reader")
+        .await
+        .unwrap();
+    let readable = role.rules.unwrap()[0].resource_names.clone().unwrap();
+    assert!(
+        readable.contains(&format!("hello-module-{}-0", &source["sha256:".len()..][..10])),
+        "{readable:?}"
+    );
+    // The template mounts it, for the pods the rollout makes.
+    let deployment = h.deployment("hello").await.unwrap();
+    assert_eq!(
+        served_alone(&deployment.spec.as_ref().unwrap().template)["module"],
+        "/revisions/hello-1"
+    );
 }
 
 async fn build_past_its_deadline_says_so(h: &Harness) {
@@ -1729,4 +1802,5 @@ scenarios!(
     an_idle_pool_scales_to_zero_pods_and_back,
     build_phases_reach_an_event_whatever_status_a_reconcile_reads,
     an_apply_is_one_trace_with_its_build_phases,
+    a_new_functions_pods_start_during_its_build_and_switch_to_it,
 );
