@@ -184,14 +184,16 @@ compile_error() {
 }
 
 oci_storage() {
-  step "the Rust example with storage: oci: built, pushed to a registry, pulled by digest; an edit switches the running pods in place, no failed request"
+  step "the Rust example with storage: oci: built, pushed to a registry, pulled by digest; an edit switches the running pods in place, no failed request; the registry keeps only kept revisions, and nothing once the Function is deleted"
   mkdir -p "$WORK/registry"
-  printf 'version: 0.1\nlog: {level: warn}\nstorage: {filesystem: {rootdirectory: %s}}\nhttp: {addr: "%s"}\n' \
+  # Deletes allowed, as the operator's garbage collection of revisions needs.
+  printf 'version: 0.1\nlog: {level: warn}\nstorage: {filesystem: {rootdirectory: %s}, delete: {enabled: true}}\nhttp: {addr: "%s"}\n' \
     "$WORK/registry" "$REGISTRY" >"$WORK/registry.yml"
   docker-registry serve "$WORK/registry.yml" >"$WORK/registry.log" 2>&1 &
   PIDS+=($!)
   wait_until 30 "the registry" curl -fsS "http://$REGISTRY/v2/"
-  sed 's/^  language: rust$/  language: rust\n  storage: oci/' examples/hello-rust/function.yaml | kubectl apply -n "$NS" -f - >/dev/null
+  # One revision kept: the edit's build cuts the first one, whose manifest must then go.
+  sed 's/^  language: rust$/  language: rust\n  storage: oci\n  revisionHistoryLimit: 1/' examples/hello-rust/function.yaml | kubectl apply -n "$NS" -f - >/dev/null
   settled() { [[ $(fn_field hello-rust .status.phase) =~ ^(Ready|Failed)$ ]]; }
   wait_until 900 "hello-rust Ready or Failed" settled
   phase_is hello-rust Ready || fail "hello-rust: $(fn_field hello-rust .status.buildMessage)"
@@ -199,7 +201,10 @@ oci_storage() {
   local routes
   routes=$(kubectl get deploy hello-rust -n "$NS" -o 'jsonpath={.spec.template.metadata.annotations.wasmless\.io/routes}')
   expect_contains "$routes" "oci://$REGISTRY/$NS/hello-rust@sha256:" "the module the runtime's routes name"
-  [[ -n $(curl -fsS "http://$REGISTRY/v2/$NS/hello-rust/tags/list") ]] || fail "nothing in the registry"
+  local first_tag
+  first_tag=$(fn_field hello-rust .status.sourceDigest)
+  first_tag=${first_tag:7:10}
+  expect_contains "$(registry_tags hello-rust)" "$first_tag" "the first build's tag in the registry"
   # An edit: the new build's module is pulled by digest (nothing to mount), so the running
   # pods switch to it in place as soon as it is built, while the rollout starts new ones.
   local url serving_pods started first_digest
@@ -210,7 +215,7 @@ oci_storage() {
   [[ -n $serving_pods ]] || fail "no running pod of hello-rust before the edit"
   start_request_loop "$url" "$WORK/oci-edit-requests.log"
   started=$(date +%s.%N)
-  sed -e 's/^  language: rust$/  language: rust\n  storage: oci/' -e 's/Hello from Rust!\\n/rust-v2\\n/' \
+  sed -e 's/^  language: rust$/  language: rust\n  storage: oci\n  revisionHistoryLimit: 1/' -e 's/Hello from Rust!\\n/rust-v2\\n/' \
     examples/hello-rust/function.yaml | kubectl apply -n "$NS" -f - >/dev/null
   answers() { [[ $(get "$url" 2>/dev/null) == "$1" ]]; }
   wait_until 600 "hello-rust to answer rust-v2" answers rust-v2
@@ -227,7 +232,24 @@ oci_storage() {
   read -r total failed first <<<"$(request_loop_figures "$WORK/oci-edit-requests.log" "$started" rust-v2)"
   echo "$total requests during the edit, $failed failed; rust-v2 answered ${first} s after kubectl apply; $(fn_field hello-rust '.status.conditions[?(@.type=="Built")].message')"
   expect_eq "$failed" 0 "failed requests during the edit"
+  # Garbage: the first revision is no longer kept, so its manifest goes (a sweep every
+  # 20 s, deleting what two sweeps in a row found stale); then, the Function deleted, all.
+  local edit_tag
+  edit_tag=$(fn_field hello-rust .status.sourceDigest)
+  edit_tag=${edit_tag:7:10}
+  only_the_edit() { [[ $(registry_tags hello-rust) == "$edit_tag" ]]; }
+  wait_until 120 "the registry to hold only the kept revision's tag ($edit_tag)" only_the_edit
+  kubectl delete fn hello-rust -n "$NS" --wait=true >/dev/null
+  nothing_left() { [[ -z $(registry_tags hello-rust) ]]; }
+  wait_until 120 "the deleted Function's manifests to go from the registry" nothing_left
   ok
+}
+
+# registry_tags FUNCTION: the tags of the Function's repository in the test's registry, one
+# per line, sorted (none once its manifests are deleted).
+registry_tags() {
+  curl -fsS "http://$REGISTRY/v2/$NS/$1/tags/list" 2>/dev/null | python3 -c \
+    'import json, sys; print("\n".join(sorted(json.load(sys.stdin).get("tags") or [])))' 2>/dev/null || true
 }
 
 failover() {

@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod module;
 pub mod objects;
 pub mod references;
+pub mod registry;
 pub mod settings;
 
 pub use controller::{Context, error_policy, reconcile, run};

@@ -12,6 +12,7 @@ mod build;
 mod cleanup;
 mod config;
 mod find;
+mod oci_gc;
 mod pool;
 mod revisions;
 mod scale;
@@ -20,6 +21,7 @@ mod switch;
 mod traces;
 
 pub use apply::is_subset;
+pub use oci_gc::{SWEEP_EVERY, SweepError, sweep as sweep_registry};
 pub use pool::{IDLE_POOL_GRACE, narrow_pool_roles, scale_idle_pools};
 pub use status::{
     CONDITION_BUILT, CONDITION_READY, MAX_EVENT_NOTE_BYTES, REASON_RECONCILE_ERROR, REASON_REFERENCE_NOT_FOUND,
@@ -68,6 +70,8 @@ pub struct Context {
     pub traces: ApplyTraces,
     /// The controller's Functions once it runs (tests that reconcile without it list them).
     functions: std::sync::OnceLock<Store<Function>>,
+    /// The registry of `storage: oci`, swept of what no kept revision names.
+    registry: Option<crate::registry::Registry>,
 }
 
 impl Context {
@@ -80,12 +84,16 @@ impl Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             metrics,
-            settings,
             failures: Mutex::default(),
             pool_ports: tokio::sync::Mutex::default(),
             scaler: scale::Scaler::default(),
             traces: ApplyTraces::default(),
             functions: std::sync::OnceLock::new(),
+            registry: settings
+                .oci_registry
+                .is_some()
+                .then(|| crate::registry::Registry::new(settings.oci_plain_http.as_deref())),
+            settings,
         }
     }
 
@@ -676,6 +684,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<O
     // The autoscaler's decisions come back as reconciles of the Functions they changed.
     let (scaled, decisions) = tokio::sync::mpsc::unbounded_channel();
     let autoscaler = tokio::spawn(autoscaler::run(ctx.clone(), controller.store(), scaled));
+    let registry_sweep = tokio::spawn(oci_gc::sweep_forever(ctx.clone(), namespace.map(str::to_string)));
     let idle_pools = tokio::spawn(pool::scale_idle_pools_forever(
         ctx.clone(),
         api::<Deployment>(&client, namespace),
@@ -711,4 +720,5 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<O
         .await;
     autoscaler.abort();
     idle_pools.abort();
+    registry_sweep.abort();
 }
