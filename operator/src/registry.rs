@@ -21,6 +21,8 @@ use std::time::Duration;
 /// The manifest types the builder pushes (oci-client writes OCI image manifests).
 const MANIFEST_TYPES: &str =
     "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json";
+/// Repositories asked for per catalog page: distribution's most.
+const CATALOG_PAGE: usize = 1000;
 /// How long one call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -162,11 +164,22 @@ impl Registry {
         }
     }
 
-    /// Every repository of `host` (its catalog).
+    /// Every repository of `host` (its catalog, page after page: distribution gives at most
+    /// 1,000 a page, and refuses to be asked for more).
     pub async fn repositories(&self, host: &str) -> Result<Vec<String>, RegistryError> {
-        let url = self.url(host, "_catalog?n=100000");
-        let body = self.get_json(&url).await?;
-        Ok(strings(&body["repositories"]))
+        let mut repositories: Vec<String> = Vec::new();
+        loop {
+            let path = match repositories.last() {
+                None => format!("_catalog?n={CATALOG_PAGE}"),
+                Some(last) => format!("_catalog?n={CATALOG_PAGE}&last={last}"),
+            };
+            let page = strings(&self.get_json(&self.url(host, &path)).await?["repositories"]);
+            let full = page.len() == CATALOG_PAGE;
+            repositories.extend(page);
+            if !full {
+                return Ok(repositories);
+            }
+        }
     }
 
     /// The tags of `repository` with the manifest each names.

@@ -33,3 +33,6 @@ mod crd;
 
 #[path = "operator/install.rs"]
 mod install;
+
+#[path = "operator/registry.rs"]
+mod registry;

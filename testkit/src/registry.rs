@@ -12,14 +12,24 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// A registry that refuses to delete manifests (distribution's default).
     pub fn start() -> Self {
+        Self::start_with(false)
+    }
+
+    /// A registry that deletes manifests when asked (`storage.delete.enabled`).
+    pub fn start_allowing_deletes() -> Self {
+        Self::start_with(true)
+    }
+
+    fn start_with(deletes: bool) -> Self {
         let storage = tempfile::tempdir().unwrap();
         let port = free_port();
         let config = storage.path().join("config.yml");
         std::fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: {deletes}\nhttp:\n  addr: 127.0.0.1:{port}\n",
                 storage.path().join("data").display()
             ),
         )
@@ -53,6 +63,18 @@ impl Registry {
     /// Pushes an artifact of `(media type, bytes)` layers, in order, with the Wasm OCI
     /// config; returns the manifest's digest.
     pub async fn push_layers(&self, repository_and_tag: &str, layers: &[(&str, &[u8])]) -> String {
+        self.push_with_config(repository_and_tag, wasmless_artifact::oci::CONFIG_MEDIA_TYPE, layers)
+            .await
+    }
+
+    /// Pushes an artifact of `(media type, bytes)` layers whose config has `config_media_type`
+    /// (another tool's image, say); returns the manifest's digest.
+    pub async fn push_with_config(
+        &self,
+        repository_and_tag: &str,
+        config_media_type: &str,
+        layers: &[(&str, &[u8])],
+    ) -> String {
         use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
         let client = oci_client::Client::new(ClientConfig {
             protocol: ClientProtocol::Http,
@@ -64,13 +86,27 @@ impl Registry {
             .iter()
             .map(|(media_type, bytes)| ImageLayer::new(bytes.to_vec(), media_type.to_string(), None))
             .collect();
-        let config = Config::new(
-            b"{}".to_vec(),
-            wasmless_artifact::oci::CONFIG_MEDIA_TYPE.to_string(),
-            None,
-        );
+        let config = Config::new(b"{}".to_vec(), config_media_type.to_string(), None);
         client.push(&reference, &layers, config, &auth, None).await.unwrap();
         client.fetch_manifest_digest(&reference, &auth).await.unwrap()
+    }
+
+    /// The tags of `repository`, sorted: none once its manifests are deleted (or before any).
+    pub async fn tags(&self, repository: &str) -> Vec<String> {
+        use oci_client::client::{ClientConfig, ClientProtocol};
+        let client = oci_client::Client::new(ClientConfig {
+            protocol: ClientProtocol::Http,
+            ..Default::default()
+        });
+        let reference: oci_client::Reference = format!("{}/{repository}:any", self.address).parse().unwrap();
+        let auth = oci_client::secrets::RegistryAuth::Anonymous;
+        let mut tags = client
+            .list_tags(&reference, &auth, None, None)
+            .await
+            .map(|listed| listed.tags)
+            .unwrap_or_default();
+        tags.sort();
+        tags
     }
 }
 
