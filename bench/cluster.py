@@ -23,6 +23,7 @@ import json
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -152,39 +153,50 @@ def edit_to_new_answer(name, body, url, marker="bench"):
 
 
 def apply_to_first_200(name, body="This works!"):
-    """kubectl apply of a Function never built before -> first 200 through its Service."""
+    """kubectl apply of a Function never built before -> first 200 through its Service.
+
+    The first 200 is polled on its own thread from the moment the Service exists, and the
+    Kubernetes milestones (Job created and complete, a pod Ready) on this one, so that no
+    milestone's wait delays the first 200's: its pods start during the build and may answer
+    before the Job is counted complete."""
     started = time.monotonic()
     marker = f"bench {time.time()}"
     kubectl("apply", "-f", "-", stdin=function_yaml(name, marker, body))
     marks = {"marker": marker}
-
-    def job_done():
-        job = get_json("get", "jobs", "-n", NS, "-l", f"wasmless.io/function={name}")
-        items = job["items"] if job else []
-        if items and "build_started" not in marks:
-            marks["build_started"] = time.monotonic() - started
-        return any(c["type"] == "Complete" and c["status"] == "True"
-                   for j in items for c in (j.get("status") or {}).get("conditions", []))
-
-    wait("the build", job_done, 900)
-    marks["built"] = time.monotonic() - started
+    answered = threading.Event()
 
     def service_url():
         svc = get_json("get", "svc", name, "-n", NS)
         return svc and f"http://{svc['spec']['clusterIP']}:8080/"
 
-    url = wait("the Service", service_url, 120)
+    def first_200():
+        url = wait("the Service", service_url, 900)
+        marks["url"] = url
+        wait("the first 200", lambda: http_ok(url), 900)
+        marks["first_200"] = time.monotonic() - started
+        answered.set()
 
-    def pod_ready():
-        pods = get_json("get", "pods", "-n", NS, "-l", f"wasmless.io/function={name},wasmless.io/component=runtime")
-        return any(c["type"] == "Ready" and c["status"] == "True"
-                   for p in (pods or {}).get("items", []) for c in (p.get("status") or {}).get("conditions", []))
+    poller = threading.Thread(target=first_200, daemon=True)
+    poller.start()
 
-    wait("a ready pod", pod_ready, 300)
-    marks["pod_ready"] = time.monotonic() - started
-    wait("the first 200", lambda: http_ok(url), 120)
-    marks["first_200"] = time.monotonic() - started
-    marks["url"] = url
+    def milestones():
+        jobs = get_json("get", "jobs", "-n", NS, "-l", f"wasmless.io/function={name}")
+        items = jobs["items"] if jobs else []
+        now = time.monotonic() - started
+        if items and "build_started" not in marks:
+            marks["build_started"] = now
+        if "built" not in marks and any(c["type"] == "Complete" and c["status"] == "True"
+                                        for j in items for c in (j.get("status") or {}).get("conditions", [])):
+            marks["built"] = now
+        if "pod_ready" not in marks:
+            pods = get_json("get", "pods", "-n", NS, "-l", f"wasmless.io/function={name},wasmless.io/component=runtime")
+            if any(c["type"] == "Ready" and c["status"] == "True"
+                   for p in (pods or {}).get("items", []) for c in (p.get("status") or {}).get("conditions", [])):
+                marks["pod_ready"] = time.monotonic() - started
+        return answered.is_set() and all(key in marks for key in ("built", "pod_ready"))
+
+    wait("the build, a ready pod and the first 200", milestones, 900)
+    poller.join()
     marks["phases"] = build_phases(name)
     return marks
 
@@ -477,9 +489,12 @@ when the code cache holds that module for this engine (the same module bytes: a 
 revert, or a source whose change does not change the module, such as a comment).
 
 **A new Function** (the Goless sample, warm cache): `kubectl apply` → build Job
-started {seconds(apply.get("build_started", 0))} → built {seconds(apply["built"])} → pod Ready
-{seconds(apply["pod_ready"])} → **first 200 through the Service {seconds(apply["first_200"])}**.
-Every later pod starts from the published module.
+created {seconds(apply.get("build_started", 0))} → a pod Ready {seconds(apply["pod_ready"])} →
+**first 200 through the Service {seconds(apply["first_200"])}**; the Job was counted complete
+at {seconds(apply["built"])}. The Function's pod starts while it builds, waiting (not
+ready) for the build, and is switched to the module as soon as the operator sees it, so
+the answer does not wait for the Job controller to count the Job complete, which comes a
+second or two after the builder's exit. Every later pod starts from the published module.
 
 **A new pod of an already-built Function** (a rollout, a scale-out, a rescheduled pod): the
 pod is deleted and the time runs from then; the phases are cumulative, then their own share.
