@@ -239,16 +239,11 @@ async fn serve_revisions(config: &Config, metrics: &Arc<Metrics>, admin_port: u1
     Ok((server::Routes::Split(revisions), listeners, function_addr))
 }
 
-/// How often a `--traffic-file` that names no revision yet is read again.
-const FIRST_ROUTES_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
-/// How many times the first revisions named after such a wait are tried before the runtime
-/// gives up: a revision read through the API may be refused for a moment after the
-/// operator widened the pod's Role.
-const FIRST_LOAD_ATTEMPTS: u32 = 20;
-
 /// The revisions `file` names first, loaded, and the bytes they were read from. An empty
 /// list (`[]`: the pod of a new Function, started while its first build runs) is waited
-/// on, the port closed and the pod not ready, until the operator names a revision.
+/// on, the port closed and the pod not ready, until the operator names a revision; the
+/// first one named after such a wait is tried as `split::Revisions::follow` tries a new
+/// list (a Role just widened may refuse a read for a moment).
 async fn first_revisions(
     file: &std::path::Path,
     engine: loader::EngineHost,
@@ -271,16 +266,16 @@ async fn first_revisions(
             if !std::mem::replace(&mut waited, true) {
                 tracing::info!(file = %file.display(), "no revision to serve yet: waiting for the first build");
             }
-            tokio::time::sleep(FIRST_ROUTES_INTERVAL).await;
+            tokio::time::sleep(split::FOLLOW_INTERVAL).await;
             continue;
         }
         let traffic = split::Traffic::parse(text.trim()).map_err(problem)?;
         match split::Revisions::load(engine.clone(), config, metrics.clone(), admin_port, &traffic).await {
             Ok(revisions) => return Ok((revisions, bytes)),
-            Err(error) if waited && attempts < FIRST_LOAD_ATTEMPTS => {
+            Err(error) if waited && attempts < split::LOAD_RETRIES => {
                 attempts += 1;
                 tracing::warn!(%error, attempts, "the first revisions cannot be loaded yet; trying again");
-                tokio::time::sleep(FIRST_ROUTES_INTERVAL).await;
+                tokio::time::sleep(split::FOLLOW_INTERVAL).await;
             }
             Err(error) => return Err(error),
         }

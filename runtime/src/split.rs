@@ -23,11 +23,11 @@ use wasmless_artifact::Digest;
 
 /// How often `--traffic-file` is read for a change: a few hundred bytes, and the kubelet
 /// rewrites a downward API file within a few hundred milliseconds of the annotation.
-const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
+pub(crate) const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
 /// How many more times a list whose revisions did not load is tried, one
 /// [`FOLLOW_INTERVAL`] apart: a revision read through the API may be refused for a moment
 /// after the operator widened the pod's Role, until the API server's authorizer sees it.
-const LOAD_RETRIES: u32 = 20;
+pub(crate) const LOAD_RETRIES: u32 = 20;
 
 /// The request header that asks for a tagged revision.
 pub const TAG_HEADER: &str = "wasmless-tag";

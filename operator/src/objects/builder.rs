@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{
     KeyToPath, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, ResourceRequirements,
     ServiceAccount, Volume,
 };
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
@@ -359,20 +359,7 @@ pub fn builder_rbac(namespace: &str) -> (ServiceAccount, Role, RoleBinding) {
             ..Default::default()
         }]),
     };
-    let binding = RoleBinding {
-        metadata: builder_meta(namespace),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: BUILDER_ACCOUNT.into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: BUILDER_ACCOUNT.into(),
-            namespace: Some(namespace.into()),
-            ..Default::default()
-        }]),
-    };
+    let binding = super::own_account_binding(builder_meta(namespace));
     (account, role, binding)
 }
 

@@ -195,3 +195,25 @@ pub fn service(func: &Function, route: Route) -> Service {
         ..Default::default()
     }
 }
+
+/// The RoleBinding `metadata` names: the Role of that name bound to the ServiceAccount of
+/// that name in its namespace, the one shape the admission policy lets the operator write.
+fn own_account_binding(metadata: ObjectMeta) -> k8s_openapi::api::rbac::v1::RoleBinding {
+    use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
+    let name = metadata.name.clone().unwrap_or_default();
+    let namespace = metadata.namespace.clone();
+    RoleBinding {
+        metadata,
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: name.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name,
+            namespace,
+            ..Default::default()
+        }]),
+    }
+}

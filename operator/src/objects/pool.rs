@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Container, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec, PodTemplateSpec, ResourceRequirements,
     ServiceAccount,
 };
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::ResourceExt;
@@ -111,20 +111,7 @@ pub fn pool_rbac(namespace: &str, secrets: &BTreeSet<String>) -> (ServiceAccount
         metadata: pool_meta(namespace),
         rules: Some(rules),
     };
-    let binding = RoleBinding {
-        metadata: pool_meta(namespace),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: POOL_NAME.into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: POOL_NAME.into(),
-            namespace: Some(namespace.into()),
-            ..Default::default()
-        }]),
-    };
+    let binding = super::own_account_binding(pool_meta(namespace));
     (account, role, binding)
 }
 

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{
     ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, SecretEnvSource, SecretKeySelector,
     ServiceAccount, Volume, VolumeProjection,
 };
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
@@ -352,20 +352,7 @@ pub fn chunk_reader_rbac(
             ..Default::default()
         }]),
     };
-    let binding = RoleBinding {
-        metadata: meta(func, name.clone(), labels),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: name.clone(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name,
-            namespace: func.namespace(),
-            ..Default::default()
-        }]),
-    };
+    let binding = super::own_account_binding(meta(func, name, labels));
     (account, role, binding)
 }
 

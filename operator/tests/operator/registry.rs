@@ -15,7 +15,6 @@ use wasmless_operator::registry::Registry;
 use wasmless_operator::{Context, Metrics};
 use wasmless_testkit::{FakeApiServer, Registry as TestRegistry};
 
-const WASM_CONFIG: &str = wasmless_artifact::oci::CONFIG_MEDIA_TYPE;
 const LAYER: &str = wasmless_artifact::oci::LAYER_MEDIA_TYPE;
 
 /// A harness whose operator stores in `registry` (plain HTTP).
@@ -64,16 +63,10 @@ async fn the_registry_sweep_deletes_only_the_builders_manifests_no_kept_revision
     let cut = Digest::of(b"cut source").short();
     let gone = Digest::of(b"gone source").short();
     let busy = Digest::of(b"rolling source").short();
-    registry
-        .push_with_config(&format!("default/hello:{}", &kept), WASM_CONFIG, &[(LAYER, b"kept")])
-        .await;
-    registry
-        .push_with_config(&format!("default/hello:{}", &cut), WASM_CONFIG, &[(LAYER, b"cut")])
-        .await;
+    registry.push_wasm(&format!("default/hello:{}", &kept), b"kept").await;
+    registry.push_wasm(&format!("default/hello:{}", &cut), b"cut").await;
     // Another tool's tag, and another tool's image under the builder's form of tag.
-    registry
-        .push_with_config("default/hello:latest", WASM_CONFIG, &[(LAYER, b"someone else's")])
-        .await;
+    registry.push_wasm("default/hello:latest", b"someone else's").await;
     registry
         .push_with_config(
             &format!("default/image:{gone}"),
@@ -82,29 +75,17 @@ async fn the_registry_sweep_deletes_only_the_builders_manifests_no_kept_revision
         )
         .await;
     // A Function that no longer exists.
-    registry
-        .push_with_config(&format!("default/gone:{}", &gone), WASM_CONFIG, &[(LAYER, b"gone")])
-        .await;
+    registry.push_wasm(&format!("default/gone:{}", &gone), b"gone").await;
     // A Function that is not Ready: a pod of a revision just cut may still pull it.
     registry
-        .push_with_config(
-            &format!("default/rolling:{}", &cut),
-            WASM_CONFIG,
-            &[(LAYER, b"cut while rolling")],
-        )
+        .push_wasm(&format!("default/rolling:{}", &cut), b"cut while rolling")
         .await;
     // Not a repository of the builder's form.
-    registry
-        .push_with_config(&format!("elsewhere:{}", &cut), WASM_CONFIG, &[(LAYER, b"elsewhere")])
-        .await;
+    registry.push_wasm(&format!("elsewhere:{}", &cut), b"elsewhere").await;
     function_with_revision(&h, "hello", &Digest::of(b"kept source"), "Ready").await;
     function_with_revision(&h, "rolling", &Digest::of(b"rolling source"), "Pending").await;
     registry
-        .push_with_config(
-            &format!("default/rolling:{}", &busy),
-            WASM_CONFIG,
-            &[(LAYER, b"rolling")],
-        )
+        .push_wasm(&format!("default/rolling:{}", &busy), b"rolling")
         .await;
 
     let client = Registry::new(Some(&registry.address));
@@ -147,11 +128,7 @@ async fn the_registry_sweep_deletes_only_the_builders_manifests_no_kept_revision
 
     // A namespaced operator sweeps its namespace only.
     registry
-        .push_with_config(
-            &format!("other/gone:{}", &gone),
-            WASM_CONFIG,
-            &[(LAYER, b"another namespace's")],
-        )
+        .push_wasm(&format!("other/gone:{}", &gone), b"another namespace's")
         .await;
     for _ in 0..2 {
         sweep_registry(&h.ctx, &client, Some("default"), &mut candidates)
@@ -166,9 +143,7 @@ async fn a_registry_that_refuses_deletes_is_named_with_the_setting_to_change() {
     let registry = TestRegistry::start();
     let h = harness(&registry);
     let gone = Digest::of(b"gone source").short();
-    registry
-        .push_with_config(&format!("default/gone:{}", &gone), WASM_CONFIG, &[(LAYER, b"gone")])
-        .await;
+    registry.push_wasm(&format!("default/gone:{}", &gone), b"gone").await;
     let client = Registry::new(Some(&registry.address));
     let mut candidates = BTreeSet::new();
     sweep_registry(&h.ctx, &client, Some("default"), &mut candidates)

@@ -251,17 +251,9 @@ async fn a_pod_started_before_its_first_build_waits_for_a_revision_then_serves_i
     );
     writer.join().unwrap();
     runtime.wait_for_log(&["no revision to serve yet"]);
-    let body = client()
-        .get(runtime.url("/"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert_eq!(body.trim(), "hello-1");
-    let ready = client().get(runtime.admin_url("/readyz")).send().await.unwrap();
-    assert_eq!(ready.status(), 200);
+    let (status, body) = get(runtime.url("/")).await;
+    assert_eq!((status, body.trim()), (200, "hello-1"));
+    assert_eq!(get(runtime.admin_url("/readyz")).await.0, 200);
 }
 
 /// A waiting pod told to stop (its Function deleted, or its build failed) stops at once.
