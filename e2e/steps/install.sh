@@ -30,6 +30,12 @@ goless_sample() {
   wait_until 30 "a build Job" has_jobs hello
   kubectl wait job -n "$NS" -l wasmless.io/function=hello --for=condition=Complete --timeout=600s >/dev/null
   expect_eq "$(jobs_of hello)" 1 "build Jobs of hello"
+  # The pods start while the build runs (they wait for it, not ready).
+  local created completed
+  created=$(kubectl get deploy hello -n "$NS" -o 'jsonpath={.metadata.creationTimestamp}')
+  completed=$(kubectl get jobs -n "$NS" -l wasmless.io/function=hello -o 'jsonpath={.items[0].status.completionTime}')
+  [[ -n $created && ! $created > $completed ]] ||
+    fail "hello's Deployment was created at ${created:-no time}, after its build ended at $completed: its pods did not start during the build"
   local chunks
   chunks=$(kubectl get cm -n "$NS" -l "wasmless.io/function=hello,wasmless.io/module-digest" -o name | wc -l)
   [[ $chunks -ge 1 ]] || fail "no module ConfigMaps"
@@ -58,7 +64,10 @@ new_pod_precompiled() {
   echo "    code $code in $code_maps ConfigMaps"
   replicas=$(fn_field hello .spec.replicas)
   kubectl patch fn hello -n "$NS" --type merge -p '{"spec":{"replicas":2}}' >/dev/null
-  kubectl rollout status deploy/hello -n "$NS" --timeout=60s >/dev/null
+  # The operator scales the Deployment after the patch: a rollout status read before that
+  # sees 1 of 1 and returns while the new pod is still being created.
+  wait_until 30 "the Deployment asking for 2 pods" deployment_replicas_are hello 2
+  wait_until 60 "2 ready pods of hello" deployment_ready_replicas_are hello 2
   local newest log
   newest=$(kubectl get pods -n "$NS" -l wasmless.io/function=hello --sort-by=.metadata.creationTimestamp -o name | tail -1)
   log=$(kubectl logs -n "$NS" "$newest")
@@ -67,4 +76,9 @@ new_pod_precompiled() {
   echo "    $(grep -o '"load_ms":[0-9.]*' <<<"$log" | head -1) in $newest"
   kubectl patch fn hello -n "$NS" --type merge -p "{\"spec\":{\"replicas\":${replicas:-1}}}" >/dev/null
   ok
+}
+
+deployment_replicas_are() { [[ $(kubectl get deploy "$1" -n "$NS" -o 'jsonpath={.spec.replicas}') == "$2" ]]; }
+deployment_ready_replicas_are() {
+  [[ $(kubectl get deploy "$1" -n "$NS" -o 'jsonpath={.status.readyReplicas}/{.status.updatedReplicas}') == "$2/$2" ]]
 }

@@ -7,7 +7,9 @@
 //! written rather than on a scripted sequence of calls. Watches are answered with nothing,
 //! ever (a quiet cluster), and lists and GETs asked for metadata only
 //! (`PartialObjectMetadataList`, `PartialObjectMetadata`) get metadata only. Like the real
-//! API server it refuses an Event whose note is over 1024 bytes.
+//! API server it refuses an Event whose note is over 1024 bytes, and a RoleBinding of a
+//! Role that does not exist (what it answers a client without the `bind` verb, as the
+//! operator is: it cannot check that the binding grants nothing the client lacks).
 
 use http::{Method, Request, Response, StatusCode};
 use kube::client::Body;
@@ -375,6 +377,31 @@ impl FakeApiServer {
                     format!("Event is invalid: note: Too long: may not be more than {MAX_EVENT_NOTE_BYTES} bytes"),
                 ),
             ));
+        }
+        if parsed.resource == "rolebindings"
+            && matches!(method, Method::POST | Method::PUT | Method::PATCH)
+            && parsed.subresource.is_none()
+            && let Some(role) = body
+                .as_ref()
+                .and_then(|b| b.get("roleRef"))
+                .filter(|r| r.get("kind").and_then(Value::as_str) == Some("Role"))
+                .and_then(|r| r.get("name"))
+                .and_then(Value::as_str)
+        {
+            let roles = parsed.collection.replace("/rolebindings", "/roles");
+            if !state.objects.contains_key(&format!("{roles}/{role}")) {
+                // The real API server's words.
+                return Some(respond(
+                    StatusCode::FORBIDDEN,
+                    &status_body(
+                        StatusCode::FORBIDDEN,
+                        "Forbidden",
+                        format!(
+                            "rolebindings.rbac.authorization.k8s.io is forbidden: roles.rbac.authorization.k8s.io \"{role}\" not found"
+                        ),
+                    ),
+                ));
+            }
         }
         let response = self.answer(&mut state, at, method, parsed, query, content_type, accept, body);
         Some(response)

@@ -76,8 +76,10 @@ pub(super) fn rolling(deployment: Option<&Deployment>) -> bool {
 /// or when an account of that name exists that the Function does not own: the operator
 /// never lends its pods an identity someone else may have given rights to. `first_build`:
 /// the pods start before the Function's first build (into ConfigMaps) ends, so the account
-/// and its binding are written with no chunk to read yet: the Role, which must name some
-/// (a rule without names would grant every ConfigMap), comes with the build.
+/// is written with no chunk to read yet: the Role, which must name some (a rule without
+/// names would grant every ConfigMap), and its binding come with the build. The binding
+/// waits for the Role: the API server refuses to bind a Role that does not exist to an
+/// operator without the `bind` verb, and the operator has none.
 pub(super) async fn chunk_reader(
     ctx: &Context,
     func: &Function,
@@ -113,11 +115,12 @@ pub(super) async fn chunk_reader(
     apply::apply_if_changed_with(&accounts, existing.as_ref(), &account)
         .await
         .doing(READY, || format!("applying the ServiceAccount {name}"))?;
-    if !chunks.is_empty() {
-        apply::apply_if_changed(&Api::<Role>::namespaced(ctx.client.clone(), ns), &role)
-            .await
-            .doing(READY, || format!("applying the Role {name}"))?;
+    if chunks.is_empty() {
+        return Ok(Some(name));
     }
+    apply::apply_if_changed(&Api::<Role>::namespaced(ctx.client.clone(), ns), &role)
+        .await
+        .doing(READY, || format!("applying the Role {name}"))?;
     apply::apply_if_changed(&Api::<RoleBinding>::namespaced(ctx.client.clone(), ns), &binding)
         .await
         .doing(READY, || format!("applying the RoleBinding {name}"))?;
