@@ -58,6 +58,17 @@ struct Args {
     /// while they have no pods of their own.
     #[arg(long, env = "WASMLESS_POOL_REPLICAS", default_value_t = 2, value_parser = clap::value_parser!(i32).range(1..=100))]
     pool_replicas: i32,
+    /// Loaded code each pool pod keeps (a quantity: 1Gi, 4Gi) before it unloads the least
+    /// recently used Function, which loads again on its next request; the pool's container
+    /// may use this and 1Gi more. Raise it for a namespace of many pooled Functions: a
+    /// Goless handler's code takes about 15 MiB, a small Rust one under 1 MiB.
+    #[arg(long, env = "WASMLESS_POOL_MEMORY_BUDGET", default_value = "1Gi", value_parser = wasmless_formats::quantity::parse_bytes)]
+    pool_memory_budget: u64,
+    /// Pool pods load each Function new to their table before its first request, while
+    /// their loaded code is under three quarters of the budget (false: on its first request,
+    /// which then waits for the load).
+    #[arg(long, env = "WASMLESS_POOL_LOAD_AHEAD", default_value_t = true, action = clap::ArgAction::Set)]
+    pool_load_ahead: bool,
     /// The OpenTelemetry collector function pods and pools send traces to, and the
     /// operator its trace of each apply: an OTLP/HTTP endpoint such as
     /// http://otel-collector.observability:4318. Unset: no traces.
@@ -125,6 +136,8 @@ async fn main() -> anyhow::Result<()> {
     settings.go_proxy = args.go_proxy.clone().filter(|proxy| !proxy.trim().is_empty());
     settings.build_cache = args.build_cache.clone();
     settings.pool_replicas = args.pool_replicas;
+    settings.pool_memory_budget = args.pool_memory_budget;
+    settings.pool_load_ahead = args.pool_load_ahead;
     settings.otlp_endpoint = args
         .otlp_endpoint
         .clone()

@@ -31,6 +31,12 @@ pub struct Settings {
     /// Pods of each namespace's shared pool (Functions with `scale.min: 0` are served there
     /// while idle): two, so a pool pod's restart or eviction leaves one serving.
     pub pool_replicas: i32,
+    /// Loaded code each pool pod keeps before unloading the least recently used Function,
+    /// in bytes; its container may use this and 1 GiB more (requests in flight).
+    pub pool_memory_budget: u64,
+    /// Whether pool pods load a Function new to their table before its first request
+    /// (while under three quarters of the budget), or on it.
+    pub pool_load_ahead: bool,
     /// The OpenTelemetry collector (an OTLP/HTTP endpoint) function pods and pools send
     /// traces to, passed to the runtime as `WASMLESS_OTLP_ENDPOINT`; none: no traces.
     pub otlp_endpoint: Option<String>,
@@ -99,6 +105,8 @@ impl Settings {
             build_cache: BuildCache::HostPath(DEFAULT_BUILD_CACHE_PATH.into()),
             cargo_registry: None,
             pool_replicas: 2,
+            pool_memory_budget: crate::objects::DEFAULT_POOL_MEMORY_BUDGET,
+            pool_load_ahead: true,
             otlp_endpoint: None,
         }
     }

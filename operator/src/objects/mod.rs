@@ -14,9 +14,9 @@ pub use builder::{
 };
 pub use pod::{NON_ROOT_UID, OCI_PLAIN_HTTP_ENV};
 pub use pool::{
-    NAMESPACE_ENV, POOL_COMPONENT, POOL_ENTRY_COMPONENT, POOL_ENTRY_KEY, POOL_NAME, POOL_PORTS, free_pool_port,
-    pool_args, pool_deployment, pool_deployment_selector, pool_entry, pool_entry_name, pool_entry_port,
-    pool_entry_selector, pool_pod_selector, pool_rbac,
+    DEFAULT_POOL_MEMORY_BUDGET, NAMESPACE_ENV, POOL_COMPONENT, POOL_ENTRY_COMPONENT, POOL_ENTRY_KEY, POOL_NAME,
+    POOL_PORTS, free_pool_port, pool_args, pool_deployment, pool_deployment_selector, pool_entry, pool_entry_name,
+    pool_entry_port, pool_entry_selector, pool_pod_selector, pool_rbac,
 };
 pub use runtime::{
     DRAIN_DELAY_SECONDS, HANDLER_ENV_PREFIX, POD_IP_ENV, REVISIONS_DIR, ROUTES_ANNOTATION, ROUTES_VOLUME,

@@ -41,8 +41,12 @@ pub const POOL_ENTRY_KEY: &str = "entry.json";
 /// and below Linux's ephemeral range (32768 and up would collide with outbound calls'
 /// local ports only on the same address, but staying clear costs nothing).
 pub const POOL_PORTS: std::ops::Range<u16> = 20000..32000;
-/// Loaded code the pool keeps before unloading the least recently used Function.
-pub const POOL_MEMORY_BUDGET: &str = "1Gi";
+/// Loaded code the pool keeps before unloading the least recently used Function, unless
+/// the operator's `--pool-memory-budget` says otherwise.
+pub const DEFAULT_POOL_MEMORY_BUDGET: u64 = 1 << 30;
+/// What the pool's container may use beyond its budget of loaded code: the requests in
+/// flight (each up to `POOL_MEMORY_LIMIT` of linear memory), buffers, the table.
+const POOL_MEMORY_ROOM: u64 = 1 << 30;
 /// The variable the pool reads its namespace from (the downward API's).
 pub const NAMESPACE_ENV: &str = "WASMLESS_NAMESPACE";
 
@@ -124,7 +128,8 @@ pub fn pool_deployment(namespace: &str, settings: &Settings) -> Deployment {
         ("--pool", format!("api:{}", pool_entry_selector())),
         ("--admin-port", ports::ADMIN.to_string()),
         ("--memory-limit", POOL_MEMORY_LIMIT.into()),
-        ("--pool-memory-budget", POOL_MEMORY_BUDGET.into()),
+        ("--pool-memory-budget", quantity(settings.pool_memory_budget).0),
+        ("--pool-load-ahead", settings.pool_load_ahead.to_string()),
         ("--cache-dir", "/cache".into()),
         ("--drain-delay", format!("{DRAIN_DELAY_SECONDS}s")),
         ("--shutdown-grace", format!("{SHUTDOWN_GRACE_SECONDS}s")),
@@ -160,7 +165,10 @@ pub fn pool_deployment(namespace: &str, settings: &Settings) -> Deployment {
                 ("memory".into(), Quantity("128Mi".into())),
             ])),
             // The budget of loaded code, and room for the requests in flight.
-            limits: Some(BTreeMap::from([("memory".into(), Quantity("2Gi".into()))])),
+            limits: Some(BTreeMap::from([(
+                "memory".into(),
+                quantity(settings.pool_memory_budget + POOL_MEMORY_ROOM),
+            )])),
             ..Default::default()
         }),
         security_context: Some(restricted_container_security()),
@@ -290,4 +298,30 @@ pub fn free_pool_port(function: &str, taken: &std::collections::BTreeSet<u16>) -
     (0..span)
         .map(|offset| POOL_PORTS.start + (start + offset) % span)
         .find(|port| !taken.contains(port))
+}
+
+/// `bytes` as people write it: `2Gi` when whole gibibytes, else mebibytes, rounded up.
+fn quantity(bytes: u64) -> Quantity {
+    const MI: u64 = 1 << 20;
+    const GI: u64 = 1 << 30;
+    match bytes % GI {
+        0 => Quantity(format!("{}Gi", bytes / GI)),
+        _ => Quantity(format!("{}Mi", bytes.div_ceil(MI))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities_read_as_people_write_them() {
+        assert_eq!(quantity(1 << 30).0, "1Gi");
+        assert_eq!(quantity(3 << 30).0, "3Gi");
+        assert_eq!(quantity(1536 << 20).0, "1536Mi");
+        assert_eq!(quantity((1 << 20) + 1).0, "2Mi");
+        for bytes in [1 << 30, 1536 << 20, 5 << 30] {
+            assert_eq!(wasmless_formats::quantity::parse_bytes(&quantity(bytes).0), Ok(bytes));
+        }
+    }
 }
