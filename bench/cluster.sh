@@ -4,7 +4,10 @@
 # revert to their new answer (each with the builder's phases), and a new pod of a built
 # Function against Goless's own way (an init container running `go build`), phase by phase. Writes its section of
 # docs/benchmarks.md (between the bench/cluster.sh markers; bench/run.sh keeps it).
+# `density` instead: a thousand Functions with `scale.min: 0` served by one pool pod
+# (bench/src/pool_pod.rs), its section "Pool density on the cluster".
 #   bench/cluster.sh [REPS]     (default 3; takes the cluster down again if it started it)
+#   bench/cluster.sh density
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,4 +25,8 @@ scripts/cluster.sh load $images
 kubectl apply -k deploy/ >/dev/null
 kubectl rollout status deploy/wasmless-operator -n wasmless-system --timeout=180s >/dev/null
 
-python3 bench/cluster.py "${1:-3}"
+if [[ ${1:-} == density ]]; then
+  "$CARGO_TARGET_DIR/release/wasmless-bench" --bin-dir "$CARGO_TARGET_DIR/release" --only pool-pod
+else
+  python3 bench/cluster.py "${1:-3}"
+fi

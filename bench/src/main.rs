@@ -8,6 +8,7 @@
 
 mod measure;
 mod pool;
+mod pool_pod;
 mod report;
 mod scenarios;
 mod traces;
@@ -33,8 +34,8 @@ struct Args {
     #[arg(long, default_value = "docs/benchmarks.md")]
     output: PathBuf,
     /// Run one comparison and rewrite only its section of the report (`outbound`, `pool`,
-    /// `traces`).
-    #[arg(long, value_parser = ["outbound", "pool", "traces"])]
+    /// `traces`; `pool-pod` on the test cluster, as `bench/cluster.sh density` runs it).
+    #[arg(long, value_parser = ["outbound", "pool", "pool-pod", "traces"])]
     only: Option<String>,
     /// Functions in the pool's density run.
     #[arg(long, default_value_t = 1000)]
@@ -58,6 +59,12 @@ fn main() -> anyhow::Result<()> {
             let density = pool::density(&settings, args.pool_functions, args.pool_go_functions)?;
             report::write_section(&args.output, pool::HEADING, &pool::section(&density))?;
             eprintln!("rewrote the pool section of {}", args.output.display());
+            return Ok(());
+        }
+        Some("pool-pod") => {
+            let density = pool_pod::run(&settings, args.pool_functions, args.pool_go_functions)?;
+            report::write_section(&args.output, pool_pod::HEADING, &pool_pod::section(&density))?;
+            eprintln!("rewrote the pool pod section of {}", args.output.display());
             return Ok(());
         }
         Some("traces") => {

@@ -177,7 +177,7 @@ fn wasmtime_error(error: wasmtime::Error) -> anyhow::Error {
     anyhow::anyhow!("{error:#}")
 }
 
-fn with_custom_section(wasm: &[u8], name: &str) -> Vec<u8> {
+pub(crate) fn with_custom_section(wasm: &[u8], name: &str) -> Vec<u8> {
     let mut payload = Vec::new();
     leb128(&mut payload, name.len());
     payload.extend_from_slice(name.as_bytes());
@@ -245,7 +245,7 @@ fn timed_get(port: u16) -> anyhow::Result<Duration> {
     Ok(elapsed)
 }
 
-fn percentile(times: &mut [Duration], at: f64) -> f64 {
+pub(crate) fn percentile(times: &mut [Duration], at: f64) -> f64 {
     times.sort();
     let index = ((times.len() as f64 - 1.0) * at).round() as usize;
     times[index].as_secs_f64() * 1000.0

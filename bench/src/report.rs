@@ -13,17 +13,30 @@ pub fn write(output: &Path, settings: &Settings, results: &Results) -> anyhow::R
     let plot = output.with_file_name(plot_name);
     std::fs::write(&plot, throughput_svg(results))?;
     let mut page = markdown(settings, results, plot_name);
-    // bench/cluster.sh writes its own section (figures from a cluster); a run here keeps it.
-    if let Some(section) = std::fs::read_to_string(output)
-        .ok()
-        .and_then(|old| cluster_section(&old).map(str::to_string))
+    // bench/cluster.sh writes its own sections (figures from a cluster); a run here keeps them.
+    let old = std::fs::read_to_string(output).unwrap_or_default();
+    for section in [cluster_section(&old), titled_section(&old, crate::pool_pod::HEADING)]
+        .into_iter()
+        .flatten()
     {
         page.push('\n');
-        page.push_str(&section);
+        page.push_str(section.trim_end());
         page.push('\n');
     }
     std::fs::write(output, page)?;
     Ok(())
+}
+
+/// The section of `page` under `heading`, to the next heading of its level.
+fn titled_section<'a>(page: &'a str, heading: &str) -> Option<&'a str> {
+    let start = page.find(heading)?;
+    let rest = &page[start + heading.len()..];
+    let end = [rest.find("\n## "), rest.find("\n<!-- ")]
+        .into_iter()
+        .flatten()
+        .min()
+        .map_or(page.len(), |end| start + heading.len() + end + 1);
+    Some(&page[start..end])
 }
 
 const OUTBOUND_HEADING: &str = "## Outbound calls";
@@ -473,7 +486,7 @@ fn escape(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{CLUSTER_BEGIN, CLUSTER_END, cluster_section};
+    use super::{CLUSTER_BEGIN, CLUSTER_END, cluster_section, titled_section};
 
     #[test]
     fn a_rewritten_page_keeps_the_cluster_section() {
@@ -483,5 +496,16 @@ mod tests {
         assert!(section.contains("## On a cluster"));
         assert!(!section.contains("local figures"));
         assert_eq!(cluster_section("# Benchmarks\n"), None);
+    }
+
+    #[test]
+    fn a_rewritten_page_keeps_the_pool_pod_section() {
+        let heading = crate::pool_pod::HEADING;
+        let page = format!("# Benchmarks\n\n{heading}\n\n| a | b |\n\n## Memory\n\nlocal\n");
+        let section = |page: &str| titled_section(page, heading).map(|s| s.trim_end().to_string());
+        assert_eq!(section(&page), Some(format!("{heading}\n\n| a | b |")));
+        let before_cluster = format!("{heading}\n\nfigures\n{CLUSTER_BEGIN}\n");
+        assert_eq!(section(&before_cluster), Some(format!("{heading}\n\nfigures")));
+        assert_eq!(titled_section("# Benchmarks\n", heading), None);
     }
 }

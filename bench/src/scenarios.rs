@@ -138,7 +138,7 @@ fn builder(settings: &Settings, language: &str, source: &Path, output: &Path, ca
     command
 }
 
-fn example_source(settings: &Settings, example: &str) -> anyhow::Result<String> {
+pub(crate) fn example_source(settings: &Settings, example: &str) -> anyhow::Result<String> {
     let yaml = std::fs::read_to_string(settings.root.join("examples").join(example).join("function.yaml"))?;
     let (_, after) = yaml
         .split_once("source: |\n")

@@ -22,6 +22,8 @@ pub(crate) const HELLO: &str = "package handlers\n\nimport \"net/http\"\n\nfunc 
 pub(crate) const HELLO_V2: &str = "package handlers\n\nimport \"net/http\"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) { w.Write([]byte(\"v2\")) }\n";
 
 pub(crate) struct Harness {
+    /// The test's own client (the cluster's admin on a real one); the reconciles run with
+    /// `ctx`'s, which on a real cluster has the operator's rights and no more.
     pub(crate) client: Client,
     pub(crate) fake: Option<FakeApiServer>,
     pub(crate) ctx: Arc<Context>,
@@ -61,8 +63,9 @@ impl Harness {
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
             .await
             .expect("kubeconfig");
-        let client = Client::try_from(config).expect("client");
+        let client = Client::try_from(config.clone()).expect("client");
         refuse_build_pods(&client).await;
+        grant_the_operators_rights(&client).await;
         let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
             Api::all(client.clone());
         crds.patch(
@@ -94,8 +97,9 @@ impl Harness {
         let runtime_image =
             std::env::var("WASMLESS_TEST_RUNTIME_IMAGE").unwrap_or_else(|_| "wasmless/runtime:0.1.0".into());
         let settings = Settings::new(runtime_image, settings().builder_image);
+        let operator = Client::try_from(as_the_operator(config)).expect("the operator's client");
         Self {
-            ctx: Arc::new(Context::new(client.clone(), settings, Metrics::default(), None)),
+            ctx: Arc::new(Context::new(operator, settings, Metrics::default(), None)),
             client,
             fake: None,
             ns,
@@ -343,8 +347,13 @@ impl Harness {
     /// A context like the harness's, whose applies are traced by `tracer`.
     pub(crate) fn traced_context(&self, tracer: opentelemetry_sdk::trace::SdkTracer) -> Arc<Context> {
         Arc::new(
-            Context::new(self.client.clone(), self.ctx.settings.clone(), Metrics::default(), None)
-                .with_traces(wasmless_operator::controller::ApplyTraces::new(tracer)),
+            Context::new(
+                self.ctx.client.clone(),
+                self.ctx.settings.clone(),
+                Metrics::default(),
+                None,
+            )
+            .with_traces(wasmless_operator::controller::ApplyTraces::new(tracer)),
         )
     }
 
@@ -640,4 +649,51 @@ pub(crate) fn repo_root() -> std::path::PathBuf {
         .parent()
         .unwrap()
         .to_path_buf()
+}
+
+/// Who the operator is on a cluster installed from deploy/: its ServiceAccount.
+const OPERATOR_USER: &str = "system:serviceaccount:wasmless-system:wasmless-operator";
+
+/// `config`, impersonating the operator's ServiceAccount, so a scenario's reconciles are
+/// allowed exactly what deploy/rbac.yaml grants it (and the API server's own checks on
+/// RBAC writes, such as binding only a Role that exists, apply to them too).
+fn as_the_operator(mut config: kube::Config) -> kube::Config {
+    config.auth_info.impersonate = Some(OPERATOR_USER.into());
+    config.auth_info.impersonate_groups = Some(vec![
+        "system:serviceaccounts".into(),
+        "system:serviceaccounts:wasmless-system".into(),
+        "system:authenticated".into(),
+    ]);
+    config
+}
+
+/// Applies the operator's ClusterRole and ClusterRoleBinding of deploy/rbac.yaml, as
+/// `kubectl apply -k deploy/` would.
+async fn grant_the_operators_rights(client: &Client) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use serde::Deserialize;
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac.yaml");
+    let text = std::fs::read_to_string(path).expect("reading deploy/rbac.yaml");
+    let apply = PatchParams::apply("wasmless-tests").force();
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let value = Value::deserialize(document).expect("deploy/rbac.yaml parses");
+        let name = value["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        match value["kind"].as_str() {
+            Some("ClusterRole") => {
+                let role: ClusterRole = serde_json::from_value(value).expect("a ClusterRole");
+                Api::<ClusterRole>::all(client.clone())
+                    .patch(&name, &apply, &Patch::Apply(role))
+                    .await
+                    .expect("applying the operator's ClusterRole");
+            }
+            Some("ClusterRoleBinding") => {
+                let binding: ClusterRoleBinding = serde_json::from_value(value).expect("a ClusterRoleBinding");
+                Api::<ClusterRoleBinding>::all(client.clone())
+                    .patch(&name, &apply, &Patch::Apply(binding))
+                    .await
+                    .expect("applying the operator's ClusterRoleBinding");
+            }
+            _ => {}
+        }
+    }
 }
