@@ -26,6 +26,7 @@ kubectl apply -k deploy/ >/dev/null
 kubectl rollout status deploy/wasmless-operator -n wasmless-system --timeout=180s >/dev/null
 
 if [[ ${1:-} == density ]]; then
+  cargo build --release --quiet -p wasmless-bench   # `cargo test --no-run` builds no binary to run
   "$CARGO_TARGET_DIR/release/wasmless-bench" --bin-dir "$CARGO_TARGET_DIR/release" --only pool-pod
 else
   python3 bench/cluster.py "${1:-3}"

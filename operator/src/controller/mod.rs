@@ -480,20 +480,38 @@ async fn serve(
     if let Some(spec) = desired.spec.as_mut() {
         spec.replicas = Some(replicas);
     }
+    let service_name = objects::service_name(func);
+    let live_service = services
+        .get_opt(&service_name)
+        .await
+        .doing(READY, || format!("reading the Service {service_name}"))?;
+    // A first build's pods are switched to it where they wait, before anything rolls.
+    let holding =
+        route == Route::Pods && switch::holding_for_first_switch(func, existing.as_ref(), live_service.as_ref());
+    let serves = desired.spec.as_ref().map(|spec| spec.template.clone());
+    if holding
+        && let (Some(spec), Some(live)) = (desired.spec.as_mut(), existing.as_ref().and_then(|d| d.spec.as_ref()))
+    {
+        spec.template = live.template.clone();
+    }
     let rolled = apply::apply_if_changed_with(&deployments, existing.as_ref(), &desired)
         .await
         .doing(READY, || format!("applying the Deployment {name}"))?;
     // The pods that have every revision the template serves mounted move to it now; the
     // rollout replaces them meanwhile, and the rest as it goes.
-    if (rolled || switch::rolling(existing.as_ref()))
-        && let Some(template) = desired.spec.as_ref().map(|spec| &spec.template)
+    if (holding || rolled || switch::rolling(existing.as_ref()))
+        && let Some(template) = serves.as_ref()
     {
         switch::in_place(ctx, func, ns, template, &serving_set).await?;
     }
-    let service = objects::service(func, route);
-    apply::apply_if_changed(&services, &service)
+    let service = match holding {
+        true => objects::waiting_service(func),
+        false => objects::service(func, route),
+    };
+    apply::apply_if_changed_with(&services, live_service.as_ref(), &service)
         .await
         .doing(READY, || format!("applying the Service {}", service.name_any()))?;
+    served.pending |= holding;
     cleanup::remove_renamed_services(&services, func, &service.name_any()).await?;
     served.replicas = replicas;
     served.route = Some(route);
@@ -552,7 +570,7 @@ async fn wait_for_first_build(
             format!("applying the Deployment {name}, waiting for its first build")
         })?;
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
-    let service = objects::service(func, Route::Pods);
+    let service = objects::waiting_service(func);
     apply::apply_if_changed(&services, &service)
         .await
         .doing(READY, || format!("applying the Service {}", service.name_any()))?;

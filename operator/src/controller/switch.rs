@@ -9,13 +9,15 @@
 //! are loaded. The rollout replaces them with pods of the new template meanwhile, so what
 //! the Deployment says and what each pod's annotations say is what serves.
 
+use super::status::CONDITION_BUILT;
 use super::{Context, Doing, READY, StepError, apply, find};
 use crate::crd::Function;
 use crate::module::{ModuleLocation, POD_ANNOTATIONS};
 use crate::objects::{self, REVISIONS_DIR, ROUTES_ANNOTATION, ROUTES_VOLUME, TRAFFIC_ANNOTATION};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Map, Value};
@@ -68,6 +70,48 @@ pub(super) fn rolling(deployment: Option<&Deployment>) -> bool {
     };
     status.observed_generation.unwrap_or_default() < generation
         || status.updated_replicas.unwrap_or_default() != status.replicas.unwrap_or_default()
+}
+
+/// How long after its first build a new Function's Service waits for one of its switched
+/// pods to be ready before it leaves them and rolls out as any build does.
+const FIRST_SWITCH_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether a new Function's first build is done and its pods, which waited for it behind
+/// a Service that sends to them ready or not ([`objects::waiting_service`]), are still being
+/// switched to it: none is ready yet. Meanwhile the Deployment keeps the waiting template
+/// (a rollout would add pods the Service sends to before they listen) and the Service
+/// keeps sending to them; once one is ready (or [`FIRST_SWITCH_GRACE`] after the build) the
+/// Service sends to ready pods only, and the build rolls out as any other.
+pub(super) fn holding_for_first_switch(
+    func: &Function,
+    deployment: Option<&Deployment>,
+    service: Option<&Service>,
+) -> bool {
+    let Some(deployment) = deployment else {
+        return false;
+    };
+    let waiting = find::serving_module(deployment).is_none();
+    let publishing_not_ready = service
+        .and_then(|service| service.spec.as_ref()?.publish_not_ready_addresses)
+        .unwrap_or(false);
+    // Pods that wait, none of them ready yet (with none at all, there is nothing to wait for).
+    let status = deployment.status.as_ref();
+    let waiting_pods = status.and_then(|status| status.replicas).unwrap_or(0) > 0;
+    let none_ready = status.and_then(|status| status.ready_replicas).unwrap_or(0) == 0;
+    let built_since = func
+        .status
+        .as_ref()
+        .and_then(|status| {
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == CONDITION_BUILT && c.status == "True")
+        })
+        .map(|condition| condition.last_transition_time.0);
+    let within_grace = built_since.is_none_or(|since| {
+        Timestamp::now().duration_since(since) < SignedDuration::try_from(FIRST_SWITCH_GRACE).unwrap_or_default()
+    });
+    waiting && publishing_not_ready && waiting_pods && none_ready && within_grace
 }
 
 /// The ServiceAccount `func`'s pods run as to read the chunks of the revisions in

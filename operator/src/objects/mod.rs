@@ -190,10 +190,27 @@ pub fn service(func: &Function, route: Route) -> Service {
                 port("http", func.spec.server_port, http_target),
                 port("metrics", ports::ADMIN.into(), IntOrString::String("metrics".into())),
             ]),
+            // Written, not left out: a Service that sent to the pods of a first build
+            // before they were ready (`waiting_service`) stops once this is applied.
+            publish_not_ready_addresses: Some(false),
             ..Default::default()
         }),
         ..Default::default()
     }
+}
+
+/// The Service of a new Function while its first build runs: to its pods, ready or not.
+/// They wait for the build with their port closed, so a request meanwhile is refused as
+/// it would be with no endpoint; but their addresses are in the Service's EndpointSlice
+/// from the moment they have one, so kube-proxy has programmed them before the build
+/// ends, and the first answer waits only for a pod to load what was built (not for its
+/// readiness probe, the EndpointSlice and every node's kube-proxy after it).
+pub fn waiting_service(func: &Function) -> Service {
+    let mut service = service(func, Route::Pods);
+    if let Some(spec) = service.spec.as_mut() {
+        spec.publish_not_ready_addresses = Some(true);
+    }
+    service
 }
 
 /// The RoleBinding `metadata` names: the Role of that name bound to the ServiceAccount of

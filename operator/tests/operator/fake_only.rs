@@ -321,3 +321,43 @@ async fn oci_storage_publishes_to_the_registry_and_serves_by_reference() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_first_build_whose_pods_never_get_ready_rolls_out_after_a_while() {
+    use wasmless_operator::crd::Function;
+    let h = Harness::fake();
+    h.create("hello", json!({"source": HELLO})).await;
+    h.reconcile("hello").await.unwrap();
+    h.pods_started_not_ready("hello").await;
+    h.finish_build("hello", &wasm("hello")).await;
+    h.reconcile("hello").await.unwrap();
+    let template_routes = |deployment: k8s_openapi::api::apps::v1::Deployment| {
+        deployment.spec.unwrap().template.metadata.unwrap().annotations.unwrap()[objects::ROUTES_ANNOTATION].clone()
+    };
+    assert_eq!(
+        template_routes(h.deployment("hello").await.unwrap()),
+        "[]",
+        "held while its pods switch"
+    );
+    // The build ended a minute ago, and still no pod is ready (one that cannot read what
+    // was built, say): the Service stops waiting for them and the build rolls out.
+    let mut conditions = status(&h.function("hello").await).conditions;
+    for condition in &mut conditions {
+        if condition.type_ == "Built" {
+            let a_minute_ago = k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(60);
+            condition.last_transition_time = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(a_minute_ago);
+        }
+    }
+    h.api::<Function>()
+        .patch_status(
+            "hello",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": conditions}})),
+        )
+        .await
+        .unwrap();
+    h.reconcile("hello").await.unwrap();
+    assert_ne!(template_routes(h.deployment("hello").await.unwrap()), "[]");
+    let service: Service = h.api().get("hello").await.unwrap();
+    assert_eq!(service.spec.unwrap().publish_not_ready_addresses, Some(false));
+}

@@ -379,6 +379,29 @@ impl Harness {
             .expect("deployment status");
     }
 
+    /// What the Deployment controller reports while its pods run, none of them ready yet:
+    /// written on the in-memory server, waited for on a cluster.
+    pub(crate) async fn pods_started_not_ready(&self, name: &str) {
+        if self.fake.is_none() {
+            for _ in 0..120 {
+                let deployment = self.api::<Deployment>().get(name).await.expect("deployment");
+                if deployment.status.and_then(|s| s.replicas).unwrap_or(0) > 0 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            panic!("Deployment {name} reported no pod within a minute");
+        }
+        self.api::<Deployment>()
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"replicas": 1, "updatedReplicas": 1, "readyReplicas": 0}})),
+            )
+            .await
+            .expect("deployment status");
+    }
+
     /// A pod of the Function's current pod template that is running (on a cluster, one the
     /// rollout does not own: it stays through the scenario), as the ReplicaSet would make it.
     pub(crate) async fn running_pod(&self, function: &str, name: &str) -> String {

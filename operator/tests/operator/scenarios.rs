@@ -117,9 +117,11 @@ async fn new_function_starts_one_content_addressed_build(h: &Harness) {
             .is_none(),
         "no Role before there is a chunk to read"
     );
-    assert!(
-        h.api::<Service>().get_opt("hello").await.unwrap().is_some(),
-        "the Service"
+    let service = h.api::<Service>().get("hello").await.expect("the Service");
+    assert_eq!(
+        service.spec.unwrap().publish_not_ready_addresses,
+        Some(true),
+        "to the waiting pods, ready or not"
     );
     let func = h.function("hello").await;
     assert_eq!(status(&func).phase, Some(Phase::Building));
@@ -1030,6 +1032,7 @@ async fn a_new_functions_pods_start_during_its_build_and_switch_to_it(h: &Harnes
     h.create("hello", json!({"source": HELLO})).await;
     h.reconcile("hello").await.unwrap();
     let waiting = h.running_pod("hello", "hello-waiting").await;
+    h.pods_started_not_ready("hello").await;
     let module = h.finish_build("hello", &wasm("hello")).await;
     let func = h.reconciled("hello").await;
     let source = status(&func).source_digest.unwrap();
@@ -1057,7 +1060,18 @@ async fn a_new_functions_pods_start_during_its_build_and_switch_to_it(h: &Harnes
         readable.contains(&format!("hello-module-{}-0", &source["sha256:".len()..][..10])),
         "{readable:?}"
     );
-    // The template mounts it, for the pods the rollout makes.
+    // Until one of them is ready, the Service sends to them ready or not (kube-proxy has
+    // had their addresses since they started), and nothing rolls: a new pod would get
+    // requests before it listens.
+    let publishes_not_ready = |service: Service| service.spec.unwrap().publish_not_ready_addresses;
+    assert_eq!(publishes_not_ready(h.api().get("hello").await.unwrap()), Some(true));
+    let deployment = h.deployment("hello").await.unwrap();
+    assert_eq!(template_annotation(&deployment, objects::ROUTES_ANNOTATION), "[]");
+    // Once one is: to ready pods only, and the template mounts the build, for the pods the
+    // rollout makes.
+    h.make_available("hello").await;
+    h.reconcile("hello").await.unwrap();
+    assert_eq!(publishes_not_ready(h.api().get("hello").await.unwrap()), Some(false));
     let deployment = h.deployment("hello").await.unwrap();
     assert_eq!(
         served_alone(&deployment.spec.as_ref().unwrap().template)["module"],
