@@ -136,7 +136,7 @@ pub fn run(settings: &Settings, functions: usize, go_functions: usize) -> anyhow
         }
     }
 
-    let list = settings.work("density-functions.json");
+    let list = settings.work("density").join("functions.json");
     std::fs::write(
         &list,
         json!({"apiVersion": "v1", "kind": "List", "items": objects}).to_string(),
