@@ -663,6 +663,11 @@ pub fn error_policy(func: Arc<Function>, error: &Error, ctx: Arc<Context>) -> Ac
     Action::requeue(delay)
 }
 
+/// Reconciles at once. Unbounded, a start (or a takeover) with a thousand Functions sent
+/// the API server tens of thousands of requests in a burst, so slowly answered that the
+/// Lease was not renewed in time: the operator stopped, restarted and did it again.
+const CONCURRENT_RECONCILES: u16 = 8;
+
 /// Runs the controller until a shutdown signal (or until `stop` resolves).
 pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<Output = ()> + Send + Sync + 'static) {
     let client = ctx.client.clone();
@@ -681,7 +686,8 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<O
     let controller = Controller::new(
         api::<Function>(&client, namespace),
         watcher::Config::default().any_semantic(),
-    );
+    )
+    .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENT_RECONCILES));
     ctx.metrics.watch(controller.store());
     let _ = ctx.functions.set(controller.store());
     // A Secret or ConfigMap that a Function's pods read changes their configuration: its
@@ -723,7 +729,9 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<O
             all,
             move |cm| configmap_readers(&cm.metadata),
         )
-        .owns(api::<ConfigMap>(&client, namespace), owned.clone())
+        // Metadata only (as `owns` watches anyway, said here): the chunk ConfigMaps among
+        // them hold every module and its compiled code, 6 MB for a Goless handler.
+        .owns(api::<PartialObjectMeta<ConfigMap>>(&client, namespace), owned.clone())
         .owns(api::<Job>(&client, namespace), owned.clone())
         .owns(api::<Deployment>(&client, namespace), owned.clone())
         .owns(api::<Service>(&client, namespace), owned)

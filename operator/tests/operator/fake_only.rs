@@ -329,7 +329,7 @@ async fn a_first_build_whose_pods_never_get_ready_rolls_out_after_a_while() {
     h.create("hello", json!({"source": HELLO})).await;
     h.reconcile("hello").await.unwrap();
     h.pods_started_not_ready("hello").await;
-    h.finish_build("hello", &wasm("hello")).await;
+    h.publish_build("hello", &wasm("hello")).await;
     h.reconcile("hello").await.unwrap();
     let template_routes = |deployment: k8s_openapi::api::apps::v1::Deployment| {
         deployment.spec.unwrap().template.metadata.unwrap().annotations.unwrap()[objects::ROUTES_ANNOTATION].clone()

@@ -225,7 +225,52 @@ impl Harness {
     }
 
     /// What the builder does: publish the module's chunks, labelled, then exit 0.
+    /// The build Job of `name` ends having published `wasm`, and (on a cluster) the pods
+    /// that waited for a first build are switched to it and ready, as they are a second or
+    /// so later: the next reconcile rolls the build out.
     pub(crate) async fn finish_build(&self, name: &str, wasm: &[u8]) -> Digest {
+        let digest = self.publish_build(name, wasm).await;
+        self.settle_first_switch(name).await;
+        digest
+    }
+
+    /// On a cluster, the pods of a first build wait for it behind a Service that sends to
+    /// them ready or not, and the operator rolls nothing out until one of them is switched
+    /// to the build and ready: reconciles (which switch the pods that run) until one is.
+    async fn settle_first_switch(&self, name: &str) {
+        let Some(deployment) = self.deployment(name).await.filter(|_| self.fake.is_none()) else {
+            return;
+        };
+        let waiting = deployment
+            .spec
+            .as_ref()
+            .and_then(|spec| {
+                spec.template
+                    .metadata
+                    .as_ref()?
+                    .annotations
+                    .as_ref()?
+                    .get(objects::ROUTES_ANNOTATION)
+            })
+            .is_some_and(|routes| routes == "[]");
+        if !waiting || deployment.spec.as_ref().and_then(|spec| spec.replicas) == Some(0) {
+            return;
+        }
+        for _ in 0..60 {
+            // Boxed: a reconcile's future is large, and a scenario's stack is not.
+            Box::pin(self.reconcile(name))
+                .await
+                .expect("reconcile switching the waiting pods");
+            let deployment = self.deployment(name).await.expect("deployment");
+            if deployment.status.and_then(|status| status.ready_replicas).unwrap_or(0) > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// The build Job of `name` ends having published `wasm`; nothing more.
+    pub(crate) async fn publish_build(&self, name: &str, wasm: &[u8]) -> Digest {
         let source_digest = Self::status_source_digest(&self.function(name).await);
         let module_digest = Digest::of(wasm);
         let size = (annotations::MODULE_SIZE, wasm.len().to_string());

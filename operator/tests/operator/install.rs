@@ -441,3 +441,30 @@ fn runtime_image_runs_the_release_binary_as_non_root() {
         );
     }
 }
+
+/// Every module and its compiled code are ConfigMaps labelled with their Function (6 MB
+/// for a Goless handler): the controller's watches of ConfigMaps ask for their metadata
+/// only, or a few hundred Functions would fill the operator's 256Mi with their code and
+/// each restart would relist all of it from the API server.
+#[tokio::test]
+async fn the_controller_lists_and_watches_configmaps_by_their_metadata_only() {
+    let fake = FakeApiServer::new();
+    let ctx = Arc::new(Context::new(fake.client(), settings(), Metrics::default(), None));
+    wasmless_operator::run(ctx, Some("default"), tokio::time::sleep(Duration::from_millis(500))).await;
+    let reads: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|request| request.resource() == "configmaps")
+        .filter(|request| request.verbs().iter().any(|verb| *verb == "list" || *verb == "watch"))
+        .collect();
+    assert!(!reads.is_empty(), "the controller watches ConfigMaps");
+    for read in reads {
+        assert!(
+            read.accept.contains("as=PartialObjectMetadata"),
+            "{} {}?{} asks for whole ConfigMaps",
+            read.method,
+            read.path,
+            read.query
+        );
+    }
+}
