@@ -354,12 +354,13 @@ impl Harness {
     }
 
     /// A build whose builder published `wasm` and exited with its result line `result` (the
-    /// phases and cache answers it reports) as its termination message.
+    /// phases and cache answers it reports) as its termination message; as
+    /// [`Self::publish_build`], the waiting pods are left to the caller's reconciles.
     pub(crate) async fn finish_build_reporting(&self, name: &str, wasm: &[u8], result: &Value) -> Digest {
         let job = objects::job_name(name, &Self::status_source_digest(&self.function(name).await));
         let terminated = json!({"exitCode": 0, "reason": "Completed", "message": result.to_string()});
         self.build_pod_ended(&job, "Succeeded", terminated).await;
-        self.finish_build(name, wasm).await
+        self.publish_build(name, wasm).await
     }
 
     /// The Job's pod, ended in `phase` with its builder container `terminated` so.
