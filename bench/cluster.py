@@ -520,12 +520,15 @@ when the code cache holds that module for this engine (the same module bytes: a 
 revert, or a source whose change does not change the module, such as a comment).
 
 **A new Function** (the Goless sample, warm cache): `kubectl apply` → build Job
-created {seconds(apply.get("build_started", 0))} → a pod Ready {seconds(apply["pod_ready"])} →
-**first 200 through the Service {seconds(apply["first_200"])}**; the Job was counted complete
-at {seconds(apply["built"])}. The Function's pod starts while it builds, waiting (not
-ready) for the build, and is switched to the module as soon as the operator sees it, so
-the answer does not wait for the Job controller to count the Job complete, which comes a
-second or two after the builder's exit. Every later pod starts from the published module.
+created {seconds(apply.get("build_started", 0))} → **first 200 through the Service
+{seconds(apply["first_200"])}**; its pod was Ready at {seconds(apply["pod_ready"])} and the
+Job counted complete at {seconds(apply["built"])}. The Function's pod starts while it
+builds, waiting (port closed, not ready) behind a Service that sends to it ready or not, so
+kube-proxy has its address before the build ends; the operator switches it to the module as
+soon as it sees the module's chunks, and it answers once it has loaded them: the first 200
+waits neither for the Job controller to count the Job complete (a second or two after the
+builder's exit) nor for the pod's readiness probe and kube-proxy after it. Every later pod
+starts from the published module.
 
 **A new pod of an already-built Function** (a rollout, a scale-out, a rescheduled pod): the
 pod is deleted and the time runs from then; the phases are cumulative, then their own share.
