@@ -271,24 +271,7 @@ pub fn section(density: &Density) -> String {
         },
         crate::report::chrono_free_now()
     );
-    let _ = writeln!(
-        md,
-        "| Functions | count | native code of one | RSS per loaded Function | first request (not loaded) p50 / p90 | loaded p50 / p90 |\n|---|---|---|---|---|---|"
-    );
-    for row in &density.rows {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {:.2} MiB | {:.2} MiB | {:.2} / {:.2} ms | {:.2} / {:.2} ms |",
-            row.name,
-            row.functions,
-            row.code_mib,
-            row.rss_per_function_mib,
-            row.first_request_p50_ms,
-            row.first_request_p90_ms,
-            row.loaded_p50_ms,
-            row.loaded_p90_ms
-        );
-    }
+    md.push_str(&density_table(&density.rows));
     let _ = writeln!(
         md,
         "\n- the pool's RSS: {:.1} MiB with the table read and nothing loaded, {:.1} MiB with all {} loaded \
@@ -308,5 +291,27 @@ pub fn section(density: &Density) -> String {
         md,
         "\n`pool`: run alone with `bench/run.sh --only pool` (rewrites this section).\n"
     );
+    md
+}
+
+/// The density table, one row per kind of Function: the process run's and the pool pod's.
+pub(crate) fn density_table(rows: &[DensityRow]) -> String {
+    let mut md = String::from(
+        "| Functions | count | native code of one | RSS per loaded Function | first request (not loaded) p50 / p90 | loaded p50 / p90 |\n|---|---|---|---|---|---|\n",
+    );
+    for row in rows {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.2} MiB | {:.2} MiB | {:.2} / {:.2} ms | {:.2} / {:.2} ms |",
+            row.name,
+            row.functions,
+            row.code_mib,
+            row.rss_per_function_mib,
+            row.first_request_p50_ms,
+            row.first_request_p90_ms,
+            row.loaded_p50_ms,
+            row.loaded_p90_ms
+        );
+    }
     md
 }

@@ -19,7 +19,7 @@
 //! a first request is what loads a Function); its settings are restored after.
 
 use crate::measure::rss_mib;
-use crate::pool::{percentile, with_custom_section};
+use crate::pool::{DensityRow, density_table, percentile, with_custom_section};
 use crate::scenarios::{Settings, build_example, example_source};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
@@ -49,7 +49,7 @@ const CONCURRENT_PUBLISHES: usize = 8;
 
 pub struct PodDensity {
     pub functions: usize,
-    pub rows: Vec<Row>,
+    pub rows: Vec<DensityRow>,
     pub rss_empty_mib: f64,
     pub rss_all_loaded_mib: f64,
     pub loaded_reported: f64,
@@ -57,17 +57,6 @@ pub struct PodDensity {
     pub apply_to_listening_s: f64,
     pub published_mib: f64,
     pub started: String,
-}
-
-pub struct Row {
-    pub name: &'static str,
-    pub functions: usize,
-    pub rss_per_function_mib: f64,
-    pub code_mib: f64,
-    pub first_request_p50_ms: f64,
-    pub first_request_p90_ms: f64,
-    pub loaded_p50_ms: f64,
-    pub loaded_p90_ms: f64,
 }
 
 struct Group {
@@ -79,7 +68,7 @@ struct Group {
 }
 
 pub fn run(settings: &Settings, functions: usize, go_functions: usize) -> anyhow::Result<PodDensity> {
-    let started = utc_now()?;
+    let started = crate::report::chrono_free_now();
     let builder_version = operator_builder_version()?;
     let rust_functions = functions.saturating_sub(go_functions);
     let groups = [
@@ -174,7 +163,7 @@ pub fn run(settings: &Settings, functions: usize, go_functions: usize) -> anyhow
         for index in group.first..group.first + group.count {
             loaded.push(timed_get(services[&function_name(index)])?);
         }
-        rows.push(Row {
+        rows.push(DensityRow {
             name: group.name,
             functions: group.count,
             rss_per_function_mib: (rss_after - rss_before) / group.count.max(1) as f64,
@@ -498,11 +487,6 @@ fn kubectl(args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8(output.stdout)?)
 }
 
-fn utc_now() -> anyhow::Result<String> {
-    let output = Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]).output()?;
-    Ok(String::from_utf8(output.stdout)?.trim().to_string())
-}
-
 pub fn section(density: &PodDensity) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -510,21 +494,7 @@ pub fn section(density: &PodDensity) -> String {
         "{HEADING}\n\nOne pool pod on the test cluster serving {} Functions with `scale.min: 0` in one namespace, each reached through its own Service (ClusterIP, kube-proxy) from the node, as the pod-density run above but through everything a cluster adds: the Functions' entries, the pool reading each module and its code from ConfigMaps through the API server, digests checked. The operator ran with `--pool-replicas 1`, `--pool-memory-budget 6Gi` and `--pool-load-ahead false` (a first request is what loads a Function). The builds were published by the bench as build Jobs publish them ({:.0} MiB of modules and compiled code before the modules' compression, in ConfigMaps): each Function's source is the example's with a comment naming it, its module the example's build with a custom section naming it, so each digest is its own and its code is the example's (bench/src/pool_pod.rs says why). Requests are sequential GET / on a new connection, from the node, with the cluster on the same 2 cores ({}).\n",
         density.functions, density.published_mib, density.started
     );
-    out.push_str("| Functions | count | native code of one | RSS per loaded Function | first request (not loaded) p50 / p90 | loaded p50 / p90 |\n|---|---|---|---|---|---|\n");
-    for row in &density.rows {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {:.2} MiB | {:.2} MiB | {:.2} / {:.2} ms | {:.2} / {:.2} ms |",
-            row.name,
-            row.functions,
-            row.code_mib,
-            row.rss_per_function_mib,
-            row.first_request_p50_ms,
-            row.first_request_p90_ms,
-            row.loaded_p50_ms,
-            row.loaded_p90_ms
-        );
-    }
+    out.push_str(&density_table(&density.rows));
     let _ = writeln!(
         out,
         "\n- the pool pod's process: {:.1} MiB of RSS listening for all {} and nothing loaded, {:.1} MiB with all loaded (`wasmless_pool_functions_loaded` said {})\n- `kubectl create` of the {} Functions to the pool pod listening for every one: {:.1} s (the operator's reconciles, entries, the pool's table)\n- against one pool process on loopback (the section above), a loaded Function costs the same memory; a first request costs more, the pool reading the module and its code through the API server (6 MB of code for the Goless sample) where the process read files\n\n`bench/cluster.sh density` (rewrites this section).",

@@ -743,26 +743,34 @@ async fn grant_the_operators_rights(client: &Client) {
     use serde::Deserialize;
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac.yaml");
     let text = std::fs::read_to_string(path).expect("reading deploy/rbac.yaml");
-    let apply = PatchParams::apply("wasmless-tests").force();
     for document in serde_yaml::Deserializer::from_str(&text) {
         let value = Value::deserialize(document).expect("deploy/rbac.yaml parses");
         let name = value["metadata"]["name"].as_str().unwrap_or_default().to_string();
         match value["kind"].as_str() {
-            Some("ClusterRole") => {
-                let role: ClusterRole = serde_json::from_value(value).expect("a ClusterRole");
-                Api::<ClusterRole>::all(client.clone())
-                    .patch(&name, &apply, &Patch::Apply(role))
-                    .await
-                    .expect("applying the operator's ClusterRole");
-            }
-            Some("ClusterRoleBinding") => {
-                let binding: ClusterRoleBinding = serde_json::from_value(value).expect("a ClusterRoleBinding");
-                Api::<ClusterRoleBinding>::all(client.clone())
-                    .patch(&name, &apply, &Patch::Apply(binding))
-                    .await
-                    .expect("applying the operator's ClusterRoleBinding");
-            }
+            Some("ClusterRole") => apply_cluster_object::<ClusterRole>(client, &name, value).await,
+            Some("ClusterRoleBinding") => apply_cluster_object::<ClusterRoleBinding>(client, &name, value).await,
             _ => {}
         }
     }
+}
+
+/// Server-side applies `value`, a cluster-scoped object of kind `K`, as the tests' manager.
+async fn apply_cluster_object<K>(client: &Client, name: &str, value: Value)
+where
+    K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let object: K = serde_json::from_value(value).expect("an object of its kind");
+    Api::<K>::all(client.clone())
+        .patch(
+            name,
+            &PatchParams::apply("wasmless-tests").force(),
+            &Patch::Apply(object),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying {name} of deploy/rbac.yaml: {e}"));
 }
