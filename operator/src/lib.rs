@@ -29,6 +29,14 @@ pub enum Error {
     NoRegistry,
     #[error("the pool of namespace {0} has no free port left: give some of its Functions scale.min 1")]
     PoolFull(String),
+    /// An object of the name the Function's would have exists and is someone else's: the
+    /// operator never writes over, reads from, nor deletes what its Function does not own.
+    #[error(
+        "the {kind} {name} exists and is not this Function's (its ownerReferences do not name it): \
+         the operator leaves it alone; give the Function another name for it (spec.service for a Service), \
+         or delete that {kind} if nobody needs it"
+    )]
+    NotOwner { kind: String, name: String },
 }
 
 impl Error {
@@ -40,6 +48,7 @@ impl Error {
             Error::NoNamespace => "no_namespace",
             Error::NoRegistry => "no_registry",
             Error::PoolFull(_) => "pool_full",
+            Error::NotOwner { .. } => "not_owner",
         }
     }
 }

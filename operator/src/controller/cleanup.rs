@@ -40,11 +40,15 @@ pub(super) async fn remove_renamed_services(
 /// chunk ConfigMaps of those no kept revision was built from.
 pub(super) async fn collect_old_builds(
     ctx: &Context,
-    ns: &str,
-    name: &str,
+    func: &Function,
     current: &Digest,
     kept: &[Digest],
 ) -> Result<(), Error> {
+    let (name, ns) = (func.name_any(), func.namespace().unwrap_or_default());
+    let ns = ns.as_str();
+    // Only what the Function owns: a label anyone may have put on their own objects.
+    let uid = func.uid().unwrap_or_default();
+    let ours = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| super::apply::owned_by(meta, &uid);
     let selector = format!(
         "{}={name},{}!={}",
         labels::FUNCTION,
@@ -54,7 +58,7 @@ pub(super) async fn collect_old_builds(
     let params = ListParams::default().labels(&selector);
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
     for job in jobs.list_metadata(&params).await?.items {
-        if job.labels().contains_key(labels::SOURCE_DIGEST) {
+        if job.labels().contains_key(labels::SOURCE_DIGEST) && ours(&job.metadata) {
             jobs.delete(&job.name_any(), &DeleteParams::background()).await?;
         }
     }
@@ -62,7 +66,7 @@ pub(super) async fn collect_old_builds(
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
     for cm in configmaps.list_metadata(&params).await?.items {
         let source = cm.labels().get(labels::SOURCE_DIGEST);
-        if source.is_some_and(|source| !kept.contains(source)) {
+        if source.is_some_and(|source| !kept.contains(source)) && ours(&cm.metadata) {
             configmaps.delete(&cm.name_any(), &DeleteParams::default()).await?;
         }
     }

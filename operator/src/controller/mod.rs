@@ -24,8 +24,8 @@ pub use apply::is_subset;
 pub use oci_gc::{SWEEP_EVERY, SweepError, sweep as sweep_registry};
 pub use pool::{IDLE_POOL_GRACE, narrow_pool_roles, scale_idle_pools};
 pub use status::{
-    CONDITION_BUILT, CONDITION_READY, MAX_EVENT_NOTE_BYTES, REASON_RECONCILE_ERROR, REASON_REFERENCE_NOT_FOUND,
-    event_note,
+    CONDITION_BUILT, CONDITION_READY, MAX_EVENT_NOTE_BYTES, REASON_NOT_OWNER, REASON_RECONCILE_ERROR,
+    REASON_REFERENCE_NOT_FOUND, event_note,
 };
 pub use traces::ApplyTraces;
 
@@ -239,7 +239,7 @@ async fn reconcile_steps(func: &Function, ctx: &Context) -> Result<Action, StepE
         ctx.traces
             .step(
                 "collect old builds",
-                cleanup::collect_old_builds(ctx, &ns, &name, &module.source_digest, &kept),
+                cleanup::collect_old_builds(ctx, func, &module.source_digest, &kept),
             )
             .await
             .doing(BUILT, || format!("deleting the older builds of {name}"))
@@ -320,8 +320,7 @@ async fn serve(
 ) -> Result<Served, StepError> {
     let name = func.name_any();
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
-    let existing = deployments
-        .get_opt(&name)
+    let existing = apply::get_owned(&deployments, &name, func)
         .await
         .doing(READY, || format!("reading the Deployment {name}"))?;
     let already_serving = || existing.as_ref().and_then(find::serving_module);
@@ -481,8 +480,7 @@ async fn serve(
         spec.replicas = Some(replicas);
     }
     let service_name = objects::service_name(func);
-    let live_service = services
-        .get_opt(&service_name)
+    let live_service = apply::get_owned(&services, &service_name, func)
         .await
         .doing(READY, || format!("reading the Service {service_name}"))?;
     // A first build's pods are switched to it where they wait, before anything rolls.

@@ -147,8 +147,7 @@ pub(super) async fn write_entry(
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
     let entry_name = objects::pool_entry_name(&name);
     let _allocating = ctx.pool_ports.lock().await;
-    let existing = configmaps
-        .get_opt(&entry_name)
+    let existing = super::apply::get_owned(&configmaps, &entry_name, func)
         .await
         .doing(READY, || format!("reading the pool entry {entry_name}"))?;
     let port = match existing.as_ref().and_then(objects::pool_entry_port) {
@@ -181,9 +180,24 @@ pub(super) async fn write_entry(
 pub(super) async fn remove_entry(ctx: &Context, func: &Function, ns: &str) -> Result<(), StepError> {
     let entry_name = objects::pool_entry_name(&func.name_any());
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-    match configmaps.delete(&entry_name, &DeleteParams::default()).await {
+    // Only the entry this Function owns, and only that very object (its UID), never one
+    // of the name made since by someone else.
+    let Some(entry) = super::apply::get_owned(&configmaps, &entry_name, func)
+        .await
+        .doing(READY, || format!("reading the pool entry {entry_name}"))?
+    else {
+        return Ok(());
+    };
+    let params = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: entry.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match configmaps.delete(&entry_name, &params).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
         Err(error) => Err(error).doing(READY, || format!("deleting the pool entry {entry_name}")),
     }
 }

@@ -29,6 +29,9 @@ pub const REASON_REVISION_NOT_FOUND: &str = "RevisionNotFound";
 /// The Ready condition's reason while `spec.traffic`'s shares cannot be served as written
 /// (they do not add up to 100, or a tag is given twice).
 pub const REASON_TRAFFIC_INVALID: &str = "TrafficInvalid";
+/// The reason of a condition whose step found an object of its name that the Function
+/// does not own (a Service, a Deployment, a ConfigMap or a Job someone else made).
+pub const REASON_NOT_OWNER: &str = "NotOwner";
 /// The Ready condition's reason while the namespace's pool serves the Function.
 pub const REASON_SERVED_BY_POOL: &str = "ServedByPool";
 /// Longest Event note the API server accepts, in bytes.
@@ -177,7 +180,11 @@ pub(super) async fn report_failure(ctx: &Context, func: &Function, failed: &Step
         None => func.status.clone().unwrap_or_default(),
     };
     let mut status = old.clone();
-    let failed_condition = condition(kind, false, REASON_RECONCILE_ERROR, message, func.metadata.generation);
+    let reason = match &failed.error {
+        Error::NotOwner { .. } => REASON_NOT_OWNER,
+        _ => REASON_RECONCILE_ERROR,
+    };
+    let failed_condition = condition(kind, false, reason, message, func.metadata.generation);
     match status.conditions.iter_mut().find(|c| c.type_ == kind) {
         Some(existing) => *existing = failed_condition,
         None => status.conditions.push(failed_condition),
@@ -402,6 +409,7 @@ async fn publish_transitions(ctx: &Context, func: &Function, old: &FunctionStatu
                 | "InvalidSpec"
                 | REASON_RECONCILE_ERROR
                 | REASON_REFERENCE_NOT_FOUND
+                | REASON_NOT_OWNER
         ) || (condition.type_ == CONDITION_READY
             && condition.reason == "RollingOut"
             && previous.is_some_and(|p| p.status == "True"));
