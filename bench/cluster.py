@@ -139,7 +139,12 @@ def median_run(runs, key):
 def job_result(job):
     pods = get_json("get", "pods", "-n", NS, "-l", f"batch.kubernetes.io/job-name={job['metadata']['name']}")
     for pod in (pods or {}).get("items", []):
-        for status in (pod.get("status") or {}).get("containerStatuses", []):
+        status_of = pod.get("status") or {}
+        # The build's steps: prepare-cache and the compile step (init containers), then the
+        # publish step, whose termination message is the result line.
+        steps = status_of.get("initContainerStatuses", []) + status_of.get("containerStatuses", [])
+        starts = [((s.get("state") or {}).get("terminated") or {}).get("startedAt") for s in steps]
+        for status in status_of.get("containerStatuses", []):
             terminated = (status.get("state") or {}).get("terminated") or {}
             lines = [l for l in (terminated.get("message") or "").splitlines() if l.startswith("{")]
             if not lines:
@@ -148,7 +153,7 @@ def job_result(job):
             phases = dict(result.get("phases", {}))
             phases["cache"] = result.get("cache", {})
             created = job["metadata"]["creationTimestamp"]
-            started = terminated.get("startedAt")
+            started = min((s for s in starts if s), default=None)
             if started:
                 phases["job_to_builder_started"] = (parse_time(started) - parse_time(created))
             return phases

@@ -67,6 +67,19 @@ pub mod annotations {
     pub const CODE_TARGET: &str = "wasmless.io/code-target";
 }
 
+/// The directories of a build Job's persistent cache under its root (a node's directory or
+/// a claim), which the operator mounts into the steps of a build and the builder prepares:
+/// each namespace's compile step gets its own, and the publish steps one that no compile
+/// step mounts (docs/security.md, door 2).
+pub mod build_cache {
+    /// The compile step's directory of `namespace`, relative to the root.
+    pub fn namespace_dir(namespace: &str) -> String {
+        format!("namespaces/{namespace}")
+    }
+    /// The publish steps' directory (compiled code), relative to the root.
+    pub const PUBLISHED_DIR: &str = "published";
+}
+
 /// Media types of the Wasm OCI artifact layout.
 pub mod oci {
     pub const CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";

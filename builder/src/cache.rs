@@ -14,7 +14,7 @@
 use crate::BuildError;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use wasmless_artifact::Digest;
+use wasmless_artifact::{Digest, build_cache};
 
 /// The first bytes of every entry; a new layout gets a new version (and misses).
 const MAGIC: &str = "wasmless-cache 1";
@@ -326,6 +326,45 @@ pub fn make_private_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
 }
 
+/// Makes the compile step's directory of `namespace` and the publish step's under `root`
+/// ([`build_cache`]: the compile step runs the author's code with what it mounts, so it
+/// gets its namespace's only; the publish step runs none and keeps the native code),
+/// each private (0700) to the builder's uid, before they are mounted into the steps as
+/// sub-directories: mounted before they exist, the kubelet would make them root's, and no
+/// build could use them. A path that is already there as anything but a directory (a
+/// symbolic link, say) is refused, never followed. Never fatal to the build: what cannot be
+/// made, the build finds unusable and builds cold, saying why.
+pub fn prepare_dirs(root: &Path, namespace: &str) -> Result<Vec<PathBuf>, String> {
+    let valid_namespace = !namespace.is_empty()
+        && namespace.len() <= 63
+        && namespace
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !valid_namespace {
+        return Err(format!("{namespace:?} is not a namespace name"));
+    }
+    let dirs = [
+        root.join("namespaces"),
+        root.join(build_cache::namespace_dir(namespace)),
+        root.join(build_cache::PUBLISHED_DIR),
+    ];
+    for dir in &dirs {
+        match std::fs::symlink_metadata(dir) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => return Err(format!("{} exists and is not a directory", dir.display())),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(dir)
+                    .map_err(|e| format!("{} cannot be made: {e}", dir.display()))?;
+            }
+            Err(error) => return Err(format!("{}: {error}", dir.display())),
+        }
+    }
+    Ok(dirs.to_vec())
+}
+
 /// Whether `dir` can hold this builder's cache: it exists or can be made, this process can
 /// write it, and no other user can (a directory of ours is made 0700; one of another owner,
 /// such as a volume's root that only its group may write, must not be writable by all).
@@ -421,6 +460,28 @@ mod tests {
         use wasmless_runtime::precompiled::CacheStore;
         assert!(functions.get(&[0]).is_none() && functions.get(&[2]).is_none());
         assert!(functions.get(&[3]).is_some() && functions.get(&[9]).is_some());
+    }
+
+    #[test]
+    fn each_namespace_gets_a_private_directory_and_a_planted_link_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let made = prepare_dirs(root.path(), "team-a").unwrap();
+        for dir in &made {
+            let mode = std::fs::metadata(dir).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o700, "{}", dir.display());
+        }
+        assert!(root.path().join("namespaces/team-a").is_dir());
+        assert!(root.path().join("published").is_dir());
+        // Again: nothing changes, nothing fails.
+        prepare_dirs(root.path(), "team-a").unwrap();
+        // A link where a namespace's directory goes would send its builds elsewhere.
+        std::os::unix::fs::symlink(root.path().join("published"), root.path().join("namespaces/team-b")).unwrap();
+        let refused = prepare_dirs(root.path(), "team-b").unwrap_err();
+        assert!(refused.contains("is not a directory"), "{refused}");
+        for bad in ["", "../x", "a/b", "A"] {
+            assert!(prepare_dirs(root.path(), bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

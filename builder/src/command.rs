@@ -56,6 +56,10 @@ pub struct BuildArgs {
     /// Where Kubernetes reads a container's result; written when it exists.
     #[arg(long, env = "WASMLESS_TERMINATION_LOG", default_value = "/dev/termination-log")]
     pub termination_log: PathBuf,
+    /// Also write the result line here: a build Job's compile step leaves it, with the
+    /// module, to its publish step (`wasmless-builder publish --build-result`).
+    #[arg(long, env = "WASMLESS_RESULT_FILE")]
+    pub result_file: Option<PathBuf>,
 }
 
 /// Runs a build as the command does: prints progress and the JSON result line, writes
@@ -64,11 +68,18 @@ pub struct BuildArgs {
 /// for anything else (retrying may succeed).
 pub async fn run(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> i32 {
     let termination_log = args.termination_log.clone();
+    let result_file = args.result_file.clone();
     let budget = args.cache_budget;
     match build(args, progress).await {
         Ok((result, cache_dir)) => {
             println!("{result}");
             write_termination_log(&termination_log, &result);
+            if let Some(path) = &result_file
+                && let Err(error) = write_atomically(path, result.as_bytes())
+            {
+                eprintln!("error: cannot write the result to {}: {error}", path.display());
+                return 1;
+            }
             // After the result: the operator has what it needs, nobody waits for this.
             collect_cache(&cache_dir, budget);
             0
@@ -82,14 +93,14 @@ pub async fn run(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> i32 {
 }
 
 /// Why a build failed, and whose fault it is.
-struct Failure {
-    message: String,
-    sources_fault: bool,
+pub(crate) struct Failure {
+    pub(crate) message: String,
+    pub(crate) sources_fault: bool,
 }
 
 impl Failure {
     /// The machine's or the network's fault: worth a retry.
-    fn transient(message: impl std::fmt::Display) -> Self {
+    pub(crate) fn transient(message: impl std::fmt::Display) -> Self {
         Self {
             message: message.to_string(),
             sources_fault: false,
@@ -108,7 +119,7 @@ impl From<BuildError> for Failure {
 
 /// Keeps the cache's own entries under `budget`, saying what went; a failure costs only
 /// the collection.
-fn collect_cache(cache_dir: &Path, budget: u64) {
+pub(crate) fn collect_cache(cache_dir: &Path, budget: u64) {
     match crate::cache::BuildCache::new(cache_dir).collect(budget) {
         Ok(collected) if collected.removed > 0 => tracing::info!(
             cache = %cache_dir.display(),
@@ -271,7 +282,7 @@ pub fn default_cache_dir() -> PathBuf {
     }
 }
 
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let staging = path.with_extension(format!("tmp{}", std::process::id()));
     std::fs::write(&staging, bytes)?;
     std::fs::rename(&staging, path)

@@ -12,6 +12,7 @@
 pub mod cache;
 pub mod command;
 pub mod publish;
+pub mod publish_step;
 // The handler's source and its checks: a format of bytes we did not write, fuzzed apart.
 pub use wasmless_formats::source;
 pub mod toolchain;

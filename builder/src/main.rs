@@ -1,8 +1,10 @@
-//! `wasmless-builder`: the build Job's entry point (`build`), a thin front on the library.
+//! `wasmless-builder`: the build Job's steps (`prepare-cache`, `build`, `publish`), a thin
+//! front on the library.
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use wasmless_builder::command::{self, BuildArgs};
+use wasmless_builder::publish_step::{self, PublishArgs};
 
 #[derive(Parser)]
 #[command(
@@ -19,6 +21,19 @@ struct Cli {
 enum Command {
     /// Build (or take from the cache), validate, write and optionally publish a module.
     Build(Box<BuildArgs>),
+    /// A build Job's last step: validate the module the compile step wrote, compile it to
+    /// native code and publish both, with the token the compile step never had.
+    Publish(Box<PublishArgs>),
+    /// A build Job's first step: make the namespace's compile directory and the publish
+    /// steps' under the persistent cache's root, private to the builder. Never fails.
+    PrepareCache {
+        /// The persistent cache's root (the node's directory, or the claim).
+        #[arg(long)]
+        root: PathBuf,
+        /// The build's namespace.
+        #[arg(long)]
+        namespace: String,
+    },
     /// Download the Rust SDK's dependencies, for builds with --vendor-dir and no network.
     Vendor {
         /// Directory to fill.
@@ -41,6 +56,23 @@ async fn main() -> anyhow::Result<()> {
             let status = command::run(*args, &|step| eprintln!("{step}...")).await;
             if status != 0 {
                 std::process::exit(status);
+            }
+            Ok(())
+        }
+        Command::Publish(args) => {
+            stop_on_sigterm(&args.termination_log)?;
+            let status = publish_step::run(*args, &|step| eprintln!("{step}...")).await;
+            if status != 0 {
+                std::process::exit(status);
+            }
+            Ok(())
+        }
+        Command::PrepareCache { root, namespace } => {
+            match wasmless_builder::cache::prepare_dirs(&root, &namespace) {
+                Ok(dirs) => tracing::info!(?dirs, "the build cache's directories are ready"),
+                Err(why) => {
+                    tracing::warn!(root = %root.display(), "the build cache cannot be prepared, this build runs cold: {why}")
+                }
             }
             Ok(())
         }

@@ -47,8 +47,7 @@ pub(super) async fn build(func: &Function, ctx: &Context, ns: &str, digest: &Dig
     }
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
     let job_name = objects::job_name(&name, digest);
-    let Some(job) = jobs
-        .get_opt(&job_name)
+    let Some(job) = super::apply::get_owned(&jobs, &job_name, func)
         .await
         .doing(BUILT, || format!("reading the build Job {job_name}"))?
     else {
@@ -231,9 +230,11 @@ fn module_from_result(message: &str, source_digest: &Digest) -> Result<Module, S
     })
 }
 
-/// How the builder container of the Job's newest pod ended: its reason (`OOMKilled`,
-/// `Error`, …) and termination message (the compiler's output on failure, the result line
-/// on success).
+/// How the build in the Job's newest pod ended: the first of its steps (the compile step,
+/// then the publish step: init containers, then containers) that failed, else the last one,
+/// whose termination message is the result line. Its reason (`OOMKilled`, `Error`, …) and
+/// message (the compiler's output on failure, the result line on success) are that step's;
+/// its start is the first step's, so that the wait before it is the pod's and not the build's.
 async fn last_termination(ctx: &Context, ns: &str, job_name: &str) -> Result<Option<ContainerStateTerminated>, Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let list = pods
@@ -242,16 +243,42 @@ async fn last_termination(ctx: &Context, ns: &str, job_name: &str) -> Result<Opt
     // The newest pod is the build's last attempt.
     let mut pods = list.items;
     pods.sort_by_key(|pod| std::cmp::Reverse(pod.metadata.creation_timestamp.clone().map(|t| t.0)));
-    Ok(pods.iter().find_map(|pod| {
-        let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
-        statuses.iter().find_map(|status| {
+    Ok(pods.iter().find_map(|pod| build_ended(pod.status.as_ref()?)))
+}
+
+/// [`last_termination`] of one pod: none until a step failed or the last one ended.
+fn build_ended(status: &k8s_openapi::api::core::v1::PodStatus) -> Option<ContainerStateTerminated> {
+    let steps: Vec<ContainerStateTerminated> = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .filter_map(|status| {
             status
                 .state
                 .as_ref()
                 .and_then(|s| s.terminated.clone())
                 .or_else(|| status.last_state.as_ref().and_then(|s| s.terminated.clone()))
         })
-    }))
+        .collect();
+    let first_start = steps
+        .iter()
+        .filter_map(|step| step.started_at.clone())
+        .min_by_key(|t| t.0);
+    let last_step_ended = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .all(|status| status.state.as_ref().is_some_and(|s| s.terminated.is_some()));
+    let ended = match steps.iter().find(|step| step.exit_code != 0) {
+        Some(failed) => failed.clone(),
+        None if last_step_ended => steps.last()?.clone(),
+        None => return None,
+    };
+    Some(ContainerStateTerminated {
+        started_at: first_start.or(ended.started_at.clone()),
+        ..ended
+    })
 }
 
 async fn ensure_builder_rbac(ctx: &Context, ns: &str) -> Result<(), Error> {

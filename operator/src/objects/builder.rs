@@ -9,16 +9,17 @@ use k8s_openapi::api::batch::v1::{
     PodFailurePolicyRule,
 };
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar, HostPathVolumeSource,
-    KeyToPath, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, ResourceRequirements,
-    ServiceAccount, Volume,
+    ConfigMapProjection, ConfigMapVolumeSource, Container, DownwardAPIProjection, DownwardAPIVolumeFile,
+    DownwardAPIVolumeSource, EnvVar, HostPathVolumeSource, KeyToPath, ObjectFieldSelector,
+    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, ProjectedVolumeSource, ResourceRequirements,
+    ServiceAccount, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use std::collections::BTreeMap;
-use wasmless_artifact::{Digest, labels};
+use wasmless_artifact::{Digest, build_cache as cache_layout, labels};
 
 /// ServiceAccount (and Role, RoleBinding) the build Jobs run as, one per namespace.
 pub const BUILDER_ACCOUNT: &str = "wasmless-builder";
@@ -45,6 +46,13 @@ pub fn publish_target(func: &Function, storage: Storage, settings: &Settings, di
 
 /// The build Job of one source digest. Its name is deterministic, so an operator restart
 /// or a repeated reconcile finds it instead of building again.
+///
+/// Its pod runs the builder in steps (docs/security.md, door 2): with a persistent cache,
+/// `prepare-cache` makes the namespace's directory in it; `builder` compiles the author's
+/// source — running the author's code, a Rust crate's procedural macros — with no
+/// ServiceAccount token and only its namespace's cache directory; `publish`, which runs no
+/// author code, validates the module, compiles it to native code through a cache no compile
+/// step mounts, and publishes both with the builder's token, mounted into it alone.
 pub fn build_job(func: &Function, settings: &Settings, digest: &Digest, publish: &str) -> Job {
     let name = func.name_any();
     let source_file = func.spec.language.source_file_name();
@@ -57,6 +65,8 @@ pub fn build_job(func: &Function, settings: &Settings, digest: &Digest, publish:
             source_volume(&source_configmap_name(&name, digest), source_file, func),
         ),
     };
+    let ns = func.namespace().unwrap_or_default();
+    let prepare = (settings.build_cache != BuildCache::None).then(|| prepare_container(settings, &ns));
     Job {
         metadata: meta(func, job_name(&name, digest), labels.clone()),
         spec: Some(JobSpec {
@@ -75,16 +85,28 @@ pub fn build_job(func: &Function, settings: &Settings, digest: &Digest, publish:
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".into()),
                     service_account_name: Some(BUILDER_ACCOUNT.into()),
-                    // The builder writes the chunk ConfigMaps with this token.
-                    automount_service_account_token: Some(true),
+                    // The token is mounted into the publish step only (`token_volume`).
+                    automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
                     security_context: Some(restricted_pod_security()),
-                    containers: vec![builder_container(func, settings, digest, publish)],
-                    volumes: Some(
-                        [source, empty_dir("work", "1Gi"), empty_dir("tmp", "4Gi")]
+                    init_containers: Some(
+                        prepare
                             .into_iter()
-                            .chain(cache_volume(&settings.build_cache))
+                            .chain([compile_container(func, settings, digest, &ns)])
                             .collect(),
+                    ),
+                    containers: vec![publish_container(func, settings, digest, publish)],
+                    volumes: Some(
+                        [
+                            source,
+                            empty_dir("work", "1Gi"),
+                            empty_dir("tmp", "4Gi"),
+                            empty_dir(PUBLISH_TMP_VOLUME, "2Gi"),
+                            token_volume(),
+                        ]
+                        .into_iter()
+                        .chain(cache_volume(&settings.build_cache))
+                        .collect(),
                     ),
                     ..Default::default()
                 }),
@@ -95,14 +117,82 @@ pub fn build_job(func: &Function, settings: &Settings, digest: &Digest, publish:
     }
 }
 
-/// The builder's command line: the source mounted at `/src`, the module written to
-/// `/work`, published to `publish`.
-fn builder_container(func: &Function, settings: &Settings, digest: &Digest, publish: &str) -> Container {
-    let env = |name: &str, value: String| EnvVar {
+/// The compile step's container name: the one whose exit code says the source does not build.
+pub const COMPILE_CONTAINER: &str = "builder";
+/// The publish step's container name: its termination message is the build's result line.
+pub const PUBLISH_CONTAINER: &str = "publish";
+/// Where the compile step leaves the module and its result line for the publish step.
+const MODULE_PATH: &str = "/work/module.wasm";
+const BUILD_RESULT_PATH: &str = "/work/build.json";
+/// The publish step's own scratch space: the compile step shares `/tmp` and `/work`, and
+/// could plant a cache there that the publish step would take native code from.
+const PUBLISH_TMP_VOLUME: &str = "publish-tmp";
+const TOKEN_VOLUME: &str = "publisher-token";
+/// Where Kubernetes clients look for a pod's token, its CA and namespace.
+const TOKEN_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+fn env(name: &str, value: String) -> EnvVar {
+    EnvVar {
         name: name.into(),
         value: Some(value),
         ..Default::default()
-    };
+    }
+}
+
+fn builder_resources() -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".into(), Quantity("500m".into())),
+            ("memory".into(), Quantity("512Mi".into())),
+        ])),
+        limits: Some(BTreeMap::from([(
+            "memory".into(),
+            Quantity(BUILDER_MEMORY_LIMIT.into()),
+        )])),
+        ..Default::default()
+    }
+}
+
+/// A step of the build as a container of the builder's image.
+fn step_container(
+    name: &str,
+    settings: &Settings,
+    args: Vec<String>,
+    env: Vec<EnvVar>,
+    mounts: Vec<VolumeMount>,
+) -> Container {
+    Container {
+        name: name.into(),
+        image: Some(settings.builder_image.clone()),
+        args: Some(args),
+        env: Some(env),
+        security_context: Some(restricted_container_security()),
+        // The compiler's output reaches status even if the builder dies before writing
+        // /dev/termination-log.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        volume_mounts: Some(mounts),
+        resources: Some(builder_resources()),
+        ..Default::default()
+    }
+}
+
+/// The persistent cache's root, mounted whole into the prepare step only.
+fn prepare_container(settings: &Settings, ns: &str) -> Container {
+    let args = ["prepare-cache", "--root", CACHE_ROOT_MOUNT, "--namespace", ns];
+    let mut container = step_container(
+        "prepare-cache",
+        settings,
+        args.map(String::from).to_vec(),
+        Vec::new(),
+        vec![mount(CACHE_VOLUME, CACHE_ROOT_MOUNT, false)],
+    );
+    container.resources = None;
+    container
+}
+
+/// The compile step: the source mounted at `/src`, the module written to `/work`, its
+/// namespace's cache directory (only) at `/cache`, and no token.
+fn compile_container(func: &Function, settings: &Settings, digest: &Digest, ns: &str) -> Container {
     // A source with files is the directory of them all.
     let source = if func.spec.files.is_empty() {
         format!("/src/{}", func.spec.language.source_file_name())
@@ -116,9 +206,10 @@ fn builder_container(func: &Function, settings: &Settings, digest: &Digest, publ
         "--source",
         &source,
         "--output",
-        "/work/module.wasm",
-        "--publish",
-        publish,
+        MODULE_PATH,
+        "--no-code",
+        "--result-file",
+        BUILD_RESULT_PATH,
     ];
     // Only where set, so a build Job without it is the same object it always was.
     let go_proxy = settings.go_proxy.clone().map(|proxy| env("WASMLESS_GOPROXY", proxy));
@@ -130,9 +221,6 @@ fn builder_container(func: &Function, settings: &Settings, digest: &Digest, publ
         // The builder labels the chunks with the operator's digest (over language,
         // builder version and source), which it cannot compute itself.
         env("WASMLESS_SOURCE_DIGEST", digest.to_string()),
-        // The chunks it publishes are owned by the Function, so they are collected with
-        // it, even from a build that failed half-way or outlived its Function.
-        env("WASMLESS_FUNCTION_UID", func.uid().unwrap_or_default()),
         env("HOME", "/tmp".into()),
     ];
     // With a persistent cache the builder keeps every cache in it; without, in the emptyDir.
@@ -146,55 +234,134 @@ fn builder_container(func: &Function, settings: &Settings, digest: &Digest, publ
             env("WASMLESS_COMPILER_CACHES_IN_CACHE_DIR", "true".into()),
         ],
     };
-    let cache_mount = (settings.build_cache != BuildCache::None).then(|| mount(CACHE_VOLUME, BUILD_CACHE_MOUNT, false));
-    Container {
-        name: "builder".into(),
-        image: Some(settings.builder_image.clone()),
-        args: Some(args.map(String::from).to_vec()),
-        env: Some(
-            fixed_env
-                .into_iter()
-                .chain(cache_env)
-                .chain(go_proxy)
-                .chain(cargo_registry)
-                .chain(oci_plain_http_env(settings))
-                .collect(),
-        ),
-        security_context: Some(restricted_container_security()),
-        // The compiler's output reaches status even if the builder dies before writing
-        // /dev/termination-log.
-        termination_message_policy: Some("FallbackToLogsOnError".into()),
-        volume_mounts: Some(
-            [
-                mount("source", "/src", true),
-                mount("work", "/work", false),
-                mount("tmp", "/tmp", false),
-            ]
+    let cache_mount = (settings.build_cache != BuildCache::None).then(|| VolumeMount {
+        sub_path: Some(cache_layout::namespace_dir(ns)),
+        ..mount(CACHE_VOLUME, BUILD_CACHE_MOUNT, false)
+    });
+    step_container(
+        COMPILE_CONTAINER,
+        settings,
+        args.map(String::from).to_vec(),
+        fixed_env
             .into_iter()
-            .chain(cache_mount)
+            .chain(cache_env)
+            .chain(go_proxy)
+            .chain(cargo_registry)
             .collect(),
-        ),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".into(), Quantity("500m".into())),
-                ("memory".into(), Quantity("512Mi".into())),
-            ])),
-            limits: Some(BTreeMap::from([(
-                "memory".into(),
-                Quantity(BUILDER_MEMORY_LIMIT.into()),
-            )])),
+        [
+            mount("source", "/src", true),
+            mount("work", "/work", false),
+            mount("tmp", "/tmp", false),
+        ]
+        .into_iter()
+        .chain(cache_mount)
+        .collect(),
+    )
+}
+
+/// The publish step: the module and result line from `/work`, read only; the code cache
+/// that publish steps alone mount; the builder's token.
+fn publish_container(func: &Function, settings: &Settings, digest: &Digest, publish: &str) -> Container {
+    let args = [
+        "publish",
+        "--language",
+        func.spec.language.as_str(),
+        "--module",
+        MODULE_PATH,
+        "--build-result",
+        BUILD_RESULT_PATH,
+        "--publish",
+        publish,
+    ];
+    let code_cache = match settings.build_cache {
+        BuildCache::None => "/publish-tmp/code-cache",
+        _ => CODE_CACHE_MOUNT,
+    };
+    let fixed_env = [
+        env("WASMLESS_SOURCE_DIGEST", digest.to_string()),
+        // The chunks it publishes are owned by the Function, so they are collected with
+        // it, even from a build that failed half-way or outlived its Function.
+        env("WASMLESS_FUNCTION_UID", func.uid().unwrap_or_default()),
+        env("WASMLESS_CODE_CACHE", code_cache.into()),
+        env("HOME", "/publish-tmp".into()),
+        env("TMPDIR", "/publish-tmp".into()),
+    ];
+    let cache_mount = (settings.build_cache != BuildCache::None).then(|| VolumeMount {
+        sub_path: Some(cache_layout::PUBLISHED_DIR.into()),
+        ..mount(CACHE_VOLUME, CODE_CACHE_MOUNT, false)
+    });
+    step_container(
+        PUBLISH_CONTAINER,
+        settings,
+        args.map(String::from).to_vec(),
+        fixed_env.into_iter().chain(oci_plain_http_env(settings)).collect(),
+        [
+            mount("work", "/work", true),
+            mount(PUBLISH_TMP_VOLUME, "/publish-tmp", false),
+            mount(TOKEN_VOLUME, TOKEN_MOUNT, true),
+        ]
+        .into_iter()
+        .chain(cache_mount)
+        .collect(),
+    )
+}
+
+/// The builder's token, CA and namespace, as the kubelet would mount them into every
+/// container, for the publish step alone.
+fn token_volume() -> Volume {
+    Volume {
+        name: TOKEN_VOLUME.into(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(vec![
+                VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        path: "token".into(),
+                        expiration_seconds: Some(3607),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                VolumeProjection {
+                    config_map: Some(ConfigMapProjection {
+                        name: "kube-root-ca.crt".into(),
+                        items: Some(vec![KeyToPath {
+                            key: "ca.crt".into(),
+                            path: "ca.crt".into(),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                VolumeProjection {
+                    downward_api: Some(DownwardAPIProjection {
+                        items: Some(vec![DownwardAPIVolumeFile {
+                            path: "namespace".into(),
+                            field_ref: Some(ObjectFieldSelector {
+                                field_path: "metadata.namespace".into(),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }]),
+                    }),
+                    ..Default::default()
+                },
+            ]),
             ..Default::default()
         }),
         ..Default::default()
     }
 }
 
-/// Where build Jobs mount the persistent build cache.
+/// Where build Jobs' compile step mounts its namespace's directory of the persistent cache.
 pub const BUILD_CACHE_MOUNT: &str = "/cache";
+/// Where the publish step mounts the code cache, and the prepare step the cache's root.
+const CODE_CACHE_MOUNT: &str = "/code-cache";
+const CACHE_ROOT_MOUNT: &str = "/cache-root";
 const CACHE_VOLUME: &str = "build-cache";
 
-/// The persistent build cache's volume: only build Jobs get it (function pods never), so
-/// only the builder writes the compiled code it keeps.
+/// The persistent build cache's volume: only build Jobs get it (function pods never), and
+/// each step a directory of it (see [`build_job`]).
 fn cache_volume(cache: &BuildCache) -> Option<Volume> {
     let volume = |volume: Volume| Volume {
         name: CACHE_VOLUME.into(),
@@ -229,7 +396,9 @@ fn failure_policy() -> PodFailurePolicy {
             PodFailurePolicyRule {
                 action: "FailJob".into(),
                 on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
-                    container_name: Some("builder".into()),
+                    // The compile step's, or the publish step's for a module that does not
+                    // validate there.
+                    container_name: None,
                     operator: "In".into(),
                     values: vec![wasmless_artifact::EXIT_SOURCE_DOES_NOT_BUILD],
                 }),

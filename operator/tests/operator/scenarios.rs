@@ -35,7 +35,15 @@ async fn new_function_starts_one_content_addressed_build(h: &Harness) {
     let job = &jobs[0];
     assert_eq!(job.name_any(), format!("hello-build-{}", digest.short()));
     let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
-    let builder = &pod.containers[0];
+    let steps: Vec<&str> = pod
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&pod.containers)
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(steps, ["prepare-cache", "builder", "publish"]);
+    let builder = &pod.init_containers.as_ref().unwrap()[1];
     let args = builder.args.clone().unwrap();
     assert_eq!(
         args,
@@ -47,22 +55,83 @@ async fn new_function_starts_one_content_addressed_build(h: &Harness) {
             "/src/handler.go",
             "--output",
             "/work/module.wasm",
+            "--no-code",
+            "--result-file",
+            "/work/build.json",
+        ]
+    );
+    let publisher = &pod.containers[0];
+    assert_eq!(
+        publisher.args.clone().unwrap(),
+        [
+            "publish",
+            "--language",
+            "go",
+            "--module",
+            "/work/module.wasm",
+            "--build-result",
+            "/work/build.json",
             "--publish",
             &format!("configmap://{}/hello", h.ns)
         ]
     );
-    let env: BTreeMap<_, _> = builder
-        .env
-        .clone()
-        .unwrap()
-        .into_iter()
-        .map(|e| (e.name, e.value))
-        .collect();
+    let env_of = |container: &k8s_openapi::api::core::v1::Container| -> BTreeMap<String, Option<String>> {
+        container
+            .env
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| (e.name, e.value))
+            .collect()
+    };
+    let env = env_of(builder);
     assert_eq!(env["WASMLESS_SOURCE_DIGEST"], Some(digest.to_string()));
     // The chunks the builder publishes are owned by the Function from the start, so a build
     // that outlives its Function leaves nothing behind.
-    assert_eq!(env["WASMLESS_FUNCTION_UID"], func.uid());
+    assert_eq!(env_of(publisher)["WASMLESS_FUNCTION_UID"], func.uid());
     assert_eq!(pod.service_account_name.as_deref(), Some(objects::BUILDER_ACCOUNT));
+    // Door 2: the compiler (which runs the author's procedural macros) has no token and only
+    // its namespace's cache; the token is the publish step's alone, and so is the code cache.
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let mounts = |container: &k8s_openapi::api::core::v1::Container| -> Vec<(String, String, Option<String>)> {
+        container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| (m.name.clone(), m.mount_path.clone(), m.sub_path.clone()))
+            .collect()
+    };
+    let token_path = "/var/run/secrets/kubernetes.io/serviceaccount";
+    assert!(
+        !mounts(builder)
+            .iter()
+            .any(|(name, path, _)| path.starts_with("/var/run/secrets") || name == "publisher-token"),
+        "{:?}",
+        mounts(builder)
+    );
+    assert!(mounts(builder).contains(&(
+        "build-cache".into(),
+        "/cache".into(),
+        Some(format!("namespaces/{}", h.ns))
+    )));
+    assert!(
+        mounts(publisher)
+            .iter()
+            .any(|(name, path, _)| name == "publisher-token" && path == token_path)
+    );
+    assert!(mounts(publisher).contains(&("build-cache".into(), "/code-cache".into(), Some("published".into()))));
+    let shared: Vec<_> = mounts(builder).into_iter().map(|(name, ..)| name).collect();
+    for (name, path, _) in mounts(publisher) {
+        let writable = !publisher
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.mount_path == path && m.read_only == Some(true));
+        assert!(
+            !(shared.contains(&name) && writable && name != "build-cache"),
+            "the publish step writes {name}, which the compile step can write too"
+        );
+    }
     // A compile error ends the build at once (anything else is retried); an evicted pod is
     // not a failed build.
     let rules = job.spec.as_ref().unwrap().pod_failure_policy.clone().unwrap().rules;
@@ -986,6 +1055,84 @@ async fn renamed_service_replaces_the_old_one(h: &Harness) {
     );
 }
 
+/// Door 3 of docs/security.md: a Function whose `spec.service` names a Service someone
+/// else made (or whose name is an existing Deployment's) never takes it over: the object is
+/// left as it was, without an owner reference (so deleting the Function cannot collect it),
+/// and the Function says why on `Ready` and in an Event.
+async fn an_object_the_function_does_not_own_is_never_taken_over(h: &Harness) {
+    let services: Api<Service> = h.api();
+    let payments: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "payments"},
+        "spec": {"selector": {"app": "payments"}, "ports": [{"port": 80, "targetPort": 8443}]},
+    }))
+    .unwrap();
+    services.create(&PostParams::default(), &payments).await.unwrap();
+    let untouched = |service: &Service| {
+        let spec = service.spec.as_ref().unwrap();
+        spec.selector == Some(BTreeMap::from([("app".to_string(), "payments".to_string())]))
+            && spec.ports.as_ref().unwrap()[0].port == 80
+            && service.owner_references().is_empty()
+    };
+
+    h.create("thief", json!({"source": HELLO, "service": "payments"})).await;
+    let refused = h.reconcile("thief").await.expect_err("the Service is not the Function's");
+    assert!(
+        matches!(&refused, wasmless_operator::Error::NotOwner { kind, name } if kind == "Service" && name == "payments"),
+        "{refused}"
+    );
+    let func = h.function("thief").await;
+    let ready = condition(&func, "Ready");
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "NotOwner"));
+    assert!(ready.message.contains("Service payments"), "{}", ready.message);
+    assert!(h.event_reasons("thief").await.contains(&"NotOwner".to_string()));
+    assert!(untouched(&services.get("payments").await.unwrap()), "the Service is as it was");
+
+    // Named something of its own, the Function is served; `payments` is still not its.
+    h.update_spec("thief", json!({"service": "thief"})).await;
+    h.reconcile("thief").await.expect("a Service of its own");
+    h.finish_build("thief", &wasm("thief")).await;
+    h.reconcile("thief").await.expect("built");
+    assert!(services.get_opt("thief").await.unwrap().is_some());
+    // Renamed to it once built and served: refused all the same, nothing rolled over it.
+    h.update_spec("thief", json!({"service": "payments"})).await;
+    let refused = h.reconcile("thief").await.expect_err("still not the Function's");
+    assert!(matches!(&refused, wasmless_operator::Error::NotOwner { .. }), "{refused}");
+    assert!(untouched(&services.get("payments").await.unwrap()), "the renamed-to Service stays");
+
+    // A Deployment of the Function's name that someone else made: not rolled, not read.
+    let deployments: Api<Deployment> = h.api();
+    let ledger: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "ledger"},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "ledger"}},
+            "template": {"metadata": {"labels": {"app": "ledger"}},
+                         "spec": {"containers": [{"name": "ledger", "image": "ledger:1"}]}},
+        },
+    }))
+    .unwrap();
+    deployments.create(&PostParams::default(), &ledger).await.unwrap();
+    h.create("ledger", json!({"source": HELLO})).await;
+    let refused = h
+        .reconcile("ledger")
+        .await
+        .expect_err("the Deployment is not the Function's");
+    assert!(
+        matches!(&refused, wasmless_operator::Error::NotOwner { kind, .. } if kind == "Deployment"),
+        "{refused}"
+    );
+    let live = deployments.get("ledger").await.unwrap();
+    assert!(live.owner_references().is_empty());
+    let containers = live.spec.unwrap().template.spec.unwrap().containers;
+    assert_eq!(
+        containers[0].image.as_deref(),
+        Some("ledger:1"),
+        "its pods are as they were"
+    );
+}
+
 async fn server_port_of_the_metrics_port_is_refused_on_status(h: &Harness) {
     h.create("clash", json!({"source": HELLO, "serverPort": 9090})).await;
     let func = h.reconciled("clash").await;
@@ -1820,6 +1967,7 @@ scenarios!(
     everything_is_owned_by_the_function,
     bad_functions_are_reported_not_fatal,
     renamed_service_replaces_the_old_one,
+    an_object_the_function_does_not_own_is_never_taken_over,
     server_port_of_the_metrics_port_is_refused_on_status,
     multibyte_compiler_output_reaches_an_event,
     build_past_its_deadline_says_so,
