@@ -86,7 +86,7 @@ def wait(what, predicate, seconds):
     raise SystemExit(f"{what}: not within {seconds} s")
 
 
-BUILD_CACHE = "/var/lib/wasmless/build-cache"
+BUILD_CACHE = "/var/lib/wasmless/builds"
 
 
 def function_yaml(name, marker, body="This works!"):
@@ -505,7 +505,7 @@ Measured by `bench/cluster.sh` on the test cluster of `scripts/cluster.sh` (one 
 same 2 cores), polling every 20 ms from the node. Medians of {results["reps"]} new pods.
 
 **Builds, with the warm builder** (the operator's default `--build-cache
-hostPath:/var/lib/wasmless/build-cache`): from `kubectl apply` to the Service's answer, with
+hostPath:/var/lib/wasmless/builds`): from `kubectl apply` to the Service's answer, with
 the builder's own phases from its result line (seconds; the wait from the Job's creation to
 the builder's start is from Kubernetes' whole-second timestamps). The first build and the
 revert are one run each; a new Function and an edit are the median run of

@@ -37,7 +37,7 @@ ETCD=$CACHE/kube/etcd-v$ETCD_VERSION/etcd
 CLUSTER_DIR=${WASMLESS_CLUSTER_DIR:-/var/lib/wasmless-cluster}
 # The operator's default build cache (--build-cache hostPath:…): prepared on `up` as a node
 # admin would (the builder's uid, 0700), removed on `down`, so each cluster starts cold.
-BUILD_CACHE=/var/lib/wasmless/build-cache
+BUILD_CACHE=/var/lib/wasmless/builds
 NODE=wasmless-node
 BRIDGE=wasmless0
 POD_CIDR=10.244.0.0/24

@@ -69,15 +69,21 @@ pub mod annotations {
 
 /// The directories of a build Job's persistent cache under its root (a node's directory or
 /// a claim), which the operator mounts into the steps of a build and the builder prepares:
-/// each namespace's compile step gets its own, and the publish steps one that no compile
-/// step mounts (docs/security.md, door 2).
+/// each namespace has its own, and in it the compile step's and the publish step's, which no
+/// compile step mounts (docs/security.md, door 2).
 pub mod build_cache {
-    /// The compile step's directory of `namespace`, relative to the root.
+    /// A namespace's directory, relative to the root.
     pub fn namespace_dir(namespace: &str) -> String {
         format!("namespaces/{namespace}")
     }
-    /// The publish steps' directory (compiled code), relative to the root.
-    pub const PUBLISHED_DIR: &str = "published";
+    /// The compile step's directory of `namespace`, relative to the root.
+    pub fn build_dir(namespace: &str) -> String {
+        format!("{}/build", namespace_dir(namespace))
+    }
+    /// The publish step's directory of `namespace` (compiled code), relative to the root.
+    pub fn published_dir(namespace: &str) -> String {
+        format!("{}/published", namespace_dir(namespace))
+    }
 }
 
 /// Media types of the Wasm OCI artifact layout.

@@ -346,7 +346,8 @@ pub fn prepare_dirs(root: &Path, namespace: &str) -> Result<Vec<PathBuf>, String
     let dirs = [
         root.join("namespaces"),
         root.join(build_cache::namespace_dir(namespace)),
-        root.join(build_cache::PUBLISHED_DIR),
+        root.join(build_cache::build_dir(namespace)),
+        root.join(build_cache::published_dir(namespace)),
     ];
     for dir in &dirs {
         match std::fs::symlink_metadata(dir) {
@@ -471,12 +472,16 @@ mod tests {
             let mode = std::fs::metadata(dir).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o700, "{}", dir.display());
         }
-        assert!(root.path().join("namespaces/team-a").is_dir());
-        assert!(root.path().join("published").is_dir());
+        assert!(root.path().join("namespaces/team-a/build").is_dir());
+        assert!(root.path().join("namespaces/team-a/published").is_dir());
         // Again: nothing changes, nothing fails.
         prepare_dirs(root.path(), "team-a").unwrap();
         // A link where a namespace's directory goes would send its builds elsewhere.
-        std::os::unix::fs::symlink(root.path().join("published"), root.path().join("namespaces/team-b")).unwrap();
+        std::os::unix::fs::symlink(
+            root.path().join("namespaces/team-a"),
+            root.path().join("namespaces/team-b"),
+        )
+        .unwrap();
         let refused = prepare_dirs(root.path(), "team-b").unwrap_err();
         assert!(refused.contains("is not a directory"), "{refused}");
         for bad in ["", "../x", "a/b", "A"] {

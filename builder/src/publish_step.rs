@@ -71,8 +71,14 @@ pub async fn run(args: PublishArgs, progress: &(dyn Fn(&str) + Sync)) -> i32 {
     }
 }
 
-/// Reads at most `limit` bytes of `path`; more is an error, not a truncation.
+/// Reads at most `limit` bytes of the regular file `path`; more is an error, not a
+/// truncation. Never through a link: the compile step wrote the directory, and a link to
+/// this step's token or cache would have it read that instead. (The compile step has ended
+/// by now, so nothing can swap the file between the look and the read.)
 fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    if !std::fs::symlink_metadata(path)?.file_type().is_file() {
+        return Err(std::io::Error::other("it is not a regular file"));
+    }
     let mut bytes = Vec::new();
     std::fs::File::open(path)?.take(limit + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > limit {

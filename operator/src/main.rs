@@ -45,7 +45,7 @@ struct Args {
     #[arg(
         long,
         env = "WASMLESS_BUILDER_CACHE",
-        default_value = "hostPath:/var/lib/wasmless/build-cache"
+        default_value = "hostPath:/var/lib/wasmless/builds"
     )]
     build_cache: wasmless_operator::settings::BuildCache,
     /// The crates registry build Jobs fetch the dependencies of a Rust handler's Cargo.toml

@@ -56,7 +56,7 @@ pub enum BuildCache {
 }
 
 /// The node directory build Jobs use when the operator is not told otherwise.
-pub const DEFAULT_BUILD_CACHE_PATH: &str = "/var/lib/wasmless/build-cache";
+pub const DEFAULT_BUILD_CACHE_PATH: &str = "/var/lib/wasmless/builds";
 
 impl std::str::FromStr for BuildCache {
     type Err = String;

@@ -73,13 +73,13 @@ pub(super) async fn build(func: &Function, ctx: &Context, ns: &str, digest: &Dig
         return failed_build(ctx, ns, &job, failed).await;
     }
     if is("Complete") {
-        return completed_build(ctx, ns, &name, &job_name, digest, storage).await;
+        return completed_build(ctx, ns, &name, &job, digest, storage).await;
     }
     // An OCI build is recorded only by its result line: it is read as soon as the builder
     // has exited with success, a second or two before the Job counts the pod and completes
     // (the kubelet's report, then the Job controller's batch), which an edit would wait for.
     if matches!(storage, Storage::Oci)
-        && let Some(module) = last_termination(ctx, ns, &job_name)
+        && let Some(module) = last_termination(ctx, ns, &job)
             .await
             .doing(BUILT, || format!("reading the pods of the build Job {job_name}"))?
             .filter(|terminated| terminated.exit_code == 0)
@@ -115,7 +115,7 @@ async fn failed_build(
             ),
         });
     }
-    let terminated = last_termination(ctx, ns, &job_name)
+    let terminated = last_termination(ctx, ns, job)
         .await
         .doing(BUILT, || format!("reading the pods of the build Job {job_name}"))?;
     if let Some(terminated) = &terminated
@@ -153,10 +153,11 @@ async fn completed_build(
     ctx: &Context,
     ns: &str,
     name: &str,
-    job_name: &str,
+    job: &Job,
     digest: &Digest,
     storage: Storage,
 ) -> Result<Build, StepError> {
+    let job_name = job.name_any();
     let failed = |message: String| Build::Failed {
         reason: "BuildFailed",
         message,
@@ -169,7 +170,7 @@ async fn completed_build(
             labels::SOURCE_DIGEST,
             labels::digest_value(digest)
         )),
-        Storage::Oci => match last_termination(ctx, ns, job_name)
+        Storage::Oci => match last_termination(ctx, ns, job)
             .await
             .doing(BUILT, || format!("reading the pods of the build Job {job_name}"))?
             .and_then(|t| t.message)
@@ -235,13 +236,20 @@ fn module_from_result(message: &str, source_digest: &Digest) -> Result<Module, S
 /// whose termination message is the result line. Its reason (`OOMKilled`, `Error`, …) and
 /// message (the compiler's output on failure, the result line on success) are that step's;
 /// its start is the first step's, so that the wait before it is the pod's and not the build's.
-async fn last_termination(ctx: &Context, ns: &str, job_name: &str) -> Result<Option<ContainerStateTerminated>, Error> {
+/// Only the Job's own pods count: anyone who may create pods could label one with the Job's
+/// name, and its termination message would be taken for the build's result.
+async fn last_termination(ctx: &Context, ns: &str, job: &Job) -> Result<Option<ContainerStateTerminated>, Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let list = pods
-        .list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job_name}")))
+        .list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={}", job.name_any())))
         .await?;
+    let uid = job.uid().unwrap_or_default();
     // The newest pod is the build's last attempt.
-    let mut pods = list.items;
+    let mut pods: Vec<Pod> = list
+        .items
+        .into_iter()
+        .filter(|pod| super::apply::owned_by(&pod.metadata, &uid))
+        .collect();
     pods.sort_by_key(|pod| std::cmp::Reverse(pod.metadata.creation_timestamp.clone().map(|t| t.0)));
     Ok(pods.iter().find_map(|pod| build_ended(pod.status.as_ref()?)))
 }
@@ -298,12 +306,9 @@ async fn ensure_builder_rbac(ctx: &Context, ns: &str) -> Result<(), Error> {
 pub(super) async fn build_report(ctx: &Context, func: &Function, digest: &Digest) -> Option<String> {
     let (name, ns) = (func.name_any(), func.namespace().unwrap_or_default());
     let job_name = objects::job_name(&name, digest);
-    let job = Api::<Job>::namespaced(ctx.client.clone(), &ns)
-        .get_opt(&job_name)
-        .await
-        .ok()
-        .flatten()?;
-    let terminated = last_termination(ctx, &ns, &job_name).await.ok().flatten()?;
+    let jobs = Api::<Job>::namespaced(ctx.client.clone(), &ns);
+    let job = super::apply::get_owned(&jobs, &job_name, func).await.ok().flatten()?;
+    let terminated = last_termination(ctx, &ns, &job).await.ok().flatten()?;
     ctx.traces.build_ended(func, &job, &terminated);
     let waited = match (&job.metadata.creation_timestamp, &terminated.started_at) {
         (Some(created), Some(started)) => Some((started.0.as_second() - created.0.as_second()).max(0)),

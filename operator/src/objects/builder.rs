@@ -95,7 +95,7 @@ pub fn build_job(func: &Function, settings: &Settings, digest: &Digest, publish:
                             .chain([compile_container(func, settings, digest, &ns)])
                             .collect(),
                     ),
-                    containers: vec![publish_container(func, settings, digest, publish)],
+                    containers: vec![publish_container(func, settings, digest, publish, &ns)],
                     volumes: Some(
                         [
                             source,
@@ -235,7 +235,7 @@ fn compile_container(func: &Function, settings: &Settings, digest: &Digest, ns: 
         ],
     };
     let cache_mount = (settings.build_cache != BuildCache::None).then(|| VolumeMount {
-        sub_path: Some(cache_layout::namespace_dir(ns)),
+        sub_path: Some(cache_layout::build_dir(ns)),
         ..mount(CACHE_VOLUME, BUILD_CACHE_MOUNT, false)
     });
     step_container(
@@ -261,7 +261,7 @@ fn compile_container(func: &Function, settings: &Settings, digest: &Digest, ns: 
 
 /// The publish step: the module and result line from `/work`, read only; the code cache
 /// that publish steps alone mount; the builder's token.
-fn publish_container(func: &Function, settings: &Settings, digest: &Digest, publish: &str) -> Container {
+fn publish_container(func: &Function, settings: &Settings, digest: &Digest, publish: &str, ns: &str) -> Container {
     let args = [
         "publish",
         "--language",
@@ -287,7 +287,7 @@ fn publish_container(func: &Function, settings: &Settings, digest: &Digest, publ
         env("TMPDIR", "/publish-tmp".into()),
     ];
     let cache_mount = (settings.build_cache != BuildCache::None).then(|| VolumeMount {
-        sub_path: Some(cache_layout::PUBLISHED_DIR.into()),
+        sub_path: Some(cache_layout::published_dir(ns)),
         ..mount(CACHE_VOLUME, CODE_CACHE_MOUNT, false)
     });
     step_container(

@@ -365,8 +365,13 @@ impl Harness {
 
     /// The Job's pod, ended in `phase` with its builder container `terminated` so.
     pub(crate) async fn build_pod_ended(&self, job: &str, phase: &str, terminated: Value) {
+        let uid = self.api::<Job>().get(job).await.expect("the build Job").uid().unwrap();
         let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": format!("{job}-x7k2p"), "labels": {"batch.kubernetes.io/job-name": job}},
+            "metadata": {"name": format!("{job}-x7k2p"), "labels": {"batch.kubernetes.io/job-name": job},
+                         // The Job's own pod (the operator reads no other), though not its
+                         // controller's: the Job controller leaves it alone.
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": uid,
+                                              "controller": false}]},
             // Gated: no scheduler or kubelet touches it; its status is what the test writes.
             "spec": {"restartPolicy": "Never", "schedulingGates": [{"name": "wasmless.io/simulated"}],
                      "containers": [{"name": "builder", "image": "wasmless/builder:test"}]},

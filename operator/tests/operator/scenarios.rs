@@ -112,14 +112,18 @@ async fn new_function_starts_one_content_addressed_build(h: &Harness) {
     assert!(mounts(builder).contains(&(
         "build-cache".into(),
         "/cache".into(),
-        Some(format!("namespaces/{}", h.ns))
+        Some(format!("namespaces/{}/build", h.ns))
     )));
     assert!(
         mounts(publisher)
             .iter()
             .any(|(name, path, _)| name == "publisher-token" && path == token_path)
     );
-    assert!(mounts(publisher).contains(&("build-cache".into(), "/code-cache".into(), Some("published".into()))));
+    assert!(mounts(publisher).contains(&(
+        "build-cache".into(),
+        "/code-cache".into(),
+        Some(format!("namespaces/{}/published", h.ns))
+    )));
     let shared: Vec<_> = mounts(builder).into_iter().map(|(name, ..)| name).collect();
     for (name, path, _) in mounts(publisher) {
         let writable = !publisher
@@ -1076,7 +1080,10 @@ async fn an_object_the_function_does_not_own_is_never_taken_over(h: &Harness) {
     };
 
     h.create("thief", json!({"source": HELLO, "service": "payments"})).await;
-    let refused = h.reconcile("thief").await.expect_err("the Service is not the Function's");
+    let refused = h
+        .reconcile("thief")
+        .await
+        .expect_err("the Service is not the Function's");
     assert!(
         matches!(&refused, wasmless_operator::Error::NotOwner { kind, name } if kind == "Service" && name == "payments"),
         "{refused}"
@@ -1086,7 +1093,10 @@ async fn an_object_the_function_does_not_own_is_never_taken_over(h: &Harness) {
     assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "NotOwner"));
     assert!(ready.message.contains("Service payments"), "{}", ready.message);
     assert!(h.event_reasons("thief").await.contains(&"NotOwner".to_string()));
-    assert!(untouched(&services.get("payments").await.unwrap()), "the Service is as it was");
+    assert!(
+        untouched(&services.get("payments").await.unwrap()),
+        "the Service is as it was"
+    );
 
     // Named something of its own, the Function is served; `payments` is still not its.
     h.update_spec("thief", json!({"service": "thief"})).await;
@@ -1097,8 +1107,14 @@ async fn an_object_the_function_does_not_own_is_never_taken_over(h: &Harness) {
     // Renamed to it once built and served: refused all the same, nothing rolled over it.
     h.update_spec("thief", json!({"service": "payments"})).await;
     let refused = h.reconcile("thief").await.expect_err("still not the Function's");
-    assert!(matches!(&refused, wasmless_operator::Error::NotOwner { .. }), "{refused}");
-    assert!(untouched(&services.get("payments").await.unwrap()), "the renamed-to Service stays");
+    assert!(
+        matches!(&refused, wasmless_operator::Error::NotOwner { .. }),
+        "{refused}"
+    );
+    assert!(
+        untouched(&services.get("payments").await.unwrap()),
+        "the renamed-to Service stays"
+    );
 
     // A Deployment of the Function's name that someone else made: not rolled, not read.
     let deployments: Api<Deployment> = h.api();
