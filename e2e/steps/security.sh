@@ -101,3 +101,87 @@ namespaced_install() {
   wait_until 60 "a build Job in functions" has_jobs watched
   ok
 }
+
+# The doors of docs/security.md, tried from outside as an attacker with fewer rights would:
+# each check fails on a release where the door is open.
+tenant_doors() {
+  step "docs/security.md's doors, tried as an attacker: a ConfigMap editor cannot rewrite or forge what the pool trusts, the compiler has no token, a Service the Function does not own is left alone"
+  local editor=system:serviceaccount:$NS:config-editor refused manifest
+  kubectl create serviceaccount config-editor -n "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+  kubectl create role config-editor -n "$NS" --verb=get,list,watch,create,update,patch,delete \
+    --resource=configmaps,pods --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+  kubectl create rolebinding config-editor -n "$NS" --role=config-editor --serviceaccount="$NS:config-editor" \
+    --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+
+  # Door 1: two pooled Functions; the attacker wants victim's port to serve thief's code.
+  for name in victim thief; do
+    manifest=$(python3 -c 'import json,sys; print(json.dumps({
+      "apiVersion": "wasmless.io/v1alpha1", "kind": "Function",
+      "metadata": {"name": sys.argv[2], "namespace": sys.argv[3]},
+      "spec": {"function": sys.argv[1], "scale": {"min": 0, "max": 1}}}))' "$(go_handler "body of $name")" "$name" "$NS")
+    kubectl apply -f - <<<"$manifest" >/dev/null
+  done
+  wait_until 240 "victim and thief to be Ready in the pool" \
+    bash -c "[[ \$(kubectl get fn victim thief -n $NS -o 'jsonpath={.items[*].status.phase}') == 'Ready Ready' ]]"
+  expect_service_answer victim "body of victim"
+  local victim_port entry
+  victim_port=$(kubectl get cm victim-pool -n "$NS" -o 'jsonpath={.data.entry\.json}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["port"])')
+  entry=$(kubectl get cm thief-pool -n "$NS" -o 'jsonpath={.data.entry\.json}' |
+    python3 -c 'import json,sys; e=json.load(sys.stdin); e["port"]=int(sys.argv[1]); print(json.dumps(e))' "$victim_port")
+  refused=$(kubectl patch cm victim-pool -n "$NS" --as="$editor" --type merge \
+    -p "$(python3 -c 'import json,sys; print(json.dumps({"data": {"entry.json": sys.argv[1]}}))' "$entry")" 2>&1 || true)
+  expect_contains "$refused" "only the Wasmless operator writes or deletes it" "the editor rewriting victim-pool"
+  refused=$(kubectl create cm a-pool -n "$NS" --as="$editor" --from-literal="entry.json=$entry" --dry-run=client -o yaml |
+    kubectl label --local -f - wasmless.io/component=pool-entry wasmless.io/function=victim -o yaml |
+    kubectl create -f - --as="$editor" 2>&1 || true)
+  expect_contains "$refused" "only the Wasmless operator writes or deletes it" "the editor forging a-pool"
+  kubectl create cm innocent -n "$NS" --as="$editor" --from-literal="entry.json=$entry" >/dev/null
+  refused=$(kubectl label cm innocent -n "$NS" --as="$editor" wasmless.io/component=pool-entry 2>&1 || true)
+  expect_contains "$refused" "only the Wasmless operator writes or deletes it" "the editor labelling a ConfigMap as an entry"
+  refused=$(kubectl delete cm victim-pool -n "$NS" --as="$editor" 2>&1 || true)
+  expect_contains "$refused" "only the Wasmless operator writes or deletes it" "the editor deleting victim-pool"
+  refused=$(kubectl create cm victim-module-0123456789-0 -n "$NS" --from-literal=module.wasm.zst=x --dry-run=client -o yaml |
+    kubectl label --local -f - wasmless.io/function=victim wasmless.io/source-digest=0123456789 wasmless.io/module-digest=0123456789 -o yaml |
+    kubectl create -f - --as="$editor" 2>&1 || true)
+  expect_contains "$refused" "only the Wasmless operator writes or deletes it" "the editor planting a chunk"
+  local pod
+  pod=$(kubectl get pods -n "$NS" -l wasmless.io/function=hello,wasmless.io/component=runtime -o 'jsonpath={.items[0].metadata.name}')
+  refused=$(kubectl annotate pod "$pod" -n "$NS" --as="$editor" --overwrite 'wasmless.io/routes=[]' 2>&1 || true)
+  expect_contains "$refused" "only the Wasmless operator changes it" "the editor rewriting a pod's routes"
+  kubectl delete cm innocent -n "$NS" >/dev/null
+  sleep 2
+  expect_service_answer victim "body of victim"
+
+  # Door 2: the compiler reads no token; the build says why it failed and holds no token.
+  manifest=$(python3 -c 'import json,sys; print(json.dumps({
+    "apiVersion": "wasmless.io/v1alpha1", "kind": "Function",
+    "metadata": {"name": "token-thief", "namespace": sys.argv[1]},
+    "spec": {"language": "rust", "source": "use wasmless_sdk::{Request, Response};\n\nconst TOKEN: &[u8] = include_bytes!(\"/var/run/secrets/kubernetes.io/serviceaccount/token\");\n\npub fn handler(_request: Request) -> Response {\n    Response::new(TOKEN.to_vec())\n}\n"}}))' "$NS")
+  kubectl apply -f - <<<"$manifest" >/dev/null
+  wait_until 600 "token-thief's build to end" bash -c "[[ \$(kubectl get fn token-thief -n $NS -o 'jsonpath={.status.phase}') =~ Failed|Ready ]]"
+  local message
+  message=$(fn_field token-thief .status.buildMessage)
+  echo "    token-thief: $(fn_field token-thief .status.phase): ${message:0:160}"
+  expect_eq "$(fn_field token-thief .status.phase)" Failed "token-thief's phase"
+  expect_contains "$message" "serviceaccount/token" "token-thief's buildMessage names the file it could not read"
+  [[ $message != *eyJ* ]] || fail "token-thief's buildMessage holds a token"
+  kubectl delete fn token-thief -n "$NS" --wait=false >/dev/null
+
+  # Door 3: a Service someone else made is never taken over, nor collected.
+  kubectl create service clusterip payments -n "$NS" --tcp=80:8443 >/dev/null
+  manifest=$(python3 -c 'import json,sys; print(json.dumps({
+    "apiVersion": "wasmless.io/v1alpha1", "kind": "Function",
+    "metadata": {"name": "squatter", "namespace": sys.argv[2]},
+    "spec": {"function": sys.argv[1], "service": "payments"}}))' "$(go_handler squatting)" "$NS")
+  kubectl apply -f - <<<"$manifest" >/dev/null
+  not_owner() { [[ $(kubectl get fn squatter -n "$NS" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].reason}') == NotOwner ]]; }
+  wait_until 120 "squatter's Ready condition to say NotOwner" not_owner
+  echo "    squatter: $(kubectl get fn squatter -n "$NS" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].message}' | cut -c1-160)"
+  expect_eq "$(kubectl get svc payments -n "$NS" -o 'jsonpath={.spec.selector}')" '{"app":"payments"}' "payments' selector"
+  expect_eq "$(kubectl get svc payments -n "$NS" -o 'jsonpath={.metadata.ownerReferences}')" "" "payments' owners"
+  kubectl delete fn squatter victim thief -n "$NS" --wait=true >/dev/null
+  sleep 3
+  expect_eq "$(kubectl get svc payments -n "$NS" -o name 2>&1)" "service/payments" "payments after the Function is deleted"
+  kubectl delete svc payments -n "$NS" >/dev/null
+  ok
+}

@@ -321,7 +321,11 @@ fn kustomize_renders_objects_that_parse_as_their_kinds() {
             "RoleBinding",
             "Service",
             "ServiceAccount",
+            // The operator's writes confined (admission.yaml), and everyone else's of what
+            // the pool and the runtime trust (trusted-objects.yaml).
             "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding"
         ]
     );
