@@ -18,7 +18,7 @@ enum Command {
     /// Build a function and serve it on localhost, rebuilding when its source changes.
     Dev(dev::DevArgs),
     /// Compile a handler to a validated module, and optionally publish it (wasmless-builder build).
-    Build(wasmless_builder::command::BuildArgs),
+    Build(Box<wasmless_builder::command::BuildArgs>),
     /// Serve a module (wasmless-runtime).
     Serve(Box<wasmless_runtime::Config>),
     /// Apply a Function to the current kubeconfig's cluster, follow its build, print its URL.
@@ -54,7 +54,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             dev::run(args).await
         }
         Command::Build(args) => {
-            let status = wasmless_builder::command::run(args, &|step| eprintln!("{step}...")).await;
+            let status = wasmless_builder::command::run(*args, &|step| eprintln!("{step}...")).await;
             if status != 0 {
                 std::process::exit(status);
             }
