@@ -200,7 +200,6 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<(Str
         None => None,
     };
     let publish_seconds = publish_started.elapsed().as_secs_f64();
-    let millis = |seconds: f64| (seconds * 1000.0).round() / 1000.0;
     let mut result = serde_json::json!({
         "digest": built.digest.to_string(),
         "size": built.wasm.len(),
@@ -219,15 +218,8 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<(Str
         });
     }
     if let Some((code, path)) = &code {
-        result["code"] = serde_json::json!({
-            "digest": code.digest.to_string(),
-            "size": code.artifact.len(),
-            "moduleDigest": code.module_digest.to_string(),
-            "engine": code.engine,
-            "target": code.target,
-            "seconds": millis(code.seconds),
-            "output": path,
-        });
+        result["code"] = code_report(code);
+        result["code"]["output"] = serde_json::json!(path);
     }
     // Where the build's time went, phase by phase; a phase that did not run took 0.
     result["phases"] = serde_json::json!({
@@ -269,6 +261,23 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<(Str
         }
     }
     Ok((result.to_string(), cache_dir))
+}
+
+/// Seconds to the millisecond, as the result line reports them.
+pub(crate) fn millis(seconds: f64) -> f64 {
+    (seconds * 1000.0).round() / 1000.0
+}
+
+/// The result line's `code`: what was compiled to native code, for what, and how long it took.
+pub(crate) fn code_report(code: &crate::CompiledCode) -> serde_json::Value {
+    serde_json::json!({
+        "digest": code.digest.to_string(),
+        "size": code.artifact.len(),
+        "moduleDigest": code.module_digest.to_string(),
+        "engine": code.engine,
+        "target": code.target,
+        "seconds": millis(code.seconds),
+    })
 }
 
 /// `WASMLESS_BUILD_CACHE`, else `~/.cache/wasmless/builder`.

@@ -53,19 +53,11 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Build(args) => {
             stop_on_sigterm(&args.termination_log)?;
-            let status = command::run(*args, &|step| eprintln!("{step}...")).await;
-            if status != 0 {
-                std::process::exit(status);
-            }
-            Ok(())
+            exit_with(command::run(*args, &|step| eprintln!("{step}...")).await)
         }
         Command::Publish(args) => {
             stop_on_sigterm(&args.termination_log)?;
-            let status = publish_step::run(*args, &|step| eprintln!("{step}...")).await;
-            if status != 0 {
-                std::process::exit(status);
-            }
-            Ok(())
+            exit_with(publish_step::run(*args, &|step| eprintln!("{step}...")).await)
         }
         Command::PrepareCache { root, namespace } => {
             match wasmless_builder::cache::prepare_dirs(&root, &namespace) {
@@ -82,6 +74,15 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// A step's exit status as the process's: the operator's Job tells a source that does not
+/// build (10) from a failure worth a retry by it.
+fn exit_with(status: i32) -> anyhow::Result<()> {
+    if status != 0 {
+        std::process::exit(status);
+    }
+    Ok(())
 }
 
 /// A builder is its container's PID 1, which the kernel does not stop on SIGTERM by

@@ -8,7 +8,7 @@
 //! cache no compile step mounts, and publishes both. What the compile step says of itself
 //! (its phases, its cache's answers) is reported as it said it, and trusted for nothing.
 
-use crate::command::{Failure, collect_cache, write_termination_log};
+use crate::command::{Failure, code_report, collect_cache, millis, write_termination_log};
 use crate::publish::{self, Destination};
 use crate::{BuildError, Built, Language, Phases};
 use std::io::Read;
@@ -135,7 +135,6 @@ async fn publish(args: PublishArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<
         .await
         .map_err(Failure::transient)?;
     let publish_seconds = publish_started.elapsed().as_secs_f64();
-    let millis = |seconds: f64| (seconds * 1000.0).round() / 1000.0;
     // What this step established replaces whatever the compile step said of it.
     report.remove("output");
     report.insert("digest".into(), built.digest.to_string().into());
@@ -144,14 +143,7 @@ async fn publish(args: PublishArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<
     report.insert("published".into(), published.location.clone().into());
     let mut result = serde_json::Value::Object(report);
     if let Some(code) = &code {
-        result["code"] = serde_json::json!({
-            "digest": code.digest.to_string(),
-            "size": code.artifact.len(),
-            "moduleDigest": code.module_digest.to_string(),
-            "engine": code.engine,
-            "target": code.target,
-            "seconds": millis(code.seconds),
-        });
+        result["code"] = code_report(code);
     }
     if !result["phases"].is_object() {
         result["phases"] = serde_json::json!({});
