@@ -301,6 +301,73 @@ async fn transient_publish_errors_are_retried_and_the_build_succeeds() {
     assert_eq!(configmap_writes(&kube), 3, "two failed attempts, then success");
 }
 
+/// A build Job's two steps (docs/security.md, door 2): the compile step leaves a module and
+/// its result line and publishes nothing; the publish step publishes what it read and checked
+/// itself, whatever the result line claims, never through a link, and refuses a module that
+/// is not its language's.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_publish_step_publishes_what_it_checked_not_what_the_compile_step_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("module.wat");
+    std::fs::write(&source, WAT_MODULE).unwrap();
+    let module = dir.path().join("module.wasm");
+    let report = dir.path().join("build.json");
+    let compiled = result(
+        &build_command("wat", &source, &module, &dir.path().join("cache"))
+            .args(["--no-code", "--result-file"])
+            .arg(&report)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(compiled["published"], Value::Null, "the compile step publishes nothing");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&std::fs::read(&report).unwrap()).unwrap(),
+        compiled
+    );
+    // What an author's code in the compile step could write there: another module's digest.
+    let mut forged = compiled.clone();
+    forged["digest"] = format!("sha256:{}", "0".repeat(64)).into();
+    forged["published"] = "configmap://default/someone-else".into();
+    std::fs::write(&report, forged.to_string()).unwrap();
+
+    let kube = fake_api().await;
+    let publish = |module: &Path, language: &str| {
+        builder()
+            .args(["publish", "--language", language, "--module"])
+            .arg(module)
+            .arg("--build-result")
+            .arg(&report)
+            .args(["--publish", "configmap://default/hello", "--source-digest"])
+            .arg(compiled["sourceDigest"].as_str().unwrap())
+            .arg("--cache-dir")
+            .arg(dir.path().join("code-cache"))
+            .env("KUBECONFIG", kube.kubeconfig.path())
+            .output()
+            .unwrap()
+    };
+    let published = result(&publish(&module, "wat"));
+    assert_eq!(published["digest"], compiled["digest"], "its own digest, not the claim");
+    assert_eq!(published["published"], "configmap://default/hello");
+    assert!(
+        published["code"]["digest"].is_string(),
+        "compiled to native code here: {published}"
+    );
+    assert_eq!(published["phases"]["compile"], compiled["phases"]["compile"]);
+    let stored = stored_configmaps(&kube, "default");
+    assert!(
+        stored.keys().all(|name| name.starts_with("hello-")),
+        "{:?}",
+        stored.keys()
+    );
+
+    let link = dir.path().join("link.wasm");
+    std::os::unix::fs::symlink(&module, &link).unwrap();
+    let refused = publish(&link, "wat");
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("not a regular file"));
+    failed_as_the_sources_fault(&publish(&module, "rust"));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_publish_that_keeps_failing_exits_1_so_the_job_retries_it() {
     let dir = tempfile::tempdir().unwrap();
