@@ -1,7 +1,8 @@
 //! The build Job of one source digest, and the identity build Jobs run as in a namespace.
 
+use super::build_source::{inline_source, source_volume};
 use super::pod::{empty_dir, mount, oci_plain_http_env, restricted_container_security, restricted_pod_security};
-use super::{MANAGED_BY_LABEL, MANAGER, SOURCE_KEY, job_name, labels_for, meta, source_configmap_name};
+use super::{MANAGED_BY_LABEL, MANAGER, job_name, labels_for, meta, source_configmap_name};
 use crate::crd::{Function, Storage};
 use crate::settings::{BuildCache, Settings};
 use k8s_openapi::api::batch::v1::{
@@ -9,10 +10,9 @@ use k8s_openapi::api::batch::v1::{
     PodFailurePolicyRule,
 };
 use k8s_openapi::api::core::v1::{
-    ConfigMapProjection, ConfigMapVolumeSource, Container, DownwardAPIProjection, DownwardAPIVolumeFile,
-    DownwardAPIVolumeSource, EnvVar, HostPathVolumeSource, KeyToPath, ObjectFieldSelector,
-    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, ProjectedVolumeSource, ResourceRequirements,
-    ServiceAccount, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    ConfigMapProjection, Container, DownwardAPIProjection, DownwardAPIVolumeFile, EnvVar, HostPathVolumeSource,
+    KeyToPath, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, ProjectedVolumeSource,
+    ResourceRequirements, ServiceAccount, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -416,90 +416,6 @@ fn failure_policy() -> PodFailurePolicy {
     }
 }
 
-/// The pod annotation a source small enough travels in to its build pod, and the prefix of
-/// each of its `spec.files`' (`wasmless.io/file.go.mod`).
-pub const SOURCE_ANNOTATION: &str = "wasmless.io/source";
-const FILE_ANNOTATION_PREFIX: &str = "wasmless.io/file.";
-/// What the source and its files may add up to in annotations (the API server allows
-/// 256 KiB of them per object).
-const INLINE_SOURCE_BYTES: usize = 128 * 1024;
-
-/// A source small enough (and whose files' names can be annotation names), as the build
-/// pod's own annotations and the downward API volume that writes them where the compiler
-/// expects them. A ConfigMap volume makes the kubelet read the ConfigMap, which it may do
-/// before the API server's node authorizer knows the new pod is on its node: then the read
-/// is refused and the mount retried, seconds into every such build (measured: the builder
-/// started 3.1 s after its pod was scheduled, 1 s without). The pod's own annotations need
-/// no read. Larger sources are mounted from the source ConfigMap.
-fn inline_source(func: &Function, source_file: &str) -> Option<(BTreeMap<String, String>, Volume)> {
-    let source = func.spec.inline_source()?;
-    let size = source.len() + func.spec.files.values().map(String::len).sum::<usize>();
-    let name_fits = |name: &str| {
-        name.len() + FILE_ANNOTATION_PREFIX.len() - "wasmless.io/".len() <= 63
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && name.ends_with(|c: char| c.is_ascii_alphanumeric())
-    };
-    if size > INLINE_SOURCE_BYTES || !func.spec.files.keys().all(|name| name_fits(name)) {
-        return None;
-    }
-    let annotations: BTreeMap<String, String> = std::iter::once((SOURCE_ANNOTATION.to_string(), source.to_string()))
-        .chain(
-            func.spec
-                .files
-                .iter()
-                .map(|(name, text)| (format!("{FILE_ANNOTATION_PREFIX}{name}"), text.clone())),
-        )
-        .collect();
-    let item = |annotation: &str, path: &str| DownwardAPIVolumeFile {
-        path: path.into(),
-        field_ref: Some(ObjectFieldSelector {
-            field_path: format!("metadata.annotations['{annotation}']"),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let items = std::iter::once(item(SOURCE_ANNOTATION, source_file))
-        .chain(
-            func.spec
-                .files
-                .keys()
-                .map(|name| item(&format!("{FILE_ANNOTATION_PREFIX}{name}"), name)),
-        )
-        .collect();
-    let volume = Volume {
-        name: "source".into(),
-        downward_api: Some(DownwardAPIVolumeSource {
-            items: Some(items),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    Some((annotations, volume))
-}
-
-/// The source ConfigMap, the source mounted under the file name the compiler expects and
-/// each of `spec.files` under its own.
-fn source_volume(configmap: &str, source_file: &str, func: &Function) -> Volume {
-    let item = |key: &str, path: &str| KeyToPath {
-        key: key.into(),
-        path: path.into(),
-        ..Default::default()
-    };
-    let items = std::iter::once(item(SOURCE_KEY, source_file))
-        .chain(func.spec.files.keys().map(|name| item(name, name)))
-        .collect();
-    Volume {
-        name: "source".into(),
-        config_map: Some(ConfigMapVolumeSource {
-            name: configmap.into(),
-            items: Some(items),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 fn builder_meta(namespace: &str) -> ObjectMeta {
     ObjectMeta {
         name: Some(BUILDER_ACCOUNT.into()),
@@ -547,6 +463,7 @@ pub fn cut_message(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::objects::build_source::{INLINE_SOURCE_BYTES, SOURCE_ANNOTATION};
     use serde_json::json;
 
     fn function(spec: serde_json::Value) -> Function {

@@ -3,6 +3,7 @@
 //! the API. The runtime's Deployment is in `runtime`, the build Job and the builder's
 //! identity in `builder`; the names, labels and smaller objects here.
 
+mod build_source;
 mod builder;
 mod pod;
 mod pool;
