@@ -13,10 +13,26 @@
 //! prefetch) that have no client of their own to pass.
 
 use std::sync::OnceLock;
-use wasmless_artifact::{Digest, Part};
+use wasmless_artifact::{Digest, MAX_CHUNK_BYTES, MAX_CODE_BYTES, MAX_MODULE_BYTES, Part, annotations};
 
 /// The scheme of `--module` and `--code` values read through the API.
 pub const SCHEME: &str = "configmaps:";
+
+/// The most chunks a build can store for one part: the larger of its size limits (the
+/// code's 1 GiB over the module's 256 MiB), with 1/64 more for a stream that did not
+/// compress, in chunks of 900 KiB (1184). A count is read from an entry or a routes file,
+/// and names are made for each before anything is fetched: a count past this is refused
+/// rather than allocated.
+pub const MAX_CHUNKS: usize = {
+    let largest = if MAX_CODE_BYTES > MAX_MODULE_BYTES {
+        MAX_CODE_BYTES
+    } else {
+        MAX_MODULE_BYTES
+    };
+    (largest + largest / 64).div_ceil(MAX_CHUNK_BYTES as u64) as usize
+};
+// Every chunk of the largest code artifact a build may store fits under the bound.
+const _: () = assert!(MAX_CHUNKS >= (MAX_CODE_BYTES as usize).div_ceil(MAX_CHUNK_BYTES));
 
 /// The chunk ConfigMaps of one Function's build: the names the builder wrote them under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +62,20 @@ pub enum ChunkFetchError {
         name: String,
         key: &'static str,
     },
+    #[error(
+        "{source_text}: ConfigMap {name} says it is chunk {says} of the build, where this source reads chunk {index} of {count}: the chunks were written by something else than this build, or the source names the wrong count; rebuild the Function"
+    )]
+    Mismatch {
+        source_text: String,
+        name: String,
+        says: String,
+        index: usize,
+        count: usize,
+    },
+    #[error(
+        "{source_text}: {count} chunks is over the {MAX_CHUNKS} any build stores; the source is not one the operator wrote"
+    )]
+    TooManyChunks { source_text: String, count: usize },
 }
 
 /// The pool's client and its namespace, where every chunk ConfigMap is read.
@@ -100,6 +130,11 @@ impl ConfigMapChunks {
             .ok()
             .filter(|count| *count > 0)
             .ok_or_else(|| format!("{usage}: the chunk count {count:?} is not a number above zero"))?;
+        if count > MAX_CHUNKS {
+            return Err(format!(
+                "{usage}: the chunk count {count} is over the {MAX_CHUNKS} any build stores"
+            ));
+        }
         Ok(Self {
             function: function.to_string(),
             source_digest,
@@ -114,15 +149,27 @@ impl ConfigMapChunks {
             source_text: source_text.clone(),
             reason,
         })?;
+        // The fields are public: a count made without `parse` is bounded here too.
+        if self.count > MAX_CHUNKS {
+            return Err(ChunkFetchError::TooManyChunks {
+                source_text,
+                count: self.count,
+            });
+        }
         let key = part.configmap_key();
         let mut chunks = Vec::with_capacity(self.count);
-        for name in part.configmap_names(&self.function, &self.source_digest, self.count) {
+        for (index, name) in part
+            .configmap_names(&self.function, &self.source_digest, self.count)
+            .into_iter()
+            .enumerate()
+        {
             let configmap = api.configmaps.get(&name).await.map_err(|error| ChunkFetchError::Api {
                 source_text: source_text.clone(),
                 name: name.clone(),
                 namespace: api.namespace.clone(),
                 error: Box::new(error),
             })?;
+            self.check_place(&configmap, &name, index)?;
             let chunk = configmap
                 .binary_data
                 .and_then(|mut data| data.remove(key))
@@ -134,6 +181,37 @@ impl ConfigMapChunks {
             chunks.push(chunk.0);
         }
         Ok(chunks)
+    }
+
+    /// A chunk annotated with its place (the builder writes its index and the count on each)
+    /// must be at the place this source reads it: a count that differs means another set of
+    /// chunks. Digests are checked after the chunks are joined; this says what went wrong
+    /// before that, and stops reading at once.
+    fn check_place(
+        &self,
+        configmap: &k8s_openapi::api::core::v1::ConfigMap,
+        name: &str,
+        index: usize,
+    ) -> Result<(), ChunkFetchError> {
+        let annotations = configmap.metadata.annotations.as_ref();
+        let annotation = |key: &str| annotations.and_then(|annotations| annotations.get(key));
+        let (says_index, says_count) = (
+            annotation(annotations::CHUNK_INDEX),
+            annotation(annotations::CHUNK_COUNT),
+        );
+        let agrees =
+            |says: Option<&String>, expected: usize| says.is_none_or(|says| says.trim() == expected.to_string());
+        if agrees(says_index, index) && agrees(says_count, self.count) {
+            return Ok(());
+        }
+        let shown = |says: Option<&String>| says.map_or("?".to_string(), |says| says.trim().to_string());
+        Err(ChunkFetchError::Mismatch {
+            source_text: self.to_string(),
+            name: name.to_string(),
+            says: format!("{} of {}", shown(says_index), shown(says_count)),
+            index,
+            count: self.count,
+        })
     }
 }
 
@@ -177,6 +255,39 @@ mod tests {
         ] {
             let error = ConfigMapChunks::parse(&text).unwrap_err();
             assert!(error.contains(says), "{text}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_chunk_count_past_what_any_build_stores_is_refused_before_anything_is_allocated() {
+        let digest = Digest::of(b"source");
+        ConfigMapChunks::parse(&format!("hello/{digest}/{MAX_CHUNKS}")).unwrap();
+        for count in [MAX_CHUNKS + 1, usize::MAX] {
+            let error = ConfigMapChunks::parse(&format!("hello/{digest}/{count}")).unwrap_err();
+            assert!(error.contains(&format!("over the {MAX_CHUNKS}")), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_chunk_annotated_with_another_place_is_an_error_naming_both() {
+        let chunks = ConfigMapChunks::parse(&format!("hello/{}/2", Digest::of(b"source"))).unwrap();
+        let annotated = |index: &str, count: &str| -> k8s_openapi::api::core::v1::ConfigMap {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "chunk", "annotations": {
+                annotations::CHUNK_INDEX: index, annotations::CHUNK_COUNT: count,
+            }}}))
+            .unwrap()
+        };
+        chunks.check_place(&annotated("1", "2"), "chunk", 1).unwrap();
+        chunks
+            .check_place(&k8s_openapi::api::core::v1::ConfigMap::default(), "chunk", 1)
+            .unwrap();
+        for (index, count) in [("1", "3"), ("0", "2"), ("1", "99999999999999999999")] {
+            let error = chunks
+                .check_place(&annotated(index, count), "chunk", 1)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(&format!("chunk {index} of {count}")), "{error}");
+            assert!(error.contains("chunk 1 of 2"), "{error}");
         }
     }
 

@@ -98,8 +98,42 @@ struct Edge {
 }
 
 /// The listening sockets the edge accepts on: one for a dedicated runtime, one per
-/// Function for the pool, which adds and removes them as Functions come and go.
+/// Function for the pool, which adds and removes them as Functions come and go. A
+/// connection lives no longer than its listener is in the set: once it is removed, each
+/// of its connections finishes the request it is serving and closes.
 pub type Listeners = Arc<Vec<Arc<std::net::TcpListener>>>;
+
+/// The listener a connection was accepted on, in each of its requests' extensions: what
+/// the pool binds the connection to, so that it reaches the Function that listener was
+/// opened for, or nobody, whoever is given the port later. The weak reference keeps the
+/// listener's allocation, and so its address, from being reused by another listener while
+/// the connection lives: the address identifies it.
+#[derive(Debug, Clone)]
+pub struct AcceptedOn(std::sync::Weak<std::net::TcpListener>);
+
+impl AcceptedOn {
+    pub fn new(listener: &Arc<std::net::TcpListener>) -> Self {
+        Self(Arc::downgrade(listener))
+    }
+
+    /// The listener's address, as `Arc::as_ptr(listener).addr()` gives it.
+    pub fn key(&self) -> usize {
+        self.0.as_ptr().addr()
+    }
+}
+
+/// One listener's accept loop on a serving thread. Dropping it stops the loop, and tells
+/// the connections it accepted that their listener is gone.
+struct Accepting {
+    task: tokio::task::AbortHandle,
+    _served: watch::Sender<()>,
+}
+
+impl Drop for Accepting {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
 
 /// Accepts on every listener in `listeners` (as it changes) with `threads` threads (at
 /// least one) and serves `router` on every connection until `phase` reaches
@@ -150,27 +184,28 @@ fn serve_thread(
     runtime.block_on(async move {
         // Every connection task holds a sender; `recv` returns `None` once all are gone.
         let (open_tx, mut all_closed) = mpsc::channel::<()>(1);
-        // By the listener's address in memory: the same socket keeps its accept loop.
-        let mut accepting: std::collections::HashMap<usize, tokio::task::AbortHandle> = Default::default();
+        // By the listener's address in memory: the same socket keeps its accept loop, and
+        // its connections.
+        let mut accepting: std::collections::HashMap<usize, Accepting> = Default::default();
         loop {
             let current = listeners.borrow_and_update().clone();
             let keep: std::collections::HashSet<usize> =
                 current.iter().map(|listener| Arc::as_ptr(listener).addr()).collect();
-            accepting.retain(|key, task| {
-                let kept = keep.contains(key);
-                if !kept {
-                    task.abort();
-                }
-                kept
-            });
+            accepting.retain(|key, _| keep.contains(key));
             for listener in current.iter() {
                 let key = Arc::as_ptr(listener).addr();
                 if accepting.contains_key(&key) {
                     continue;
                 }
+                let (served, listener_served) = watch::channel(());
+                let bound = Bound {
+                    on: AcceptedOn::new(listener),
+                    served: listener_served,
+                };
                 let listener = TcpListener::from_std(listener.try_clone()?)?;
-                let task = tokio::spawn(accept(listener, edge.clone(), phase.clone(), open_tx.clone()));
-                accepting.insert(key, task.abort_handle());
+                let task = tokio::spawn(accept(listener, bound, edge.clone(), phase.clone(), open_tx.clone()));
+                let task = task.abort_handle();
+                accepting.insert(key, Accepting { task, _served: served });
             }
             // A set that can no longer change (its sender gone) is served as it is.
             let changes = async {
@@ -183,9 +218,8 @@ fn serve_thread(
                 () = closing(&mut phase) => break,
             }
         }
-        for task in accepting.values() {
-            task.abort();
-        }
+        // Connections are closing already (the phase says so).
+        drop(accepting);
         // An aborted accept loop drops its sender when the runtime next polls it.
         drop(open_tx);
         let _ = all_closed.recv().await;
@@ -193,7 +227,21 @@ fn serve_thread(
     })
 }
 
-async fn accept(listener: TcpListener, edge: Arc<Edge>, phase: watch::Receiver<Phase>, open_tx: mpsc::Sender<()>) {
+/// What a connection is bound to when it is accepted: its listener, and word of the
+/// listener leaving the set (the sender dropped).
+#[derive(Clone)]
+struct Bound {
+    on: AcceptedOn,
+    served: watch::Receiver<()>,
+}
+
+async fn accept(
+    listener: TcpListener,
+    bound: Bound,
+    edge: Arc<Edge>,
+    phase: watch::Receiver<Phase>,
+    open_tx: mpsc::Sender<()>,
+) {
     let Edge {
         router,
         limits,
@@ -241,6 +289,7 @@ async fn accept(listener: TcpListener, edge: Arc<Edge>, phase: watch::Receiver<P
             phase: phase.clone(),
             remote,
             local_port,
+            bound: bound.clone(),
         };
         let open_tx = open_tx.clone();
         tokio::spawn(async move {
@@ -257,6 +306,7 @@ struct Connection {
     phase: watch::Receiver<Phase>,
     remote: SocketAddr,
     local_port: crate::server::LocalPort,
+    bound: Bound,
 }
 
 impl Connection {
@@ -272,11 +322,13 @@ impl Connection {
             let phase = self.phase.clone();
             let remote = self.remote;
             let local_port = self.local_port;
+            let accepted_on = self.bound.on.clone();
             let activity = activity.clone();
             hyper::service::service_fn(move |mut request: Request<Incoming>| {
                 let done = activity.request_started();
                 request.extensions_mut().insert(ConnectInfo(remote));
                 request.extensions_mut().insert(local_port);
+                request.extensions_mut().insert(accepted_on.clone());
                 let answer = router.clone().oneshot(request.map(Body::new));
                 let phase = phase.clone();
                 async move {
@@ -302,6 +354,7 @@ impl Connection {
         let connection = builder.serve_connection(io, service);
         let mut connection = std::pin::pin!(connection);
         let mut phase = self.phase.clone();
+        let mut served = self.bound.served.clone();
         let mut closing = false;
         loop {
             let changed = activity.changed.notified();
@@ -320,6 +373,13 @@ impl Connection {
                 () = self::closing(&mut phase), if !closing => {
                     // Idle connections close now; one serving a request answers it with
                     // `Connection: close` and then closes.
+                    closing = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+                () = listener_gone(&mut served), if !closing => {
+                    // Its Function left the pool, or its port: the same, so that a client
+                    // keeping its connection never reaches whoever has the port next.
+                    tracing::debug!(remote = %self.remote, port = self.local_port.0, "closing a connection whose listener closed");
                     closing = true;
                     connection.as_mut().graceful_shutdown();
                 }
@@ -349,6 +409,12 @@ const DEFAULT_MAX_BUF_SIZE: usize = 8192 + 4096 * 100;
 /// Resolves once the server is closing (or its phase can no longer change).
 async fn closing(phase: &mut watch::Receiver<Phase>) {
     let _ = phase.wait_for(|phase| *phase >= Phase::Closing).await;
+}
+
+/// Resolves once the listener a connection came through has left the set.
+async fn listener_gone(served: &mut watch::Receiver<()>) {
+    // Nothing is ever sent: only the sender's end is news.
+    while served.changed().await.is_ok() {}
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

@@ -2,13 +2,15 @@
 //! of the pool's namespace that the selector picks, one per Function, watched — a ConfigMap
 //! volume would take up to a minute to show a change, a watch event takes milliseconds.
 //!
-//! A ConfigMap is `<fn>-pool`, labelled `wasmless.io/function: <fn>`, its key `entry.json`
-//! the JSON of a table file. The Function's name is that label, else the ConfigMap's name.
-//! The same client reads pooled Functions' chunk ConfigMaps ([`crate::configmap_chunks`]).
+//! A ConfigMap is `<fn>-pool`, labelled `wasmless.io/function: <fn>` and controlled by
+//! Function `<fn>`, its key `entry.json` the JSON of a table file with only the flags the
+//! operator writes ([`super::trust`]); any other is reported and not served. The same
+//! client reads pooled Functions' chunk ConfigMaps ([`crate::configmap_chunks`]).
 
 use super::Pool;
 use super::references::{self, ApiObjects};
 use super::table::{self, Entry, Row, Table};
+use super::trust;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::runtime::WatchStreamExt;
@@ -56,31 +58,49 @@ pub fn choose_namespace(env: Option<String>, service_account: Option<String>, ku
         .unwrap_or_else(|| kubeconfig_default.to_string())
 }
 
-/// The Function a ConfigMap describes: its name and its row of the table.
+/// The Function a ConfigMap describes: its name and its row of the table. Only the
+/// operator's entry for a Function is served ([`trust`]): a ConfigMap that is no
+/// Function's entry is reported under `ConfigMap <name>`, a key no Function name can have
+/// (names have no spaces), so that it takes no Function's place; one that is a Function's
+/// but not as the operator writes it is reported under the Function, which, if it served
+/// before, serves on as it was.
 pub fn row_of(configmap: &ConfigMap) -> (String, Row) {
     let configmap_name = configmap.metadata.name.clone().unwrap_or_default();
-    let function = configmap
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|labels| labels.get(FUNCTION_LABEL))
-        .filter(|name| !name.is_empty())
-        .cloned()
-        .unwrap_or_else(|| configmap_name.clone());
-    let entry = match configmap.data.as_ref().and_then(|data| data.get(ENTRY_KEY)) {
-        Some(json) => table::parse_entry(json.as_bytes()),
-        None => Err(format!("it has no {ENTRY_KEY} key")),
+    let origin = format!("ConfigMap {configmap_name}");
+    let claimed_since = configmap.metadata.creation_timestamp.clone();
+    let (function, entry) = match trust::entry_function(configmap) {
+        Ok(function) => {
+            let entry = parse_entry(configmap).and_then(|entry| {
+                trust::check_args(&function, &entry.args)?;
+                Ok(entry)
+            });
+            (function, entry)
+        }
+        Err(trust::Refusal::Stranger(problem)) => (origin.clone(), Err(problem)),
+        Err(trust::Refusal::Unowned(problem)) => {
+            let function = configmap_name.strip_suffix(trust::ENTRY_SUFFIX).unwrap_or_default();
+            (function.to_string(), Err(problem))
+        }
     };
     let row = Row {
-        origin: format!("ConfigMap {configmap_name}"),
+        origin,
         entry,
+        claimed_since,
     };
     (function, row)
 }
 
-/// The table of the ConfigMaps held, by ConfigMap name. Two ConfigMaps naming one
-/// Function: the first by name serves it, the other is reported (under a key no Function
-/// name can have, so it takes nobody's place).
+fn parse_entry(configmap: &ConfigMap) -> Result<Entry, String> {
+    match configmap.data.as_ref().and_then(|data| data.get(ENTRY_KEY)) {
+        Some(json) => table::parse_entry(json.as_bytes()),
+        None => Err(format!("it has no {ENTRY_KEY} key")),
+    }
+}
+
+/// The table of the ConfigMaps held, by ConfigMap name. Only `<fn>-pool` can be `<fn>`'s
+/// row ([`row_of`]); should two rows still name one Function, the first by ConfigMap name
+/// serves it and the other is reported (under a key no Function name can have, so it
+/// takes nobody's place).
 pub fn table_of(configmaps: &BTreeMap<String, (String, Row)>) -> Table {
     let mut table = Table::new();
     for (configmap, (function, row)) in configmaps {
@@ -89,8 +109,8 @@ pub fn table_of(configmaps: &BTreeMap<String, (String, Row)>) -> Table {
             table.insert(
                 format!("ConfigMap {configmap}"),
                 Row {
-                    origin: row.origin.clone(),
                     entry: Err(problem),
+                    ..row.clone()
                 },
             );
         } else {
@@ -157,18 +177,15 @@ impl ApiTable {
             };
             if held.same_but_route(&reused) {
                 let row = Row {
-                    origin: row.origin,
                     entry: Ok(reused),
+                    ..row
                 };
                 return ((function, row), false);
             }
         }
         let resolved = references::resolve(entry, &self.objects).await;
         let failed = resolved.is_err();
-        let row = Row {
-            origin: row.origin,
-            entry: resolved,
-        };
+        let row = Row { entry: resolved, ..row };
         ((function, row), failed)
     }
 
@@ -300,15 +317,47 @@ fn note_unresolved(unresolved: &mut BTreeMap<String, Unresolved>, configmap: &Co
 mod tests {
     use super::*;
 
-    fn configmap(name: &str, function: Option<&str>, entry: Option<&str>) -> ConfigMap {
+    /// A ConfigMap as the operator writes an entry: `<function>-pool`, labelled with its
+    /// Function and controlled by it, created at `created`.
+    fn entry_configmap(function: &str, entry: &serde_json::Value, created: &str) -> ConfigMap {
         serde_json::from_value(serde_json::json!({
             "metadata": {
-                "name": name,
-                "labels": function.map(|function| serde_json::json!({FUNCTION_LABEL: function})),
+                "name": format!("{function}-pool"),
+                "creationTimestamp": created,
+                "labels": {FUNCTION_LABEL: function, "wasmless.io/component": "pool-entry"},
+                "ownerReferences": [{
+                    "apiVersion": "wasmless.io/v1alpha1", "kind": "Function", "name": function,
+                    "uid": "6f1d2c3b-0a9e-4e8f-b7c6-d5e4f3a2b1c0", "controller": true, "blockOwnerDeletion": true,
+                }],
             },
-            "data": entry.map(|entry| serde_json::json!({ENTRY_KEY: entry})),
+            "data": {ENTRY_KEY: entry.to_string()},
         }))
         .unwrap()
+    }
+
+    /// The entry the operator writes for `function` on `port` (its own chunks, pinned).
+    fn entry(function: &str, port: u16) -> serde_json::Value {
+        let source = wasmless_artifact::Digest::of(b"source");
+        let digest = wasmless_artifact::Digest::of(function.as_bytes());
+        serde_json::json!({"port": port, "args": [
+            "--module", format!("configmaps:{function}/{source}/1"), "--module-digest", digest.to_string(),
+            "--function", function, "--memory-limit", "64Mi",
+        ]})
+    }
+
+    /// `configmap` changed by `change` to its JSON.
+    fn changed(configmap: &ConfigMap, change: impl FnOnce(&mut serde_json::Value)) -> ConfigMap {
+        let mut json = serde_json::to_value(configmap).unwrap();
+        change(&mut json);
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn table(configmaps: &[ConfigMap]) -> Table {
+        let held: BTreeMap<String, (String, Row)> = configmaps
+            .iter()
+            .map(|configmap| (configmap.metadata.name.clone().unwrap(), row_of(configmap)))
+            .collect();
+        table_of(&held)
     }
 
     #[test]
@@ -331,37 +380,90 @@ mod tests {
     }
 
     #[test]
-    fn a_configmap_is_named_by_its_function_label_else_its_own_name() {
-        let entry = r#"{"port": 20001, "args": ["--function", "hello"]}"#;
-        let (name, row) = row_of(&configmap("hello-pool", Some("hello"), Some(entry)));
+    fn the_operators_entry_is_its_functions_row_with_its_creation_time() {
+        let configmap = entry_configmap("hello", &entry("hello", 20001), "2024-05-01T10:00:00Z");
+        let (name, row) = row_of(&configmap);
         assert_eq!(name, "hello");
         assert_eq!(row.origin, "ConfigMap hello-pool");
+        assert_eq!(row.claimed_since, configmap.metadata.creation_timestamp);
         assert_eq!(row.entry.unwrap().port, 20001);
-        let (name, _) = row_of(&configmap("unlabelled", None, Some(entry)));
-        assert_eq!(name, "unlabelled");
     }
 
     #[test]
     fn a_configmap_without_a_usable_entry_says_why() {
-        let (_, row) = row_of(&configmap("empty", Some("empty"), None));
+        let empty = changed(
+            &entry_configmap("empty", &entry("empty", 1), "2024-05-01T10:00:00Z"),
+            |json| {
+                json["data"] = serde_json::json!({});
+            },
+        );
+        let (_, row) = row_of(&empty);
         assert!(row.entry.unwrap_err().contains("no entry.json key"));
-        let (_, row) = row_of(&configmap("broken", Some("broken"), Some("{")));
+        let broken = changed(&empty, |json| json["data"] = serde_json::json!({ENTRY_KEY: "{"}));
+        let (_, row) = row_of(&broken);
         assert!(row.entry.unwrap_err().contains(r#"{"port": <number>"#));
     }
 
+    /// Door 1 of issue 38: a ConfigMap anyone who may edit ConfigMaps can write, copying
+    /// the victim's entry, took over its port and its clients. Now only the victim's own
+    /// entry is its row; a copy under another name, or without the label, takes nobody's
+    /// place and says why.
     #[test]
-    fn two_configmaps_for_one_function_serve_the_first_and_report_the_other() {
-        let entry = |port: u16| format!(r#"{{"port": {port}, "args": []}}"#);
-        let held: BTreeMap<String, (String, Row)> = [("a-pool", 20001), ("b-pool", 20002)]
-            .into_iter()
-            .map(|(name, port)| {
-                let configmap = configmap(name, Some("hello"), Some(&entry(port)));
-                (name.to_string(), row_of(&configmap))
-            })
-            .collect();
-        let table = table_of(&held);
-        assert_eq!(table["hello"].entry.as_ref().unwrap().port, 20001);
-        let other = table["ConfigMap b-pool"].entry.as_ref().unwrap_err();
-        assert!(other.contains("ConfigMap a-pool's already"), "{other}");
+    fn a_forged_entry_under_another_name_or_unlabelled_takes_no_functions_place() {
+        let victim = entry_configmap("victim", &entry("victim", 20001), "2024-05-01T10:00:00Z");
+        // Sorts before victim-pool, which used to make it the Function's entry.
+        let forged = changed(&victim, |json| json["metadata"]["name"] = "a-pool".into());
+        let unlabelled = changed(&victim, |json| {
+            json["metadata"]["name"] = "aa-pool".into();
+            json["metadata"]["labels"] = serde_json::json!({"wasmless.io/component": "pool-entry"});
+        });
+        let table = table(&[forged, unlabelled, victim.clone()]);
+        assert_eq!(table["victim"], row_of(&victim).1, "{table:#?}");
+        let forged = table["ConfigMap a-pool"].entry.as_ref().unwrap_err();
+        assert!(forged.contains("which is victim-pool"), "{forged}");
+        let unlabelled = table["ConfigMap aa-pool"].entry.as_ref().unwrap_err();
+        assert!(unlabelled.contains("no wasmless.io/function label"), "{unlabelled}");
+        assert_eq!(table.len(), 3, "{table:#?}");
+    }
+
+    /// An entry named and labelled as the operator's but not controlled by its Function,
+    /// or holding a flag the operator never writes: refused under the Function's name, so
+    /// that the Function, if it served, serves on as it was (`Pool::apply`).
+    #[test]
+    fn an_entry_not_owned_by_its_function_or_with_a_foreign_flag_is_refused_naming_why() {
+        let own = entry_configmap("victim", &entry("victim", 20001), "2024-05-01T10:00:00Z");
+        let unowned = changed(&own, |json| json["metadata"]["ownerReferences"] = serde_json::json!([]));
+        let (name, row) = row_of(&unowned);
+        assert_eq!(name, "victim");
+        let why = row.entry.unwrap_err();
+        assert!(why.contains("not controlled by Function victim"), "{why}");
+        let not_controller = changed(&own, |json| {
+            json["metadata"]["ownerReferences"][0]["controller"] = false.into();
+        });
+        assert!(row_of(&not_controller).1.entry.is_err());
+
+        for (flag, value) in [
+            ("--env", "GREETING=forged"),
+            ("--outbound-ca", "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"),
+            ("--module", "/tmp/native.wasm"),
+        ] {
+            let foreign = changed(&own, |json| {
+                let mut entry = entry("victim", 20001);
+                entry["args"]
+                    .as_array_mut()
+                    .unwrap()
+                    .extend([flag.into(), value.into()]);
+                json["data"][ENTRY_KEY] = entry.to_string().into();
+            });
+            let (name, row) = row_of(&foreign);
+            assert_eq!(name, "victim");
+            let why = row.entry.unwrap_err();
+            assert!(why.contains(flag) || why.contains(value), "{flag}: {why}");
+        }
+        let other_function = changed(&own, |json| {
+            json["data"][ENTRY_KEY] = entry("other", 20001).to_string().into();
+        });
+        let why = row_of(&other_function).1.entry.unwrap_err();
+        assert!(why.contains("Function other's chunks"), "{why}");
     }
 }

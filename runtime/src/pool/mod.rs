@@ -8,9 +8,11 @@
 //! pool with nothing but a target port.
 
 pub mod api;
+pub mod quarantine;
 pub mod references;
 pub mod source;
 pub mod table;
+pub mod trust;
 
 use crate::config::Config;
 use crate::edge::Listeners;
@@ -22,9 +24,9 @@ use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
-use std::time::Duration;
-use table::{Entry, Table};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::time::{Duration, Instant};
+use table::{Entry, Row, Table};
 use tokio::sync::watch;
 
 /// One Function as `GET /pool` on the admin port shows it.
@@ -52,8 +54,18 @@ pub struct Pool {
     budget: u64,
     load_ahead: bool,
     by_port: RwLock<HashMap<u16, Arc<Tenant>>>,
+    /// By the address of the listener that serves it: what a connection is bound to when
+    /// it is accepted ([`crate::edge::AcceptedOn`]), so that it reaches the Function that
+    /// held that listener, or nobody, whoever has the port since.
+    by_listener: RwLock<HashMap<usize, Arc<Tenant>>>,
     /// By Function name in the table.
     held: Mutex<HashMap<String, Held>>,
+    /// The last table applied, applied again when a port's quarantine ends.
+    table: Mutex<Table>,
+    /// Ports recently left, not yet given to another Function.
+    quarantine: Mutex<quarantine::PortQuarantine>,
+    /// When the table is next applied again for an entry waiting for its port.
+    reapply_at: Mutex<Option<Instant>>,
     listeners: watch::Sender<Listeners>,
     /// Each table entry's last problem (and its port, when it says one), logged once
     /// rather than every sync, and shown by [`Pool::status`].
@@ -85,7 +97,11 @@ impl Pool {
             budget: config.pool_memory_budget,
             load_ahead: config.pool_load_ahead,
             by_port: Default::default(),
+            by_listener: Default::default(),
             held: Default::default(),
+            table: Default::default(),
+            quarantine: Mutex::new(quarantine::PortQuarantine::new(quarantine::PORT_QUARANTINE)),
+            reapply_at: Default::default(),
             listeners,
             reported: Default::default(),
             table_read: AtomicBool::new(false),
@@ -97,6 +113,12 @@ impl Pool {
     /// The Function served on `port`.
     pub fn tenant(&self, port: u16) -> Option<Arc<Tenant>> {
         self.by_port.read().unwrap().get(&port).cloned()
+    }
+
+    /// The Function a connection was accepted for, while its listener serves it: `None`
+    /// once that Function left the pool (or its port), whoever holds the port since.
+    pub fn tenant_on(&self, accepted: &crate::edge::AcceptedOn) -> Option<Arc<Tenant>> {
+        self.by_listener.read().unwrap().get(&accepted.key()).cloned()
     }
 
     /// Functions the table names and the pool serves.
@@ -115,107 +137,205 @@ impl Pool {
 
     /// Brings the pool in line with `table`, the whole of it: new Functions get a port
     /// (nothing loads until a request comes), changed ones are replaced (requests in
-    /// flight finish on the old), removed ones are unloaded and their port closed. An
-    /// entry that cannot be used is logged, and if it served before, its Function keeps
-    /// serving as it was.
+    /// flight finish on the old), removed ones are unloaded and their port closed, with
+    /// the connections made to it. An entry that cannot be used is logged, and if it
+    /// served before, its Function keeps serving as it was.
     pub fn apply(self: &Arc<Self>, table: Table) {
+        let held = self.held.lock().unwrap();
+        *self.table.lock().unwrap() = table;
+        self.sync(held);
+    }
+
+    /// Applies the last table again: an entry that waited for its port may have it now.
+    fn reapply(self: &Arc<Self>) {
+        self.sync(self.held.lock().unwrap());
+    }
+
+    /// [`Pool::apply`]'s work, on the last table, with `held` locked throughout so that a
+    /// re-application never runs on a table older than one applied meanwhile.
+    fn sync(self: &Arc<Self>, mut held: MutexGuard<'_, HashMap<String, Held>>) {
+        let table = self.table.lock().unwrap().clone();
         self.reported.lock().unwrap().retain(|name, _| table.contains_key(name));
-        let mut held = self.held.lock().unwrap();
+        let now = Instant::now();
         let mut changed = false;
-        let mut joined = Vec::new();
         held.retain(|name, old| {
             let keep = table.contains_key(name);
             if !keep {
                 tracing::info!(function = %old.tenant.function, port = old.entry.port, "removed from the pool");
-                self.forget(old);
+                self.release(name, old, now);
                 changed = true;
             }
             keep
         });
-        for (name, row) in table {
-            let origin = row.origin;
-            let entry = match row.entry {
-                Ok(entry) => entry,
-                Err(problem) => {
-                    self.report(&name, format!("{origin}: {problem}"), None);
-                    continue;
-                }
-            };
-            if let Some(old) = held
-                .get_mut(&name)
-                .filter(|old| old.entry != entry && old.entry.same_but_route(&entry))
-            {
-                // Only where the Service routes changed: the loaded Function serves on.
-                old.tenant
-                    .served_by_pods
-                    .store(entry.served_by_pods, std::sync::atomic::Ordering::Relaxed);
-                tracing::info!(
-                    function = %old.tenant.function,
-                    port = entry.port,
-                    served_by_pods = entry.served_by_pods,
-                    "the Function's Service moved"
-                );
-                old.entry = entry;
-                self.reported.lock().unwrap().remove(&name);
-                continue;
-            }
-            if held.get(&name).is_some_and(|old| old.entry == entry) {
-                // Back to what serves (after a bad change, say): nothing is wrong any more.
-                self.reported.lock().unwrap().remove(&name);
-                continue;
-            }
-            let taken = held
-                .iter()
-                .find(|(other, held)| **other != name && held.entry.port == entry.port);
-            if let Some((other, _)) = taken {
-                self.report(
-                    &name,
-                    format!("{origin}: port {} is {other}'s already", entry.port),
-                    Some(entry.port),
-                );
-                continue;
-            }
-            let reused = held.get(&name).filter(|old| old.entry.port == entry.port);
-            let listener = match reused {
-                Some(old) => Ok(old.listener.clone()),
-                None => self.listen(entry.port),
-            };
-            let added = listener.and_then(|listener| {
-                let tenant = self.tenant_for(&entry)?;
-                tenant
-                    .served_by_pods
-                    .store(entry.served_by_pods, std::sync::atomic::Ordering::Relaxed);
-                Ok(Held {
-                    entry: entry.clone(),
-                    tenant: Arc::new(tenant),
-                    listener,
-                })
-            });
-            match added {
-                Ok(new) => {
-                    tracing::info!(function = %new.tenant.function, port = entry.port, "serving from the pool");
-                    joined.push(new.tenant.clone());
-                    if let Some(old) = held.insert(name.clone(), new) {
-                        self.forget(&old);
-                    }
-                    self.reported.lock().unwrap().remove(&name);
-                    changed = true;
-                }
-                Err(problem) => self.report(&name, format!("{origin}: {problem}"), Some(entry.port)),
+        let mut joined = Vec::new();
+        for (name, row) in by_claim(table) {
+            if let Some(tenant) = self.place(&mut held, &name, row, now) {
+                joined.push(tenant);
+                changed = true;
             }
         }
-        let by_port: HashMap<u16, Arc<Tenant>> = held
+        let by_port = held
             .values()
             .map(|held| (held.entry.port, held.tenant.clone()))
             .collect();
+        let by_listener = held
+            .values()
+            .map(|held| (Arc::as_ptr(&held.listener).addr(), held.tenant.clone()))
+            .collect();
         let listeners: Vec<_> = held.values().map(|held| held.listener.clone()).collect();
         *self.by_port.write().unwrap() = by_port;
+        *self.by_listener.write().unwrap() = by_listener;
         drop(held);
         if changed {
             self.listeners.send_replace(Arc::new(listeners));
         }
         self.table_read.store(true, Ordering::SeqCst);
         self.warm(joined);
+    }
+
+    /// Brings `name`'s Function in line with its row: the tenant it is now served with,
+    /// when that is a new one.
+    fn place(
+        self: &Arc<Self>,
+        held: &mut HashMap<String, Held>,
+        name: &str,
+        row: Row,
+        now: Instant,
+    ) -> Option<Arc<Tenant>> {
+        let origin = row.origin;
+        let entry = match row.entry {
+            Ok(entry) => entry,
+            Err(problem) => {
+                self.report(name, format!("{origin}: {problem}"), None);
+                return None;
+            }
+        };
+        if let Some(old) = held
+            .get_mut(name)
+            .filter(|old| old.entry != entry && old.entry.same_but_route(&entry))
+        {
+            // Only where the Service routes changed: the loaded Function serves on.
+            old.tenant.served_by_pods.store(entry.served_by_pods, Ordering::Relaxed);
+            tracing::info!(
+                function = %old.tenant.function,
+                port = entry.port,
+                served_by_pods = entry.served_by_pods,
+                "the Function's Service moved"
+            );
+            old.entry = entry;
+            self.reported.lock().unwrap().remove(name);
+            return None;
+        }
+        if held.get(name).is_some_and(|old| old.entry == entry) {
+            // Back to what serves (after a bad change, say): nothing is wrong any more.
+            self.reported.lock().unwrap().remove(name);
+            return None;
+        }
+        if let Some(problem) = self.port_problem(held, name, entry.port, now) {
+            self.report(name, format!("{origin}: {problem}"), Some(entry.port));
+            return None;
+        }
+        // The same Function on the same port keeps its listener, and so the connections
+        // made to it: an edit reaches them at their next request, and drops none.
+        let reused = held.get(name).filter(|old| old.entry.port == entry.port);
+        let listener = match reused {
+            Some(old) => Ok(old.listener.clone()),
+            None => self.listen(entry.port),
+        };
+        let added = listener.and_then(|listener| {
+            let tenant = self.tenant_for(&entry)?;
+            tenant.served_by_pods.store(entry.served_by_pods, Ordering::Relaxed);
+            Ok(Held {
+                entry: entry.clone(),
+                tenant: Arc::new(tenant),
+                listener,
+            })
+        });
+        match added {
+            Ok(new) => {
+                tracing::info!(function = %new.tenant.function, port = entry.port, "serving from the pool");
+                let tenant = new.tenant.clone();
+                if let Some(old) = held.insert(name.to_string(), new) {
+                    if old.entry.port == entry.port {
+                        self.forget(&old);
+                    } else {
+                        self.release(name, &old, now);
+                    }
+                }
+                self.reported.lock().unwrap().remove(name);
+                Some(tenant)
+            }
+            Err(problem) => {
+                self.report(name, format!("{origin}: {problem}"), Some(entry.port));
+                None
+            }
+        }
+    }
+
+    /// Why `name` cannot have `port` now: another Function holds it (the one that held it
+    /// first keeps it), or left it too recently ([`quarantine`]).
+    fn port_problem(
+        self: &Arc<Self>,
+        held: &HashMap<String, Held>,
+        name: &str,
+        port: u16,
+        now: Instant,
+    ) -> Option<String> {
+        if let Some((other, _)) = held
+            .iter()
+            .find(|(other, held)| *other != name && held.entry.port == port)
+        {
+            return Some(format!(
+                "port {port} is {other}'s already: the Function that held it first keeps it; give this one another port"
+            ));
+        }
+        let mut quarantine = self.quarantine.lock().unwrap();
+        let wait = quarantine.wait(port, name, now)?;
+        let period = quarantine.period();
+        drop(quarantine);
+        self.reapply_after(wait.remaining);
+        Some(format!(
+            "port {port} was Function {}'s until {:.0}s ago, and a port is not given to another Function for {}s, so that none of its clients reaches this one: it is served on that port in {}s",
+            wait.previous,
+            (period - wait.remaining).as_secs_f64(),
+            period.as_secs(),
+            wait.remaining.as_secs_f64().ceil(),
+        ))
+    }
+
+    /// Applies the table again once `wait` has passed (one timer for the earliest wait).
+    fn reapply_after(self: &Arc<Self>, wait: Duration) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let at = Instant::now() + wait;
+        {
+            let mut pending = self.reapply_at.lock().unwrap();
+            if pending.is_some_and(|pending| pending <= at) {
+                return;
+            }
+            *pending = Some(at);
+        }
+        let pool = Arc::downgrade(self);
+        runtime.spawn(async move {
+            tokio::time::sleep_until(at.into()).await;
+            let Some(pool) = Weak::upgrade(&pool) else { return };
+            {
+                let mut pending = pool.reapply_at.lock().unwrap();
+                if *pending == Some(at) {
+                    *pending = None;
+                }
+            }
+            pool.reapply();
+        });
+    }
+
+    /// `old` no longer serves: its port and the connections made to it close (the edge
+    /// closes each connection once its listener is gone), and the port waits before
+    /// another Function may have it.
+    fn release(&self, name: &str, old: &Held, now: Instant) {
+        self.quarantine.lock().unwrap().free(old.entry.port, name, now);
+        self.forget(old);
     }
 
     /// Loads Functions new to the table in the background, one at a time, while the loaded
@@ -399,5 +519,115 @@ impl Pool {
             .values()
             .filter(|tenant| !Arc::ptr_eq(tenant, except) && tenant.handler.load().is_some())
             .count()
+    }
+}
+
+/// The table in the order its entries claim ports: the oldest claim first (a ConfigMap's
+/// creation time), then those that say none (files), each group by name.
+fn by_claim(table: Table) -> Vec<(String, Row)> {
+    let mut rows: Vec<(String, Row)> = table.into_iter().collect();
+    // Stable: names stay in order within one time.
+    rows.sort_by_key(|(_, row)| (row.claimed_since.is_none(), row.claimed_since.clone()));
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    /// A pool loading nothing ahead, its ports quarantined for `quarantine`.
+    fn pool(quarantine: Duration) -> Arc<Pool> {
+        // `--pool` as the pool itself is started; its table comes from the tests instead.
+        let args = [
+            "--pool",
+            "/nonexistent",
+            "--bind",
+            "127.0.0.1",
+            "--pool-load-ahead",
+            "false",
+        ]
+        .map(String::from);
+        let config = Config::for_pooled_function(&args).unwrap();
+        let engine = EngineHost::new(&RequestLimits::from_config(&config), None).unwrap();
+        let metrics = Arc::new(Metrics::new_pool("pool"));
+        let (pool, _) = Pool::new(engine, metrics, &config, 1);
+        *pool.quarantine.lock().unwrap() = quarantine::PortQuarantine::new(quarantine);
+        pool
+    }
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    /// `function` on `port`, its entry first written at `claimed_since` (RFC 3339).
+    fn row(function: &str, port: u16, claimed_since: Option<&str>) -> Row {
+        let entry = serde_json::json!({"port": port, "args": ["--function", function, "--module", "/m.wasm"]});
+        Row {
+            origin: format!("ConfigMap {function}-pool"),
+            entry: table::parse_entry(entry.to_string().as_bytes()),
+            claimed_since: claimed_since.map(|time| Time(time.parse().unwrap())),
+        }
+    }
+
+    fn table(rows: impl IntoIterator<Item = (&'static str, Row)>) -> Table {
+        rows.into_iter().map(|(name, row)| (name.to_string(), row)).collect()
+    }
+
+    /// When the pool starts, nobody holds a port yet: of two entries claiming one, the
+    /// one written first gets it, whichever name sorts first (a forged `a-pool` did).
+    #[test]
+    fn of_two_new_entries_for_one_port_the_older_claim_gets_it() {
+        let pool = pool(Duration::from_secs(30));
+        let port = free_port();
+        pool.apply(table([
+            ("a", row("a", port, Some("2024-05-02T00:00:00Z"))),
+            ("victim", row("victim", port, Some("2024-05-01T00:00:00Z"))),
+        ]));
+        let status = pool.status();
+        assert!(status["victim"].listening, "{status:?}");
+        assert!(!status["a"].listening, "{status:?}");
+        let error = status["a"].error.clone().unwrap_or_default();
+        assert!(error.contains(&format!("port {port} is victim's already")), "{error}");
+        assert_eq!(pool.tenant(port).unwrap().function.as_ref(), "victim");
+    }
+
+    /// Door 4 of issue 38: a port one Function left is not given to another at once, and
+    /// `/pool` says why; once the quarantine is over, the waiting entry is served without
+    /// any change to the table.
+    #[tokio::test]
+    async fn a_port_left_by_one_function_waits_before_another_has_it() {
+        let quarantine = Duration::from_millis(300);
+        let pool = pool(quarantine);
+        let port = free_port();
+        pool.apply(table([("a", row("a", port, None))]));
+        assert!(pool.status()["a"].listening);
+
+        pool.apply(table([("b", row("b", port, None))]));
+        let waiting = pool.status()["b"].clone();
+        assert!(!waiting.listening, "{waiting:?}");
+        assert_eq!(waiting.port, port);
+        let error = waiting.error.unwrap_or_default();
+        assert!(error.contains("was Function a's"), "{error}");
+        assert!(pool.tenant(port).is_none(), "nobody serves the port meanwhile");
+
+        tokio::time::sleep(quarantine + Duration::from_millis(200)).await;
+        let served = pool.status()["b"].clone();
+        assert!(served.listening && served.error.is_none(), "{served:?}");
+        assert_eq!(pool.tenant(port).unwrap().function.as_ref(), "b");
+    }
+
+    #[test]
+    fn the_function_that_left_a_port_comes_back_to_it_at_once() {
+        let pool = pool(Duration::from_secs(30));
+        let port = free_port();
+        pool.apply(table([("a", row("a", port, None))]));
+        pool.apply(Table::new());
+        pool.apply(table([("a", row("a", port, None))]));
+        assert!(pool.status()["a"].listening);
     }
 }

@@ -4,6 +4,7 @@
 //! One bad entry costs only its own Function.
 
 use k8s_openapi::api::core::v1::{EnvFromSource, EnvVar};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -75,6 +76,11 @@ pub enum TableError {
 pub struct Row {
     pub origin: String,
     pub entry: Result<Entry, String>,
+    /// When its writer first claimed the port (a ConfigMap's creation, which an edit does
+    /// not move): of two entries naming one port that neither holds yet, as when the pool
+    /// starts, the older gets it, so an entry written later cannot take a port by its name
+    /// sorting first. `None` (a file) comes after any time, then names decide.
+    pub claimed_since: Option<Time>,
 }
 
 /// The table by Function name (a file's name without `.json`; a ConfigMap's function label).
@@ -111,6 +117,7 @@ pub fn read(dir: &Path) -> Result<Table, TableError> {
             Row {
                 origin: format!("{name}.json"),
                 entry: parsed,
+                claimed_since: None,
             },
         );
     }

@@ -8,10 +8,10 @@ use super::{at, eventually, metrics};
 use crate::support::*;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use wasmless_artifact::{Digest, Part};
+use wasmless_artifact::{Digest, Part, annotations};
 
 const SELECTOR: &str = "wasmless.io/component=pool-entry";
 
@@ -66,11 +66,16 @@ impl TestNamespace {
             .unwrap_or_else(|error| panic!("writing ConfigMap {name}: {error}"));
     }
 
-    /// The chunk ConfigMaps of `function`'s `part`, named and keyed as the builder writes them.
+    /// The chunk ConfigMaps of `function`'s `part`, named, keyed and annotated as the builder
+    /// writes them.
     async fn write_chunks(&self, function: &str, source_digest: &Digest, part: Part, chunks: &[Vec<u8>]) {
         for (index, chunk) in chunks.iter().enumerate() {
             let mut configmap = ConfigMap::default();
             configmap.metadata.name = Some(part.configmap_name(function, source_digest, index));
+            configmap.metadata.annotations = Some(BTreeMap::from([
+                (annotations::CHUNK_COUNT.to_string(), chunks.len().to_string()),
+                (annotations::CHUNK_INDEX.to_string(), index.to_string()),
+            ]));
             configmap.binary_data = Some(BTreeMap::from([(
                 part.configmap_key().to_string(),
                 ByteString(chunk.clone()),
@@ -79,23 +84,61 @@ impl TestNamespace {
         }
     }
 
-    /// `<function>-pool`, the pool's entry for `function`, as the operator writes it.
-    async fn write_entry(&self, function: &str, port: u16, args: &[String]) {
-        let entry = serde_json::json!({ "port": port, "args": args });
+    /// `<function>-pool`, the pool's entry for `function`, as the operator writes it: the
+    /// handler's `GREETING` in the entry's `env`, where the operator puts a Function's
+    /// variables (an entry's args hold no `--env`).
+    async fn write_entry(&self, function: &str, port: u16, args: &[String], greeting: Option<&str>) {
+        let mut entry = serde_json::json!({ "port": port, "args": args });
+        if let Some(greeting) = greeting {
+            entry["env"] = serde_json::json!([{"name": "WASMLESS_HANDLER_ENV_GREETING", "value": greeting}]);
+        }
         self.write_raw_entry(function, &entry.to_string()).await;
     }
 
+    /// An entry ConfigMap as the operator writes it: named after its Function, labelled,
+    /// and controlled by the Function (the pool serves no other).
     async fn write_raw_entry(&self, function: &str, entry_json: &str) {
+        let owner = self.function_owner(function).await;
         self.apply(serde_json::json!({
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {
                 "name": format!("{function}-pool"),
                 "labels": {"wasmless.io/component": "pool-entry", "wasmless.io/function": function},
+                "ownerReferences": [owner],
             },
             "data": {"entry.json": entry_json},
         }))
         .await;
+    }
+
+    /// The ownerReference of Function `function` in this namespace, made for it. Where the
+    /// cluster has the Function CRD, the Function is created (no operator runs here, so it
+    /// only sits there): the garbage collector deletes an object whose owner it cannot
+    /// find. Without the CRD, the collector cannot look the owner up, and leaves the entry.
+    async fn function_owner(&self, function: &str) -> serde_json::Value {
+        let resource = ApiResource {
+            group: "wasmless.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "wasmless.io/v1alpha1".into(),
+            kind: "Function".into(),
+            plural: "functions".into(),
+        };
+        let functions: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.name, &resource);
+        let made = DynamicObject::new(function, &resource)
+            .data(serde_json::json!({"spec": {"language": "wat", "source": "(module)"}}));
+        let uid = match functions.create(&PostParams::default(), &made).await {
+            Ok(created) => created.metadata.uid,
+            Err(kube::Error::Api(response)) if response.code == 409 => {
+                functions.get(function).await.ok().and_then(|found| found.metadata.uid)
+            }
+            Err(_) => None,
+        };
+        serde_json::json!({
+            "apiVersion": "wasmless.io/v1alpha1", "kind": "Function", "name": function,
+            "uid": uid.unwrap_or_else(|| "00000000-0000-4000-8000-000000000000".into()),
+            "controller": true, "blockOwnerDeletion": true,
+        })
     }
 
     /// Writes (or overwrites) a Secret of text values.
@@ -250,7 +293,7 @@ async fn real_api_pool_serves_functions_as_their_configmaps_come_change_and_go()
     let port = free_port();
     let written = Instant::now();
     namespace
-        .write_entry("echo", port, &built.args("echo", &["--env", "GREETING=first"]))
+        .write_entry("echo", port, &built.args("echo", &[]), Some("first"))
         .await;
     eventually("the new Function answers", || async {
         greeting(port).await.as_deref() == Some("first")
@@ -272,7 +315,7 @@ async fn real_api_pool_serves_functions_as_their_configmaps_come_change_and_go()
 
     // Changed: the new arguments apply.
     namespace
-        .write_entry("echo", port, &built.args("echo", &["--env", "GREETING=second"]))
+        .write_entry("echo", port, &built.args("echo", &[]), Some("second"))
         .await;
     eventually("the changed Function answers with its new env", || async {
         greeting(port).await.as_deref() == Some("second")
@@ -294,7 +337,7 @@ async fn real_api_pool_serves_functions_as_their_configmaps_come_change_and_go()
         "--module-digest".to_string(),
         built.module_digest.to_string(),
     ];
-    namespace.write_entry("tampered", tampered_port, &args).await;
+    namespace.write_entry("tampered", tampered_port, &args, None).await;
     eventually("the tampered Function's port is open", || async {
         answers(tampered_port, "/").await.is_some()
     })
@@ -463,4 +506,70 @@ async fn real_api_pool_gives_a_function_its_secrets_and_configmaps_values_and_re
         greeting(waiting).await.as_deref() == Some("at last")
     })
     .await;
+}
+
+/// Door 1 of issue 38, the pool's side: whoever may write ConfigMaps in the namespace
+/// forges entries (a copy of the victim's under another name, one on the victim's port
+/// with no owner) and rewrites the victim's with a flag the operator never writes. None
+/// is served, each says why on `/pool`, and the victim answers on with its own body.
+#[tokio::test]
+async fn real_api_pool_serves_no_forged_entry_and_the_victim_answers_on() {
+    let namespace = TestNamespace::new("pool-forged").await;
+    let built = Built::echo();
+    built.write(&namespace, "victim").await;
+    let pool = namespace.start_pool(&namespace.kubeconfig);
+    eventually("the pool is ready once it has listed its ConfigMaps", || ready(&pool)).await;
+    let port = free_port();
+    let args = built.args("victim", &[]);
+    namespace.write_entry("victim", port, &args, Some("victim's")).await;
+    eventually("the victim answers", || async {
+        greeting(port).await.as_deref() == Some("victim's")
+    })
+    .await;
+
+    let forged = serde_json::json!({"port": port, "args": args,
+        "env": [{"name": "WASMLESS_HANDLER_ENV_GREETING", "value": "forged"}]});
+    let owner = namespace.function_owner("victim").await;
+    for (name, labels, owners) in [
+        // Sorts before victim-pool: it used to become the victim's entry.
+        (
+            "a-pool",
+            serde_json::json!({"wasmless.io/component": "pool-entry", "wasmless.io/function": "victim"}),
+            serde_json::json!([owner]),
+        ),
+        (
+            "thief-pool",
+            serde_json::json!({"wasmless.io/component": "pool-entry", "wasmless.io/function": "thief"}),
+            serde_json::json!([]),
+        ),
+    ] {
+        namespace
+            .apply(serde_json::json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "labels": labels, "ownerReferences": owners},
+                "data": {"entry.json": forged.to_string()},
+            }))
+            .await;
+    }
+    let mut foreign = args.clone();
+    foreign.extend([
+        "--outbound-ca".to_string(),
+        "/etc/ssl/certs/ca-certificates.crt".to_string(),
+    ]);
+    namespace.write_entry("victim", port, &foreign, Some("forged")).await;
+
+    eventually("/pool names every forgery", || async {
+        let status = pool_status(&pool).await;
+        let error = |key: &str| status[key]["error"].as_str().unwrap_or_default().to_string();
+        error("ConfigMap a-pool").contains("which is victim-pool")
+            && error("thief").contains("not controlled by Function thief")
+            && error("victim").contains("--outbound-ca")
+    })
+    .await;
+    for _ in 0..5 {
+        assert_eq!(greeting(port).await.as_deref(), Some("victim's"));
+    }
+    let status = pool_status(&pool).await;
+    assert_eq!(status["victim"]["listening"], true, "{status}");
+    assert_eq!(status["thief"]["listening"], false, "{status}");
 }

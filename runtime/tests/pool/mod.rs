@@ -6,6 +6,8 @@ mod api;
 
 use crate::support::*;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use wasmless_artifact::Digest;
 
@@ -287,6 +289,47 @@ async fn the_admin_port_says_which_functions_are_live_and_why_one_is_not() {
     assert!(error.contains("digest mismatch"), "{after}");
 }
 
+/// The network (the operator, and any pod: here a client on 127.0.0.6, where Istio's
+/// sidecar relays from) is told which Functions listen on which port and nothing else;
+/// why one fails, and what is loaded, only a client inside the pod (127.0.0.1) is told.
+#[tokio::test]
+async fn the_network_learns_from_pool_only_which_functions_listen_where() {
+    let table = tempfile::tempdir().unwrap();
+    let (live, broken) = (free_port(), free_port());
+    add_function(table.path(), "live", live, &rust_echo(), &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let tampered = dir.path().join("tampered.wasm");
+    std::fs::copy(rust_echo(), &tampered).unwrap();
+    add_function(table.path(), "tampered", broken, &tampered, &[]);
+    std::fs::write(&tampered, b"\0asm\x01\0\0\0").unwrap();
+    std::fs::write(table.path().join("junk.json"), "{").unwrap();
+    let pool = Runtime::start_pool(table.path(), &[]);
+    assert_eq!(get(at(broken, "/hello")).await.0, 503);
+
+    let from = |local: &str| {
+        let client = reqwest::Client::builder()
+            .local_address(local.parse::<std::net::IpAddr>().unwrap())
+            .build()
+            .unwrap();
+        let url = pool.admin_url("/pool");
+        async move { client.get(url).send().await.unwrap().text().await.unwrap() }
+    };
+    let network: serde_json::Value = serde_json::from_str(&from("127.0.0.6").await).unwrap();
+    assert_eq!(
+        network,
+        serde_json::json!({"functions": {
+            "live": {"port": live, "listening": true},
+            "tampered": {"port": broken, "listening": true},
+        }}),
+        "what the operator asks, no more"
+    );
+    let inside = from("127.0.0.1").await;
+    assert!(
+        inside.contains("digest mismatch") && inside.contains("junk.json"),
+        "{inside}"
+    );
+}
+
 /// A Function that joins the table is loaded before any request while the budget has room
 /// (`--pool-load-ahead`, the default), so its first request does not wait for its code.
 /// Sets `servedByPods` in `name`'s entry, as the operator does when the Function's Service
@@ -370,4 +413,159 @@ async fn a_new_function_is_loaded_ahead_of_its_first_request() {
     };
     assert!(loaded.await, "early was not loaded ahead of a request");
     assert_eq!(get(at(port, "/hello")).await.0, 200);
+}
+
+/// One connection kept open to a port, as a keep-alive client holds it.
+struct KeptConnection {
+    sender: hyper::client::conn::http1::SendRequest<String>,
+    ended: tokio::task::JoinHandle<()>,
+}
+
+impl KeptConnection {
+    async fn open(port: u16) -> Self {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let (sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+        let ended = tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Self { sender, ended }
+    }
+
+    /// The body of `GET path` on this connection, or `None` once it is closed.
+    async fn get(&mut self, path: &str) -> Option<String> {
+        self.sender.ready().await.ok()?;
+        let request = http::Request::get(path)
+            .header(http::header::HOST, "pool")
+            .body(String::new())
+            .unwrap();
+        let response = self.sender.send_request(request).await.ok()?;
+        let body = http_body_util::BodyExt::collect(response.into_body()).await.ok()?;
+        Some(String::from_utf8_lossy(&body.to_bytes()).into_owned())
+    }
+
+    /// Whether the server closes it within `within`.
+    async fn closed_within(&mut self, within: Duration) -> bool {
+        tokio::time::timeout(within, &mut self.ended).await.is_ok()
+    }
+}
+
+/// A module whose every answer is `body`, in `dir`.
+fn answering(dir: &Path, body: &str) -> std::path::PathBuf {
+    let name = format!("{}.wasm", body.replace(' ', "-"));
+    write_module(dir, &name, &cgi_wat(&format!("Status: 200\r\n\r\n{body}"))).0
+}
+
+async fn pool_functions(pool: &Runtime) -> serde_json::Value {
+    let (status, body) = get(pool.admin_url("/pool")).await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str::<serde_json::Value>(&body).unwrap()["functions"].clone()
+}
+
+/// Door 4 of issue 38: a client keeping its connection to Function A, A removed and B
+/// given A's port. A's connection is closed (it never reaches B), and B waits before it
+/// gets the port (a new connection meanwhile is refused, not answered by B), with `/pool`
+/// saying why.
+#[tokio::test]
+async fn a_removed_functions_connections_close_and_the_next_function_on_its_port_waits() {
+    let (table, modules) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let port = free_port();
+    add_function(table.path(), "a", port, &answering(modules.path(), "from a"), &[]);
+    let pool = Runtime::start_pool(table.path(), &[]);
+    let mut kept = KeptConnection::open(port).await;
+    assert_eq!(kept.get("/").await.as_deref(), Some("from a"));
+    assert_eq!(kept.get("/").await.as_deref(), Some("from a"), "kept alive");
+
+    std::fs::remove_file(table.path().join("a.json")).unwrap();
+    add_function(table.path(), "b", port, &answering(modules.path(), "from b"), &[]);
+    eventually("B's entry waits for A's port", || async {
+        let b = &pool_functions(&pool).await["b"];
+        b["error"]
+            .as_str()
+            .is_some_and(|error| error.contains("was Function a's"))
+    })
+    .await;
+    let b = pool_functions(&pool).await["b"].clone();
+    assert_eq!(b["listening"], false, "{b}");
+    assert_eq!(b["port"], port, "{b}");
+
+    assert!(
+        kept.closed_within(Duration::from_secs(5)).await,
+        "A's keep-alive connection was left open"
+    );
+    assert_eq!(kept.get("/").await, None, "A's connection reached another Function");
+    assert!(
+        tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err(),
+        "a new connection during the quarantine was accepted"
+    );
+    pool.wait_for_log(&["removed from the pool", "\"function\":\"a\""]);
+}
+
+/// An edit of a Function (new digests on the same port) is seamless: its keep-alive
+/// connections stay open and get the new module at their next request, and a client
+/// calling all along sees no failure.
+#[tokio::test]
+async fn an_edit_keeps_the_functions_connections_which_get_the_new_module() {
+    let (table, modules) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let port = free_port();
+    add_function(table.path(), "a", port, &answering(modules.path(), "first"), &[]);
+    let pool = Runtime::start_pool(table.path(), &[]);
+    let mut kept = KeptConnection::open(port).await;
+    assert_eq!(kept.get("/").await.as_deref(), Some("first"));
+
+    let calling = Arc::new(AtomicBool::new(true));
+    let caller = tokio::spawn({
+        let calling = calling.clone();
+        async move {
+            let client = client();
+            let mut failures = Vec::new();
+            while calling.load(Ordering::Relaxed) {
+                match client.get(at(port, "/")).send().await {
+                    Ok(response) if response.status() == 200 => {}
+                    other => failures.push(format!("{other:?}")),
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            failures
+        }
+    });
+    add_function(table.path(), "a", port, &answering(modules.path(), "second"), &[]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = kept.get("/").await;
+        let answer = answer.expect("the edit closed a connection of its own Function");
+        if answer == "second" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the kept connection still answers {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    calling.store(false, Ordering::Relaxed);
+    let failures = caller.await.unwrap();
+    assert!(failures.is_empty(), "requests failed during the edit: {failures:?}");
+    assert_eq!(pool_functions(&pool).await["a"]["error"], serde_json::Value::Null);
+}
+
+/// An entry naming a port another Function holds is refused and reported; the Function
+/// that held the port first keeps it, and its clients get its own answers.
+#[tokio::test]
+async fn an_entry_on_a_port_another_function_holds_is_refused_and_the_holder_answers_on() {
+    let (table, modules) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let port = free_port();
+    add_function(table.path(), "victim", port, &answering(modules.path(), "victim"), &[]);
+    let pool = Runtime::start_pool(table.path(), &[]);
+    assert_eq!(get(at(port, "/")).await.1, "victim");
+
+    // Sorts first by name, as the forged entry of issue 38 did.
+    add_function(table.path(), "a-thief", port, &answering(modules.path(), "thief"), &[]);
+    pool.wait_for_log(&["a-thief.json", &format!("port {port} is victim's already")]);
+    for _ in 0..5 {
+        assert_eq!(get(at(port, "/")).await.1, "victim");
+    }
+    let thief = pool_functions(&pool).await["a-thief"].clone();
+    assert_eq!(thief["listening"], false, "{thief}");
 }

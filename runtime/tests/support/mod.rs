@@ -236,14 +236,21 @@ impl Runtime {
         Self::spawn(command)
     }
 
-    /// The runtime serving the pool table in `dir` (`--pool`), its admin port chosen by the OS;
-    /// Functions load on their first request unless `args` say `--pool-load-ahead true`.
+    /// The runtime serving the pool table in `dir` (`--pool`), its admin port chosen by the OS,
+    /// on loopback unless `args` say `--bind`; Functions load on their first request unless
+    /// `args` say `--pool-load-ahead true`.
     pub fn start_pool(dir: &Path, args: &[&str]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_wasmless-runtime"));
+        let bind: &[&str] = if args.contains(&"--bind") {
+            &[]
+        } else {
+            &["--bind", "127.0.0.1"]
+        };
         command
             .arg("--pool")
             .arg(dir)
-            .args(["--bind", "127.0.0.1", "--admin-port", "0"])
+            .args(bind)
+            .args(["--admin-port", "0"])
             .args(lazy_unless_told(args))
             .args(args)
             .env("RUST_LOG", "info");
