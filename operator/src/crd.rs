@@ -457,9 +457,13 @@ pub struct ConfigMapKeyRef {
     pub key: String,
 }
 
-/// A header the runtime adds to every call to `url`, its value read from a Secret.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+/// A header the runtime adds to every call to `url`, its value read from a Secret. Over
+/// https only, unless `allowInsecure` says otherwise: the value is a credential, and plain
+/// http hands it to anyone on the network path.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!self.url.startsWith('http://') || (has(self.allowInsecure) && self.allowInsecure)")
+    .message(INSECURE_HEADER_MESSAGE))]
 pub struct OutboundHeader {
     /// The destination, one of `allow` as written there, without a wildcard.
     #[schemars(length(max = 512), regex(pattern = OUTBOUND_URL_PATTERN))]
@@ -468,6 +472,20 @@ pub struct OutboundHeader {
     #[schemars(length(min = 1, max = 256), regex(pattern = HEADER_NAME_PATTERN))]
     pub name: String,
     pub value_from: SecretValueSource,
+    /// Send the header to an `http://` url too, its value in clear on the network: only
+    /// where the path is trusted (a mesh that encrypts between pods, a sidecar on the
+    /// node). Without it, a header for an `http://` url is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_insecure: Option<bool>,
+}
+
+const INSECURE_HEADER_MESSAGE: &str = "an outbound.headers[] url is http://, where the header's value would travel in clear: use https, or set allowInsecure: true on that header if the network path is trusted";
+
+impl OutboundHeader {
+    /// Whether this header would go over plain http without its entry saying so.
+    fn is_insecure(&self) -> bool {
+        self.url.starts_with("http://") && self.allow_insecure != Some(true)
+    }
 }
 
 /// A value from a Secret: a header has no value when the Secret is missing, so it is not optional.
@@ -853,8 +871,9 @@ impl FunctionSpec {
 }
 
 impl Outbound {
-    /// What the schema's patterns let through: a port past 65535, and one header given twice
-    /// for one destination (which of the two values would be sent?).
+    /// What the schema's patterns let through: a port past 65535, one header given twice
+    /// for one destination (which of the two values would be sent?), and a header for
+    /// plain http without `allowInsecure`.
     fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
         let urls = self.allow.iter().chain(self.headers.iter().map(|h| &h.url));
@@ -865,6 +884,14 @@ impl Outbound {
                 problems.push(format!("outbound URL {url} has port {port}, past 65535"));
             }
         }
+        // The CRD refuses these on a write; one stored before that rule existed is
+        // refused here, so its pods keep the Deployment they have.
+        problems.extend(
+            self.headers
+                .iter()
+                .filter(|header| header.is_insecure())
+                .map(|header| format!("{}: {INSECURE_HEADER_MESSAGE}", header.url)),
+        );
         for (index, header) in self.headers.iter().enumerate() {
             let repeated = self.headers[..index]
                 .iter()

@@ -120,7 +120,9 @@ pub async fn serve(
     let admin = tokio::spawn(
         axum::serve(
             admin_listener,
-            server::admin_router(metrics.clone(), readiness.clone(), pool_slot.clone()),
+            // The peer's address: `/pool` tells the network less than the pod itself.
+            server::admin_router(metrics.clone(), readiness.clone(), pool_slot.clone())
+                .into_make_service_with_connect_info::<SocketAddr>(),
         )
         .with_graceful_shutdown(async {
             let _ = admin_stopped.await;

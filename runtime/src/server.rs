@@ -33,7 +33,7 @@ pub struct FunctionState {
 pub enum Routes {
     /// A dedicated runtime: every request, whatever the port.
     Single(Arc<Tenant>),
-    /// The pool: the Function whose port the connection came in on.
+    /// The pool: the Function whose listener accepted the connection, while it serves.
     Pool(Arc<crate::pool::Pool>),
     /// Revisions of one Function: the one its tag names, or the next in its shares.
     Split(Arc<crate::split::Revisions>),
@@ -152,12 +152,13 @@ pub fn function_router(state: FunctionState) -> Router {
 async fn route(State(state): State<FunctionState>, mut request: Request, next: Next) -> Response {
     let tenant = match &state.routes {
         Routes::Single(tenant) => tenant.clone(),
-        Routes::Pool(pool) => match pool.tenant(local_port(&request).0) {
+        Routes::Pool(pool) => match bound_tenant(pool, &request) {
             Some(tenant) => tenant,
             None => {
                 return (
                     StatusCode::NOT_FOUND,
-                    "no function is served on this port (it was removed from the pool)\n",
+                    [(header::CONNECTION, "close")],
+                    "no function is served on this connection any more (it left the pool, or its port); connect again\n",
                 )
                     .into_response();
             }
@@ -189,6 +190,12 @@ async fn route(State(state): State<FunctionState>, mut request: Request, next: N
             .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
     }
     response
+}
+
+/// The pooled Function a request's connection is bound to: the one whose listener
+/// accepted it, never whoever has that port since.
+fn bound_tenant(pool: &crate::pool::Pool, request: &Request) -> Option<Arc<Tenant>> {
+    pool.tenant_on(request.extensions().get::<crate::edge::AcceptedOn>()?)
 }
 
 /// The server span of a request, following OpenTelemetry's HTTP conventions, continuing
@@ -473,11 +480,37 @@ pub fn admin_router(metrics: Arc<Metrics>, readiness: Readiness, pool: PoolSlot)
         )
         .route(
             "/pool",
-            get(move || async move {
+            get(move |ConnectInfo(peer): ConnectInfo<SocketAddr>| async move {
                 match pool.get() {
-                    Some(pool) => axum::Json(serde_json::json!({ "functions": pool.status() })).into_response(),
+                    Some(pool) => axum::Json(pool_answer(pool.status(), peer.ip())).into_response(),
                     None => (StatusCode::NOT_FOUND, "not a pool: this runtime serves one Function\n").into_response(),
                 }
             }),
         )
+}
+
+/// What `GET /pool` tells `peer`. The operator asks it only whether a Function listens on
+/// its port before routing the Function to the pool, and that is all the network is told
+/// (`{"functions": {"<name>": {"port": N, "listening": true}}}`): any pod of the cluster
+/// reaches the admin port (Prometheus must), and so does a pooled handler through a
+/// Function's Service, and neither should learn why a neighbour's entry or load failed
+/// (those messages name Secrets and registries) or which neighbours are loaded. The
+/// whole status goes to someone inside the pod (`kubectl port-forward`, `kubectl exec`),
+/// whose peer is exactly 127.0.0.1 or ::1: not the rest of 127.0.0.0/8, whence a mesh's
+/// sidecar relays everyone's requests (Istio's 127.0.0.6), and handlers cannot call the
+/// admin port on loopback (`outbound::policy`). The failures are in the log as well.
+fn pool_answer(
+    functions: std::collections::BTreeMap<String, crate::pool::FunctionStatus>,
+    peer: std::net::IpAddr,
+) -> serde_json::Value {
+    let peer = peer.to_canonical();
+    if peer == std::net::Ipv4Addr::LOCALHOST || peer == std::net::Ipv6Addr::LOCALHOST {
+        return serde_json::json!({ "functions": functions });
+    }
+    let listening: serde_json::Map<String, serde_json::Value> = functions
+        .into_iter()
+        .filter(|(_, status)| status.listening)
+        .map(|(name, status)| (name, serde_json::json!({ "port": status.port, "listening": true })))
+        .collect();
+    serde_json::json!({ "functions": listening })
 }

@@ -127,15 +127,16 @@ pub struct Split {
     next: AtomicUsize,
 }
 
-/// Why a request names no revision this process serves.
+/// Why a request names no revision this process serves. The Function's tags are not
+/// listed: a tag reaches a revision no share sends to (one not yet released), so a client
+/// who was not given it is not told it.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "no revision of {function} is tagged {tag:?} (its tags: {known}): ask with one of those in the {TAG_HEADER} header, or without it"
+    "no revision of {function} answers to the tag {tag:?} in the {TAG_HEADER} header: send the request without that header (it goes to the revisions by their shares of the traffic), or with a tag the Function's owner gave you"
 )]
 pub struct UnknownTag {
     function: Arc<str>,
     tag: String,
-    known: String,
 }
 
 impl Split {
@@ -167,15 +168,6 @@ impl Split {
                 None => Err(UnknownTag {
                     function: self.function.clone(),
                     tag: tag.into_owned(),
-                    known: match self.tags.is_empty() {
-                        true => "none".into(),
-                        false => self
-                            .tags
-                            .iter()
-                            .map(|(tag, _)| tag.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                    },
                 }),
             };
         }
@@ -435,6 +427,25 @@ mod tests {
             [50, 30, 20]
         );
         assert!(schedule(&[100, 0]).iter().all(|&index| index == 0));
+    }
+
+    #[test]
+    fn an_unknown_tag_is_refused_without_naming_the_known_ones() {
+        let targets = vec![target("hello-1", 100, None), target("hello-2", 0, Some("unreleased"))];
+        let traffic = Traffic::parse(&serde_json::Value::from(targets).to_string()).unwrap();
+        // No tenant is reached: an unknown tag is refused before any is chosen.
+        let split = Split::new("hello", &traffic, Vec::new());
+        let mut headers = http::HeaderMap::new();
+        headers.insert(TAG_HEADER, http::HeaderValue::from_static("guess"));
+        let Err(error) = split.choose(&headers) else {
+            panic!("an unknown tag chose a revision")
+        };
+        let text = error.to_string();
+        assert!(!text.contains("unreleased"), "{text}");
+        assert!(
+            text.contains("\"guess\"") && text.contains("without that header"),
+            "{text}"
+        );
     }
 
     #[test]

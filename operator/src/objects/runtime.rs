@@ -433,10 +433,12 @@ fn function_args(func: &Function) -> Vec<String> {
         for (index, header) in outbound.headers.iter().enumerate() {
             // The value is in the environment variable the runtime reads; the argument
             // names it, so no Secret value is ever written into the Deployment.
-            args.extend([
-                "--outbound-header".into(),
-                format!("{} {} {}", header.url, header.name, outbound_header_env(index)),
-            ]);
+            let mut flag = format!("{} {} {}", header.url, header.name, outbound_header_env(index));
+            if header.allow_insecure == Some(true) {
+                // The runtime's own opt-in: it sends no header over plain http without it.
+                flag.push_str(" allow-insecure");
+            }
+            args.extend(["--outbound-header".into(), flag]);
         }
     }
     args

@@ -302,8 +302,13 @@ fn crd_accepts_secrets_config_and_outbound_as_kubernetes_users_write_them() {
             "timeout": "2s",
             "maxResponseBody": "1Mi",
             "maxConcurrency": 8,
-            "headers": [{"url": "https://api.example.com", "name": "Authorization",
-                         "valueFrom": {"secretKeyRef": {"name": "api", "key": "bearer"}}}],
+            "headers": [
+                {"url": "https://api.example.com", "name": "Authorization",
+                 "valueFrom": {"secretKeyRef": {"name": "api", "key": "bearer"}}},
+                // Plain http, said so: a sidecar or a mesh the owner trusts.
+                {"url": "http://b:8080", "name": "X-Api-Key", "allowInsecure": true,
+                 "valueFrom": {"secretKeyRef": {"name": "api", "key": "key"}}},
+            ],
             "caBundle": {"configMapKeyRef": {"name": "internal-ca", "key": "ca.crt"}},
         },
     });
@@ -401,6 +406,20 @@ fn crd_refuses_bad_references_and_outbound() {
             "does not match",
         ),
         (
+            outbound(
+                json!(["http://b:8080"]),
+                json!([header("http://b:8080", "Authorization")]),
+            ),
+            "travel in clear",
+        ),
+        (
+            outbound(
+                json!(["http://b:8080"]),
+                json!([{"url": "http://b:8080", "name": "Authorization", "valueFrom": secret.clone(), "allowInsecure": false}]),
+            ),
+            "travel in clear",
+        ),
+        (
             json!({"source": HELLO, "outbound": {"allow": ["https://a.example.com"], "timeout": "5"}}),
             "does not match",
         ),
@@ -439,6 +458,12 @@ fn outbound_the_schema_lets_through_is_refused_on_status() {
     ]}));
     assert_eq!(twice.len(), 1, "{twice:?}");
     assert!(twice[0].contains("twice"), "{twice:?}");
+    // Stored before the CRD refused it: refused on status, the pods left as they are.
+    let insecure = problems(json!({"allow": ["http://b:8080"], "headers": [
+        {"url": "http://b:8080", "name": "Authorization", "valueFrom": secret.clone()},
+    ]}));
+    assert_eq!(insecure.len(), 1, "{insecure:?}");
+    assert!(insecure[0].contains("allowInsecure"), "{insecure:?}");
 }
 
 const GO_MOD: &str = "module example.com/uuidfn\n\ngo 1.21\n\nrequire github.com/google/uuid v1.6.0\n";

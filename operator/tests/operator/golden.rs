@@ -413,6 +413,7 @@ fn golden_go_function_served_by_the_pool() {
         "outbound": {
             "allow": ["http://prices.shop.svc.cluster.local:8080"],
             "headers": [{"url": "http://prices.shop.svc.cluster.local:8080", "name": "Authorization",
+                         "allowInsecure": true,
                          "valueFrom": {"secretKeyRef": {"name": "prices-auth", "key": "bearer"}}}],
         },
     }));

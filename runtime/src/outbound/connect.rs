@@ -18,9 +18,13 @@ use tokio::net::TcpStream;
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
     #[error(
-        "{authority} resolves to no address it may be called on ({addresses}): link-local, loopback and this runtime's admin port are refused unless an entry of spec.outbound.allow names the address literally"
+        "{authority} resolves to no address it may be called on ({addresses}): link-local, loopback and metadata addresses are refused unless an entry of spec.outbound.allow names the address literally, and this runtime's admin port always"
     )]
     Prohibited { authority: String, addresses: String },
+    #[error(
+        "{authority} is this runtime's own admin port ({address}), which handlers may not call whatever spec.outbound.allow says: call another service"
+    )]
+    OwnAdmin { authority: String, address: SocketAddr },
     #[error("{0} is not allowed by spec.outbound.allow")]
     NotAllowed(String),
     #[error("cannot resolve {host}: {source}")]
@@ -90,6 +94,12 @@ async fn connect(policy: &Policy, uri: &Uri) -> Result<TcpStream, ConnectError> 
     let mut last_error = None;
     for address in permitted {
         match TcpStream::connect(address).await {
+            Ok(stream) if comes_back_to_admin(policy, &stream) => {
+                return Err(ConnectError::OwnAdmin {
+                    authority: destination.authority(),
+                    address,
+                });
+            }
             Ok(stream) => {
                 let _ = stream.set_nodelay(true);
                 return Ok(stream);
@@ -101,4 +111,14 @@ async fn connect(policy: &Policy, uri: &Uri) -> Result<TcpStream, ConnectError> 
         authority: destination.authority(),
         source: last_error.unwrap_or_else(|| std::io::Error::other("no address to try")),
     })
+}
+
+/// Whether `stream` reached this host's admin port on an address the policy could not
+/// know before connecting; a socket whose addresses cannot be read is taken to have. The
+/// stream is then dropped unused: the admin server sees a connection close unread.
+fn comes_back_to_admin(policy: &Policy, stream: &TcpStream) -> bool {
+    match (stream.local_addr(), stream.peer_addr()) {
+        (Ok(local), Ok(peer)) => policy.reaches_own_admin(local, peer),
+        _ => true,
+    }
 }

@@ -61,8 +61,14 @@ pub enum OutboundConfigError {
     HeaderName { url: String, name: String },
     #[error("--outbound-header for {url}: the value of {name} is not a header value (a line break?)")]
     HeaderValue { url: String, name: String },
-    #[error("--outbound-header {0:?}: write \"<url> <Header-Name> <ENV_VAR>\", the value in that environment variable")]
+    #[error(
+        "--outbound-header {0:?}: write \"<url> <Header-Name> <ENV_VAR> [allow-insecure]\", the value in that environment variable"
+    )]
     HeaderSyntax(String),
+    #[error(
+        "--outbound-header for {url}: {name} would travel in clear over plain http; use an https:// URL, or, on a network path you trust, add allow-insecure as a fourth field (spec.outbound.headers[].allowInsecure: true)"
+    )]
+    HeaderInsecure { url: String, name: String },
     #[error("--outbound-header for {url}: the environment variable {variable} holding the value of {name} is not set")]
     HeaderMissing {
         url: String,
@@ -101,21 +107,41 @@ pub fn read_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, Outboun
     Ok(certificates)
 }
 
-/// `"<url> <Header-Name> <ENV_VAR>"` with the value taken from the environment.
+/// The fourth field of `--outbound-header` that lets a header go over plain http.
+pub const ALLOW_INSECURE: &str = "allow-insecure";
+
+/// `"<url> <Header-Name> <ENV_VAR> [allow-insecure]"` with the value taken from the
+/// environment. A header for an `http://` URL is refused without `allow-insecure`: its
+/// value is a credential, and plain http hands it to anyone on the path. Refused here,
+/// where every flag and pool entry is read, no header for http gets into an [`Outbound`]
+/// without the opt-in.
 pub fn parse_injected_header(
     text: &str,
     lookup: impl Fn(&str) -> Option<String>,
 ) -> Result<(String, String, String), OutboundConfigError> {
     let fields: Vec<&str> = text.split_whitespace().collect();
-    let [url, name, variable] = fields[..] else {
-        return Err(OutboundConfigError::HeaderSyntax(text.to_string()));
+    let (url, name, variable, allow_insecure) = match fields[..] {
+        [url, name, variable] => (url, name, variable, false),
+        [url, name, variable, ALLOW_INSECURE] => (url, name, variable, true),
+        _ => return Err(OutboundConfigError::HeaderSyntax(text.to_string())),
     };
+    if !allow_insecure && is_plain_http(url) {
+        return Err(OutboundConfigError::HeaderInsecure {
+            url: url.into(),
+            name: name.into(),
+        });
+    }
     let value = lookup(variable).ok_or_else(|| OutboundConfigError::HeaderMissing {
         url: url.into(),
         name: name.into(),
         variable: variable.into(),
     })?;
     Ok((url.into(), name.into(), value))
+}
+
+fn is_plain_http(url: &str) -> bool {
+    url.get(..7)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"))
 }
 
 /// A header the host adds to calls to one destination.
@@ -694,10 +720,12 @@ fn classify(authority: &str, error: &hyper_util::client::legacy::Error) -> Outbo
     while let Some(current) = source {
         if let Some(connect) = current.downcast_ref::<ConnectError>() {
             return match connect {
-                ConnectError::Prohibited { .. } | ConnectError::NotAllowed(_) => OutboundError::Prohibited {
-                    authority: authority.to_string(),
-                    why: connect.to_string(),
-                },
+                ConnectError::Prohibited { .. } | ConnectError::OwnAdmin { .. } | ConnectError::NotAllowed(_) => {
+                    OutboundError::Prohibited {
+                        authority: authority.to_string(),
+                        why: connect.to_string(),
+                    }
+                }
                 ConnectError::Dns { .. } => OutboundError::Dns(connect.to_string()),
                 ConnectError::Connect { .. } => OutboundError::Connect(connect.to_string()),
             };
@@ -767,4 +795,38 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = current.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<(String, String, String), OutboundConfigError> {
+        parse_injected_header(text, |variable| (variable == "TOKEN").then(|| "Bearer x".to_string()))
+    }
+
+    #[test]
+    fn a_credential_header_goes_over_plain_http_only_when_the_entry_says_so() {
+        let https = parse("https://api.example.com Authorization TOKEN").unwrap();
+        assert_eq!(
+            https,
+            (
+                "https://api.example.com".into(),
+                "Authorization".into(),
+                "Bearer x".into()
+            )
+        );
+        for text in ["http://b:8080 Authorization TOKEN", "HTTP://b:8080 Authorization TOKEN"] {
+            let error = parse(text).unwrap_err();
+            assert!(
+                matches!(error, OutboundConfigError::HeaderInsecure { .. }),
+                "{text}: {error}"
+            );
+            assert!(error.to_string().contains("allowInsecure"), "{error}");
+        }
+        let opted = parse("http://b:8080 Authorization TOKEN allow-insecure").unwrap();
+        assert_eq!(opted.0, "http://b:8080");
+        let error = parse("http://b:8080 Authorization TOKEN yes").unwrap_err();
+        assert!(error.to_string().contains("[allow-insecure]"), "{error}");
+    }
 }

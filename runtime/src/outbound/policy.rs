@@ -1,7 +1,7 @@
-//! Where a handler may send requests: the Function's allow-list (`--outbound-allow`), and
-//! the addresses no name may lead to unless an entry names them literally (server-side
-//! request forgery: the cloud's metadata service, the node's loopback, this runtime's
-//! admin port).
+//! Where a handler may send requests: the Function's allow-list (`--outbound-allow`), the
+//! addresses no name may lead to unless an entry names them literally (server-side
+//! request forgery: the cloud's metadata service, the node's loopback), and this
+//! runtime's admin port, which no entry opens.
 
 use http::Uri;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -260,61 +260,105 @@ impl Policy {
     /// Whether a connection to `address` may be opened for a request to `destination`:
     /// addresses in a blocked range only when an entry that allows the destination names
     /// that address (or `localhost`, for loopback) literally, and this runtime's admin
-    /// port only when such an entry names address and port.
+    /// port on an address of its own never (see [`Policy::reaches_own_admin`] for the
+    /// addresses only the connection tells).
     pub fn may_connect(&self, destination: &Destination, address: SocketAddr) -> bool {
         let ip = canonical(address.ip());
-        let names_literally = |pattern: &&Pattern| match &pattern.host {
+        let own = ip.is_loopback() || ip.is_unspecified() || self.pod_ip.map(canonical) == Some(ip);
+        if own && address.port() == self.admin_port {
+            // No entry opens it: in a pool, `/pool` and `/metrics` there describe every
+            // neighbour, and no handler needs its own runtime's metrics.
+            return false;
+        }
+        let names_literally = |pattern: &Pattern| match &pattern.host {
             Host::Address(listed) => canonical(*listed) == ip,
             Host::Name(name) => name == "localhost" && ip.is_loopback(),
             Host::Subdomains(_) | Host::Any => false,
         };
-        let mut literal = self
+        let literal = self
             .allow
             .iter()
-            .filter(|pattern| pattern.matches(destination))
-            .filter(names_literally);
-        let own = ip.is_loopback() || ip.is_unspecified() || self.pod_ip.map(canonical) == Some(ip);
-        if own && address.port() == self.admin_port {
-            return literal.any(|pattern| pattern.port == Port::Exactly(self.admin_port));
-        }
-        literal.next().is_some() || !is_blocked(ip)
+            .any(|pattern| pattern.matches(destination) && names_literally(pattern));
+        literal || !is_blocked(ip)
+    }
+
+    /// Whether an open connection, from `local` to `peer`, came back into this host on the
+    /// admin port. A connection to an address of this host leaves from that same address,
+    /// so this catches every address the host has (a pool is not told its pod's IP, a pod
+    /// may have more than one), whatever the admin port is bound to, without listing the
+    /// host's interfaces.
+    pub fn reaches_own_admin(&self, local: SocketAddr, peer: SocketAddr) -> bool {
+        peer.port() == self.admin_port && canonical(local.ip()) == canonical(peer.ip())
     }
 }
 
-/// An IPv4-mapped IPv6 address as the IPv4 address it is.
+/// An IPv6 address that stands for an IPv4 one as that IPv4 address: IPv4-mapped
+/// (`::ffff:a.b.c.d`), and the well-known NAT64 prefix (`64:ff9b::a.b.c.d`, RFC 6052),
+/// which a translator on the path turns back into the IPv4 address, so it reaches what
+/// the IPv4 address reaches.
 fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
+        IpAddr::V6(v6) if v6.segments()[..6] == NAT64_WELL_KNOWN => {
+            IpAddr::V4(Ipv4Addr::from((u128::from(v6) & 0xffff_ffff) as u32))
+        }
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
     }
 }
 
-/// The instance metadata services clouds serve credentials on, beyond link-local.
-const METADATA_V4: [Ipv4Addr; 1] = [Ipv4Addr::new(100, 100, 100, 200)];
-const METADATA_V6: [Ipv6Addr; 1] = [Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)];
+/// The first 96 bits of `64:ff9b::/96`.
+const NAT64_WELL_KNOWN: [u16; 6] = [0x64, 0xff9b, 0, 0, 0, 0];
+/// The first 48 bits of `64:ff9b:1::/48` (RFC 8215), NAT64 for a network's own use.
+const NAT64_LOCAL_USE: [u16; 3] = [0x64, 0xff9b, 1];
 
-/// Addresses a name must not lead a handler to: this node itself (loopback,
-/// unspecified), link-local (169.254.169.254 and every cloud's metadata service),
-/// multicast and broadcast. Private ranges are not among them: in-cluster Services live
-/// there, and the allow-list already says which names may be called.
+/// The instance metadata services clouds serve credentials on, beyond link-local:
+/// Alibaba's, and Azure's WireServer (168.63.129.16, which hands VM extensions their
+/// settings and certificates).
+const METADATA_V4: [Ipv4Addr; 2] = [Ipv4Addr::new(100, 100, 100, 200), Ipv4Addr::new(168, 63, 129, 16)];
+/// AWS's instance metadata service over IPv6 (`fd00:ec2::254`) and the EKS Pod Identity
+/// agent's (`fd00:ec2::23`), which hands out the node's pods' AWS credentials.
+const METADATA_V6: [Ipv6Addr; 2] = [
+    Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254),
+    Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x23),
+];
+
+/// Addresses a name must not lead a handler to: this node itself (loopback, unspecified,
+/// `0.0.0.0/8`), link-local (169.254.169.254 and every cloud's metadata service),
+/// multicast and broadcast, and IPv6 forms of those: an IPv4 address embedded in IPv6
+/// (mapped, NAT64) is judged as that IPv4 address. Private ranges are not among them:
+/// in-cluster Services live there, and the allow-list already says which names may be
+/// called.
 pub fn is_blocked(ip: IpAddr) -> bool {
     match canonical(ip) {
-        IpAddr::V4(v4) => {
-            v4.is_unspecified()
-                || v4.is_loopback()
-                || v4.is_link_local()
-                || v4.is_multicast()
-                || v4.is_broadcast()
-                || METADATA_V4.contains(&v4)
-        }
-        IpAddr::V6(v6) => {
-            v6.is_unspecified()
-                || v6.is_loopback()
-                || v6.is_multicast()
-                || (v6.segments()[0] & 0xffc0) == 0xfe80
-                || METADATA_V6.contains(&v6)
-        }
+        IpAddr::V4(v4) => is_blocked_v4(v4),
+        IpAddr::V6(v6) => is_blocked_v6(v6),
     }
+}
+
+fn is_blocked_v4(v4: Ipv4Addr) -> bool {
+    // 0.0.0.0/8 is "this network": Linux connects 0.0.0.0 to this host.
+    v4.octets()[0] == 0
+        || v4.is_loopback()
+        || v4.is_link_local()
+        || v4.is_multicast()
+        || v4.is_broadcast()
+        || METADATA_V4.contains(&v4)
+}
+
+fn is_blocked_v6(v6: Ipv6Addr) -> bool {
+    let segments = v6.segments();
+    v6.is_unspecified()
+        || v6.is_loopback()
+        || v6.is_multicast()
+        || (segments[0] & 0xffc0) == 0xfe80
+        // `::/96`, IPv4-compatible (deprecated by RFC 4291): no destination a handler
+        // needs, and a stack that still honours it reaches the IPv4 address behind it.
+        || segments[..6] == [0; 6]
+        // Where a local-use translator puts the IPv4 address is the network's choice,
+        // so what an address here reaches cannot be read from it: an entry naming the
+        // address literally opens one.
+        || segments[..3] == NAT64_LOCAL_USE
+        || METADATA_V6.contains(&v6)
 }
 
 #[cfg(test)]
@@ -410,11 +454,97 @@ mod tests {
         // Listed literally: a test upstream on loopback, a sidecar on localhost.
         assert!(may_connect(&policy, "http://127.0.0.1:8081/", "127.0.0.1:8081"));
         assert!(may_connect(&policy, "http://localhost:9000/", "[::1]:9000"));
-        // The admin port, even on an address listed, needs the port listed too.
-        let policy = self::policy(&["http://127.0.0.1:*"]);
-        assert!(!may_connect(&policy, "http://127.0.0.1:9090/", "127.0.0.1:9090"));
-        let policy = self::policy(&["http://127.0.0.1:9090"]);
-        assert!(may_connect(&policy, "http://127.0.0.1:9090/", "127.0.0.1:9090"));
+    }
+
+    #[test]
+    fn no_entry_opens_the_admin_port_on_an_address_of_this_host() {
+        for entry in ["http://127.0.0.1:*", "http://127.0.0.1:9090", "http://10.244.0.9:9090"] {
+            let policy = policy(&[entry, "http://localhost:9090", "http://[::ffff:127.0.0.1]:9090"]);
+            for (url, address) in [
+                ("http://127.0.0.1:9090/", "127.0.0.1:9090"),
+                ("http://localhost:9090/", "[::1]:9090"),
+                ("http://[::ffff:127.0.0.1]:9090/", "[::ffff:127.0.0.1]:9090"),
+            ] {
+                let destination = Destination::of(&url.parse().unwrap()).unwrap();
+                let address = address.parse().unwrap();
+                assert!(!policy.may_connect(&destination, address), "{entry}: {url}");
+            }
+            let destination = Destination::of(&"http://10.244.0.9:9090/".parse().unwrap()).unwrap();
+            assert!(
+                !policy.may_connect(&destination, "10.244.0.9:9090".parse().unwrap()),
+                "{entry}"
+            );
+        }
+        // A pool is not told its pod's IP: the connection itself says it came back home.
+        let pool = Policy::new(vec![Pattern::parse("http://*:*").unwrap()], 9090, None);
+        let at = |text: &str| text.parse::<SocketAddr>().unwrap();
+        assert!(pool.reaches_own_admin(at("10.244.0.9:40000"), at("10.244.0.9:9090")));
+        assert!(pool.reaches_own_admin(at("[fd00::9]:40000"), at("[fd00::9]:9090")));
+        assert!(pool.reaches_own_admin(at("10.244.0.9:40000"), at("[::ffff:10.244.0.9]:9090")));
+        assert!(!pool.reaches_own_admin(at("10.244.0.9:40000"), at("10.244.0.7:9090")));
+        assert!(!pool.reaches_own_admin(at("10.244.0.9:40000"), at("10.244.0.9:8080")));
+    }
+
+    #[test]
+    fn every_range_that_leads_back_to_the_node_or_a_metadata_service_is_blocked() {
+        for address in [
+            "0.0.0.0",
+            "0.1.2.3",
+            "127.0.0.2",
+            "169.254.169.254",
+            "168.63.129.16",
+            "100.100.100.200",
+            "255.255.255.255",
+            "::",
+            "::1",
+            // IPv4-compatible, whatever it embeds.
+            "::a9fe:a9fe",
+            "::a00:1",
+            "::808:808",
+            // IPv4-mapped: the IPv4 list.
+            "::ffff:169.254.169.254",
+            "::ffff:168.63.129.16",
+            "::ffff:0.1.2.3",
+            // NAT64, well-known: the IPv4 list.
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b::7f00:1",
+            "64:ff9b::a83f:8110",
+            "64:ff9b::",
+            // NAT64, local use: all of it.
+            "64:ff9b:1::a9fe:a9fe",
+            "64:ff9b:1:ffff::808:808",
+            "fe80::1",
+            "ff02::1",
+            "fd00:ec2::254",
+            "fd00:ec2::23",
+        ] {
+            assert!(is_blocked(address.parse().unwrap()), "{address} should be blocked");
+        }
+        for address in [
+            "10.96.0.12",
+            "8.8.8.8",
+            "1.0.0.1",
+            "::ffff:10.96.0.12",
+            "64:ff9b::808:808",
+            "64:ff9b::a00:1",
+            "fd00::1",
+            "fd00:ec2::2",
+            "2001:db8::1",
+        ] {
+            assert!(!is_blocked(address.parse().unwrap()), "{address} should not be blocked");
+        }
+        // An entry naming an address literally still opens it, in any of its forms.
+        let policy = policy(&["http://[64:ff9b::a9fe:a9fe]"]);
+        assert!(may_connect(
+            &policy,
+            "http://[64:ff9b::a9fe:a9fe]/",
+            "[64:ff9b::a9fe:a9fe]:80"
+        ));
+        assert!(!may_connect(
+            &self::policy(&["http://*"]),
+            "http://x.example/",
+            "[64:ff9b::a9fe:a9fe]:80"
+        ));
     }
 
     #[test]

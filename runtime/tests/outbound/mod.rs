@@ -242,7 +242,8 @@ async fn responses_over_the_cap_fail_the_call_not_the_request() {
 async fn an_injected_credential_reaches_the_upstream_and_never_the_handler() {
     let upstream = Upstream::start().await;
     let allow = format!("http://{}", upstream.address);
-    let header = format!("{allow} Authorization WASMLESS_TEST_API_TOKEN");
+    // Plain http on loopback, so opted in.
+    let header = format!("{allow} Authorization WASMLESS_TEST_API_TOKEN allow-insecure");
     let secret = "Bearer s3cret-never-in-the-guest";
     let runtime = Runtime::start_with_env(
         handler(),
@@ -303,11 +304,79 @@ async fn names_cannot_lead_to_the_admin_port_or_the_metadata_service() {
     );
 }
 
+/// An address of this host that is not loopback (what a pod's IP is to its pod), from the
+/// route to a documentation address: no packet is sent. None on a host without a route.
+fn an_address_of_this_host() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// In a pool, a Function allowed everywhere cannot read the pool's admin port (`/pool`,
+/// `/metrics`: every neighbour's name and troubles), whether it names loopback literally
+/// or calls the pool's own address, which the pool is not told.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pooled_handler_cannot_call_its_pools_admin_port_on_any_address_of_the_pool() {
+    let table = tempfile::tempdir().unwrap();
+    let pool = Runtime::start_pool(table.path(), &["--bind", "0.0.0.0"]);
+    let admin = pool.admin_url("").rsplit(':').next().unwrap().to_string();
+    let module = handler();
+    let digest = wasmless_artifact::Digest::of(&std::fs::read(&module).unwrap());
+    let port = free_port();
+    let literal = format!("http://127.0.0.1:{admin}");
+    let args = [
+        "--function",
+        "prober",
+        "--module",
+        &module.display().to_string(),
+        "--module-digest",
+        &digest.to_string(),
+        "--outbound-allow",
+        "http://*:*",
+        "--outbound-allow",
+        &literal,
+    ];
+    let entry = serde_json::json!({ "port": port, "args": args });
+    std::fs::write(table.path().join("prober.json"), entry.to_string()).unwrap();
+    crate::pool::eventually("the pool to listen for prober", || async {
+        client().get(crate::pool::at(port, "/env")).send().await.is_ok()
+    })
+    .await;
+
+    let mut targets = vec![format!("{literal}/pool"), format!("http://localhost:{admin}/metrics")];
+    match an_address_of_this_host() {
+        Some(ip) => targets.push(format!("http://{ip}:{admin}/pool")),
+        None => eprintln!("no address of this host but loopback: its own address is not tried"),
+    }
+    for url in targets {
+        let (_, body) = get(crate::pool::at(port, &format!("/get?url={}", percent(&url)))).await;
+        assert!(
+            body.starts_with("error: ") && body.contains("admin port"),
+            "{url}: {body}"
+        );
+    }
+}
+
+/// A credential over plain http is readable by anyone on the path: the runtime will not
+/// send one there unless the header's entry says `allow-insecure` (what
+/// `an_injected_credential_reaches_the_upstream_and_never_the_handler` does).
+#[test]
+fn a_credential_header_for_plain_http_needs_allow_insecure() {
+    let allow = "http://127.0.0.1:8081";
+    let header = format!("{allow} Authorization WASMLESS_TEST_API_TOKEN");
+    let refused = start_expecting_failure(handler(), &["--outbound-allow", allow, "--outbound-header", &header]);
+    assert!(
+        refused.contains("plain http") && refused.contains("allowInsecure"),
+        "{refused}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rust_component_calls_through_the_same_policy_with_the_sdk() {
     let upstream = Upstream::start().await;
     let allow = format!("http://{}", upstream.address);
-    let header = format!("{allow} X-Api-Key WASMLESS_TEST_COMPONENT_KEY");
+    let header = format!("{allow} X-Api-Key WASMLESS_TEST_COMPONENT_KEY allow-insecure");
     let runtime = Runtime::start_with_env(
         rust_echo_with_digest(),
         &["--outbound-allow", &allow, "--outbound-header", &header],
