@@ -31,8 +31,10 @@ GO
 # runtime_metrics FUNCTION: the /metrics of one of its pods, read on the pod's own address.
 runtime_metrics() {
   local ip
+  # A pod being deleted (the rollout's old one) is no longer sent requests: read a live one.
   ip=$(kubectl get pods -n "$NS" -l "wasmless.io/function=$1,wasmless.io/component=runtime" \
-    -o 'jsonpath={.items[0].status.podIP}')
+    -o 'jsonpath={range .items[?(@.status.podIP)]}{.metadata.deletionTimestamp}{" "}{.status.podIP}{"\n"}{end}' |
+    awk 'NF == 1 {print $1; exit}')
   curl -fsS --max-time 5 "http://$ip:9090/metrics"
 }
 
@@ -47,6 +49,14 @@ call_another_function() {
   # A new Function is Ready on the pod that waited for its build, switched in place, and
   # its Deployment then rolls to the built template: the calls below and the metrics read
   # after them must be the same pod's.
+  # Ready can come before the reconcile that writes the built template: a rollout status
+  # read before that sees the waiting template's rollout complete and returns at once.
+  template_built() {
+    local routes
+    routes=$(kubectl get deploy caller -n "$NS" -o 'jsonpath={.spec.template.metadata.annotations.wasmless\.io/routes}')
+    [[ -n $routes && $routes != "[]" ]]
+  }
+  wait_until 60 "caller's Deployment to carry the built template" template_built
   kubectl rollout status deploy/caller -n "$NS" --timeout=180s >/dev/null
   local caller
   caller=$(service_url caller)
