@@ -147,3 +147,18 @@ set_source() { # FUNCTION SOURCE
   patch=$(python3 -c 'import json,sys; print(json.dumps({"spec": {"function": sys.argv[1]}}))' "$2")
   kubectl patch fn "$1" -n "$NS" --type merge -p "$patch" >/dev/null
 }
+
+# built_and_rolled FUNCTION [NAMESPACE]: waits until FUNCTION's Deployment carries the built
+# template (its routes name a revision) and has rolled to it. A new Function is Ready on the
+# pod that waited for its build, switched in place; its Deployment then rolls to the built
+# template, and requests sent before that went to a pod the rollout replaces.
+built_and_rolled() {
+  local function=$1 namespace=${2:-$NS}
+  template_built() {
+    local routes
+    routes=$(kubectl get deploy "$function" -n "$namespace" -o 'jsonpath={.spec.template.metadata.annotations.wasmless\.io/routes}')
+    [[ -n $routes && $routes != "[]" ]]
+  }
+  wait_until 60 "$function's Deployment to carry the built template" template_built
+  kubectl rollout status "deploy/$function" -n "$namespace" --timeout=180s >/dev/null
+}

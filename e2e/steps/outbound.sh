@@ -46,18 +46,8 @@ call_another_function() {
   printf 'apiVersion: wasmless.io/v1alpha1\nkind: Function\nmetadata: {name: caller}\nspec:\n  outbound:\n    allow: ["http://callee:8080", "http://callee.%s.svc.cluster.local:8080"]\n  source: |\n%s\n' \
     "$NS" "$source" | kubectl apply -n "$NS" -f - >/dev/null
   kubectl wait fn/callee fn/caller -n "$NS" --for=condition=Ready --timeout=600s >/dev/null
-  # A new Function is Ready on the pod that waited for its build, switched in place, and
-  # its Deployment then rolls to the built template: the calls below and the metrics read
-  # after them must be the same pod's.
-  # Ready can come before the reconcile that writes the built template: a rollout status
-  # read before that sees the waiting template's rollout complete and returns at once.
-  template_built() {
-    local routes
-    routes=$(kubectl get deploy caller -n "$NS" -o 'jsonpath={.spec.template.metadata.annotations.wasmless\.io/routes}')
-    [[ -n $routes && $routes != "[]" ]]
-  }
-  wait_until 60 "caller's Deployment to carry the built template" template_built
-  kubectl rollout status deploy/caller -n "$NS" --timeout=180s >/dev/null
+  # The calls below and the metrics read after them must be the same pod's.
+  built_and_rolled caller
   local caller
   caller=$(service_url caller)
   expect_service_answer callee "from callee"
