@@ -185,3 +185,63 @@ tenant_doors() {
   kubectl delete svc payments -n "$NS" >/dev/null
   ok
 }
+
+# heavy_handler MIB SECONDS: a Goless handler whose every request holds MIB MiB of its
+# linear memory for SECONDS seconds, then answers "held".
+heavy_handler() {
+  printf 'package handlers\n\nimport (\n\t"fmt"\n\t"net/http"\n\t"time"\n)\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {\n\theld := make([]byte, %d<<20)\n\tfor i := range held {\n\t\theld[i] = 1\n\t}\n\ttime.Sleep(%d * time.Second)\n\tfmt.Fprintf(w, "held %%d", held[len(held)-1])\n}\n' "$1" "$2"
+}
+
+# Door 5: a pooled Function whose requests each hold ~240 MiB, 16 at once for 40 s, beside
+# a neighbour called in a loop: the pool does not restart, the neighbour sees only 200s,
+# the heavy one answers or says 503, and drops no connection.
+heavy_neighbour() {
+  step "a heavy neighbour in the pool: 16 requests at once holding ~240 MiB each for 40 s; the pool stays up, the neighbour sees only 200s, the heavy one 200s and 503s, no dropped connection"
+  local manifest name
+  for name in heavy light; do
+    manifest=$(python3 -c 'import json,sys; print(json.dumps({
+      "apiVersion": "wasmless.io/v1alpha1", "kind": "Function",
+      "metadata": {"name": sys.argv[2], "namespace": sys.argv[3]},
+      "spec": {"function": sys.argv[1], "scale": {"min": 0, "max": 1},
+               "limits": {"memory": "256Mi", "timeout": "60s"} if sys.argv[2] == "heavy" else {}}}))' \
+      "$([[ $name == heavy ]] && heavy_handler 224 40 || go_handler "light answers")" "$name" "$NS")
+    kubectl apply -f - <<<"$manifest" >/dev/null
+  done
+  wait_until 300 "heavy and light to be Ready in the pool" \
+    bash -c "[[ \$(kubectl get fn heavy light -n $NS -o 'jsonpath={.items[*].status.phase}') == 'Ready Ready' ]]"
+  expect_eq "$(fn_field heavy .status.servedBy)" pool "heavy's status.servedBy"
+  expect_service_answer light "light answers"
+  local restarts_before heavy_url light_url i
+  restarts_before=$(kubectl get pods -n "$NS" -l wasmless.io/component=pool -o 'jsonpath={range .items[*]}{.metadata.name}={.status.containerStatuses[0].restartCount} {end}')
+  heavy_url=$(service_url heavy)
+  light_url=$(service_url light)
+  start_request_loop "$light_url" "$WORK/light-loop.log"
+  for i in $(seq 16); do
+    curl -sS -o /dev/null --max-time 90 -w '%{http_code}\n' "$heavy_url" >"$WORK/heavy-$i.log" 2>&1 &
+    PIDS+=($!)
+  done
+  local started=$SECONDS
+  wait_until 120 "the 16 heavy requests to end" bash -c "(( \$(cat $WORK/heavy-*.log | grep -c .) >= 16 ))"
+  echo "    the heavy requests ended $((SECONDS - started))s after they were sent"
+  stop_request_loop "$WORK/light-loop.log"
+  local codes answered refused
+  codes=$(cat "$WORK"/heavy-*.log | sort | uniq -c | tr -s ' ' | tr '\n' ';')
+  echo "    heavy: $codes"
+  answered=$(cat "$WORK"/heavy-*.log | grep -c '^200$' || true)
+  refused=$(cat "$WORK"/heavy-*.log | grep -c '^503$' || true)
+  expect_eq "$((answered + refused))" 16 "heavy's answers that are 200 or 503 ($codes)"
+  ((answered >= 1)) || fail "no heavy request was answered: $codes"
+  read -r total failed _ < <(request_loop_figures "$WORK/light-loop.log" 0 "light answers")
+  echo "    light, called in a loop meanwhile: $total requests, $failed failed"
+  ((total > 100)) || fail "the light loop made only $total requests"
+  expect_eq "$failed" 0 "light's failed requests"
+  expect_eq "$(kubectl get pods -n "$NS" -l wasmless.io/component=pool -o 'jsonpath={range .items[*]}{.metadata.name}={.status.containerStatuses[0].restartCount} {end}')" \
+    "$restarts_before" "the pool pods and their restarts"
+  local refusals
+  refusals=$(for ip in $(pool_ips); do curl -fsS --max-time 2 "http://$ip:9090/metrics"; done |
+    awk '/^wasmless_refused_total\{/ && /function="heavy"/ && /reason="pool_memory"/ { sum += $NF } END { print sum + 0 }')
+  echo "    the pool's refusals of heavy for memory: $refusals"
+  expect_eq "$refusals" "$refused" "wasmless_refused_total{function=\"heavy\",reason=\"pool_memory\"}"
+  kubectl delete fn heavy light -n "$NS" --wait=false >/dev/null
+  ok
+}

@@ -42,6 +42,13 @@ pub fn name_problem(name: &str) -> Option<String> {
 /// The most linear memory a request of a Function in the shared pool may have (the pool's
 /// `--memory-limit`): a Function that asks for more is served by pods of its own.
 pub const POOL_MEMORY_LIMIT: &str = "256Mi";
+/// The longest `limits.timeout` of a Function in the shared pool (its
+/// `--pool-max-timeout`): a request held longer holds the pool's memory and slots from
+/// its neighbours, so a Function that asks for more is served by pods of its own.
+pub const POOL_MAX_TIMEOUT: &str = "60s";
+/// The largest `limits.maxRequestBody` of a Function in the shared pool (its
+/// `--pool-max-request-body`): bodies are held whole in the pool's memory.
+pub const POOL_MAX_REQUEST_BODY: &str = "16Mi";
 
 /// Largest inline source accepted, in bytes (a ConfigMap holds 1 MiB, and a handler
 /// bigger than this belongs in a prebuilt module).
@@ -813,6 +820,21 @@ impl FunctionSpec {
             return Some(format!(
                 "limits.memory {} is over the shared pool's {POOL_MEMORY_LIMIT}: it keeps one pod of its own",
                 self.limits.memory
+            ));
+        }
+        let pool_timeout = wasmless_formats::quantity::parse_duration(POOL_MAX_TIMEOUT).expect("a duration");
+        if wasmless_formats::quantity::parse_duration(&self.limits.timeout).is_ok_and(|timeout| timeout > pool_timeout)
+        {
+            return Some(format!(
+                "limits.timeout {} is over the shared pool's {POOL_MAX_TIMEOUT}: it keeps one pod of its own",
+                self.limits.timeout
+            ));
+        }
+        let pool_body = wasmless_formats::quantity::parse_bytes(POOL_MAX_REQUEST_BODY).expect("a quantity");
+        if wasmless_formats::quantity::parse_bytes(&self.limits.max_request_body).is_ok_and(|body| body > pool_body) {
+            return Some(format!(
+                "limits.maxRequestBody {} is over the shared pool's {POOL_MAX_REQUEST_BODY}: it keeps one pod of its own",
+                self.limits.max_request_body
             ));
         }
         if self.limits.isolation == Isolation::Shared {

@@ -242,6 +242,30 @@ pub struct Config {
     /// code is under three quarters of `--pool-memory-budget` (false: on the first request).
     #[arg(long, env = "WASMLESS_POOL_LOAD_AHEAD", default_value_t = true, action = clap::ArgAction::Set)]
     pub pool_load_ahead: bool,
+
+    /// Linear memory the pool's requests in flight may hold together: every byte an
+    /// instance grows to is taken from it, and given back when the request ends. Growth
+    /// that does not fit fails that request with a 503 and `Retry-After` (counted as
+    /// `reason="pool_memory"`), instead of the pool going over its container's limit. The
+    /// container needs this, `--pool-memory-budget` and room for the process beside.
+    #[arg(long, env = "WASMLESS_POOL_REQUEST_MEMORY", default_value = "768Mi", value_parser = parse_bytes)]
+    pub pool_request_memory: u64,
+
+    /// The most one Function may hold of the pool's request memory, of its request slots
+    /// (`--max-concurrency`) and of its connections (`--max-connections`), in percent: a
+    /// Function at its share gets 503s while the others are served.
+    #[arg(long, env = "WASMLESS_POOL_SHARE", default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub pool_share: u8,
+
+    /// The longest `--timeout` a pooled Function may have: an entry asking for more is not
+    /// served (the operator gives such a Function pods of its own).
+    #[arg(long, env = "WASMLESS_POOL_MAX_TIMEOUT", default_value = "60s", value_parser = parse_nonzero_duration)]
+    pub pool_max_timeout: Duration,
+
+    /// The largest `--max-request-body` a pooled Function may have: an entry asking for
+    /// more is not served (the operator gives such a Function pods of its own).
+    #[arg(long, env = "WASMLESS_POOL_MAX_REQUEST_BODY", default_value = "16Mi", value_parser = parse_bytes)]
+    pub pool_max_request_body: u64,
 }
 
 /// The prefix of the runtime's environment variables that are the handler's.

@@ -48,6 +48,10 @@ pub struct EdgeLimits {
     pub idle_timeout: Duration,
     pub max_header_size: usize,
     pub max_connections: usize,
+    /// Connections open at once through one listener: all of them for a dedicated
+    /// runtime; in a pool, one Function's share (`--pool-share`), so that one Function's
+    /// clients cannot hold every connection the pool takes.
+    pub max_connections_per_listener: usize,
 }
 
 impl EdgeLimits {
@@ -57,6 +61,10 @@ impl EdgeLimits {
             idle_timeout: config.idle_timeout,
             max_header_size: usize::try_from(config.max_header_size).unwrap_or(usize::MAX),
             max_connections: config.max_connections as usize,
+            max_connections_per_listener: match config.pool {
+                Some(_) => crate::pool::share_of(config.max_connections as usize, config.pool_share).max(1),
+                None => config.max_connections as usize,
+            },
         }
     }
 }
@@ -92,6 +100,9 @@ struct Edge {
     metrics: Arc<Metrics>,
     /// `--max-connections`, across all threads.
     connections: Arc<Semaphore>,
+    /// Each listener's share of them, by the listener's address (as [`AcceptedOn`]), across
+    /// all threads.
+    per_listener: Mutex<std::collections::HashMap<usize, Arc<Semaphore>>>,
     /// When the connection limit was last logged, and how many were refused since.
     limit_warning: Mutex<(Option<Instant>, u64)>,
     refusal: Vec<u8>,
@@ -149,6 +160,7 @@ pub async fn serve(
     let edge = Arc::new(Edge {
         router,
         connections: Arc::new(Semaphore::new(limits.max_connections)),
+        per_listener: Mutex::default(),
         limits: Arc::new(limits),
         metrics,
         limit_warning: Mutex::new((None, 0)),
@@ -192,6 +204,7 @@ fn serve_thread(
             let keep: std::collections::HashSet<usize> =
                 current.iter().map(|listener| Arc::as_ptr(listener).addr()).collect();
             accepting.retain(|key, _| keep.contains(key));
+            edge.per_listener.lock().unwrap().retain(|key, _| keep.contains(key));
             for listener in current.iter() {
                 let key = Arc::as_ptr(listener).addr();
                 if accepting.contains_key(&key) {
@@ -250,6 +263,13 @@ async fn accept(
         ..
     } = &*edge;
     let local_port = crate::server::LocalPort(listener.local_addr().map_or(0, |addr| addr.port()));
+    let listener_connections = edge
+        .per_listener
+        .lock()
+        .unwrap()
+        .entry(bound.on.key())
+        .or_insert_with(|| Arc::new(Semaphore::new(limits.max_connections_per_listener)))
+        .clone();
     loop {
         let (stream, remote) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -261,7 +281,11 @@ async fn accept(
                 continue;
             }
         };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
+        let permits = listener_connections
+            .clone()
+            .try_acquire_owned()
+            .and_then(|listener| Ok((listener, connections.clone().try_acquire_owned()?)));
+        let Ok(permit) = permits else {
             metrics.refuse(Refusal::ConnectionLimit);
             {
                 let mut warning = edge.limit_warning.lock().unwrap();
@@ -270,8 +294,10 @@ async fn accept(
                 if last_warning.is_none_or(|at| at.elapsed() >= LIMIT_WARNING_INTERVAL) {
                     tracing::warn!(
                         max_connections = limits.max_connections,
+                        max_connections_per_listener = limits.max_connections_per_listener,
+                        port = local_port.0,
                         refused = *refused_since_warning,
-                        "connection limit reached: new connections are answered 503 and closed (--max-connections)"
+                        "connection limit reached: new connections are answered 503 and closed (--max-connections, in a pool a Function's --pool-share of it)"
                     );
                     *last_warning = Some(Instant::now());
                     *refused_since_warning = 0;

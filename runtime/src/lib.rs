@@ -26,6 +26,7 @@ pub mod outbound;
 pub mod pool;
 pub mod precompiled;
 mod reload;
+pub mod request_memory;
 pub mod server;
 pub mod snapshot;
 pub mod split;
@@ -70,6 +71,8 @@ pub enum ServeError {
     PoolApi(#[from] pool::api::ApiError),
     #[error(transparent)]
     Traces(#[from] traces::TracesError),
+    #[error("{0}")]
+    PoolShares(String),
     #[error("--traffic-file {file}: {problem}")]
     TrafficFile { file: std::path::PathBuf, problem: String },
 }
@@ -293,6 +296,7 @@ async fn serve_many(
     admin_port: u16,
     slot: &server::PoolSlot,
 ) -> Result<Serving, ServeError> {
+    pool::check_shares(config).map_err(ServeError::PoolShares)?;
     let engine = loader::EngineHost::new(&limits::RequestLimits::from_config(config), config.cache_dir.clone())?;
     let (pool, listeners) = pool::Pool::new(engine, metrics.clone(), config, admin_port);
     let _ = slot.set(pool.clone());

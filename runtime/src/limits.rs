@@ -1,5 +1,6 @@
 //! What one request may use, and the store limiter that enforces its memory.
 
+use crate::request_memory::{MemoryAccount, RequestShare};
 use std::time::Duration;
 
 /// Tables beyond this many elements are refused: no handler needs more, and each
@@ -41,6 +42,9 @@ pub struct RequestLimits {
     pub isolation: Isolation,
     /// With [`Isolation::Shared`]: requests one instance serves before it is replaced.
     pub requests_per_instance: u32,
+    /// In a pool: the Function's account with the memory all its requests share with the
+    /// other Functions' ([`crate::request_memory`]).
+    pub shared_memory: Option<MemoryAccount>,
 }
 
 impl RequestLimits {
@@ -52,7 +56,13 @@ impl RequestLimits {
             max_concurrency: config.max_concurrency,
             isolation: config.isolation,
             requests_per_instance: config.requests_per_instance,
+            shared_memory: None,
         }
+    }
+
+    /// What one request takes from the shared memory, in a pool.
+    pub fn request_share(&self) -> Option<RequestShare> {
+        self.shared_memory.as_ref().map(MemoryAccount::request)
     }
 }
 
@@ -65,32 +75,50 @@ impl Default for RequestLimits {
             max_concurrency: 64,
             isolation: Isolation::Request,
             requests_per_instance: DEFAULT_REQUESTS_PER_INSTANCE,
+            shared_memory: None,
         }
     }
 }
 
 /// Refuses memory growth past the request's limit (`memory.grow` returns -1, as the
 /// spec allows) and remembers that it did, so the failure that follows is reported as
-/// out of memory rather than as an anonymous trap.
+/// out of memory rather than as an anonymous trap. In a pool it also takes every byte of
+/// growth from the memory the pool's requests share, and refuses growth that does not
+/// fit there, remembering that too: that request is told to retry, not that its handler
+/// is at fault.
 pub struct RequestLimiter {
     memory_bytes: usize,
     /// Set when growth was refused; a shared instance clears it before each request.
     pub memory_exceeded: bool,
+    /// In a pool: what the request holds of the shared memory, given back when the store
+    /// (and the request's output) is dropped.
+    share: Option<RequestShare>,
 }
 
 impl RequestLimiter {
-    pub fn new(limits: &RequestLimits) -> Self {
+    pub fn new(limits: &RequestLimits, share: Option<RequestShare>) -> Self {
         Self {
             memory_bytes: limits.memory_bytes,
             memory_exceeded: false,
+            share,
         }
+    }
+
+    /// Whether growth within the limit (or output) was refused for want of shared memory.
+    pub fn shared_memory_full(&self) -> bool {
+        self.share.as_ref().is_some_and(RequestShare::refused)
     }
 }
 
 impl wasmtime::ResourceLimiter for RequestLimiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         if desired > self.memory_bytes {
             self.memory_exceeded = true;
+            return Ok(false);
+        }
+        if let Some(share) = &self.share
+            && !share.take(desired.saturating_sub(current))
+        {
             return Ok(false);
         }
         Ok(true)

@@ -137,10 +137,13 @@ pub enum Refusal {
     UploadBudget,
     /// `--max-concurrency` requests running: 503.
     Busy,
+    /// In a pool: the request's instance grew past what the pool's requests may hold
+    /// together (`--pool-request-memory`), or its Function's share of it: 503.
+    PoolMemory,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 7] = [
+    pub const ALL: [Refusal; 8] = [
         Refusal::HeaderTimeout,
         Refusal::BodyTimeout,
         Refusal::HeaderTooLarge,
@@ -148,6 +151,7 @@ impl Refusal {
         Refusal::BodyTooLarge,
         Refusal::UploadBudget,
         Refusal::Busy,
+        Refusal::PoolMemory,
     ];
 
     pub fn reason(self) -> &'static str {
@@ -159,6 +163,7 @@ impl Refusal {
             Refusal::BodyTooLarge => "body_too_large",
             Refusal::UploadBudget => "upload_budget",
             Refusal::Busy => "busy",
+            Refusal::PoolMemory => "pool_memory",
         }
     }
 }

@@ -383,6 +383,16 @@ async fn serve_function(
     let invoked = tracing::Instrument::instrument(handler.invoke(request, connection, permit), span.clone()).await;
     let mut response = match invoked {
         Ok(response) => response,
+        Err(failure @ crate::handler::Failure::SharedMemoryFull(_)) => {
+            // The pool's doing, not the handler's: a refusal, and the client may retry.
+            traces::record_failure(&span, &failure);
+            refuse(metrics, Refusal::PoolMemory);
+            tracing::warn!(
+                function = %tenant.function,
+                "the pool's memory for requests is taken (--pool-request-memory, or this function's share of it): this request gets a 503"
+            );
+            retry_later(failure.public_message())
+        }
         Err(failure) => {
             traces::record_failure(&span, &failure);
             metrics.count_trap(failure.kind());

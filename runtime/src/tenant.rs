@@ -71,6 +71,20 @@ impl Tenant {
         admin_port: u16,
         process_env: impl Iterator<Item = (String, String)>,
     ) -> Result<Self, ServeError> {
+        let limits = limits::RequestLimits::from_config(config);
+        Self::with_limits(engine, config, limits, metrics, admin_port, process_env)
+    }
+
+    /// [`Tenant::new`] with `limits` instead of `config`'s own (the pool's caps and
+    /// shares applied).
+    pub fn with_limits(
+        engine: &EngineHost,
+        config: &Config,
+        limits: limits::RequestLimits,
+        metrics: Arc<Metrics>,
+        admin_port: u16,
+        process_env: impl Iterator<Item = (String, String)>,
+    ) -> Result<Self, ServeError> {
         let module = config.module.as_deref().ok_or(ServeError::NoModule)?;
         let process_env: Vec<(String, String)> = process_env.collect();
         let variable = |name: &str| {
@@ -83,7 +97,6 @@ impl Tenant {
             ..config.outbound_with(variable)?
         };
         let outbound = Arc::new(outbound::Outbound::new(&outbound, metrics.clone())?);
-        let limits = limits::RequestLimits::from_config(config);
         let permits = Arc::new(Semaphore::new(limits.max_concurrency as usize));
         let loader = Loader::on(
             engine,

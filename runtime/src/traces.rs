@@ -26,7 +26,9 @@ pub fn record_failure(span: &tracing::Span, failure: &crate::handler::Failure) {
     span.record("otel.status_description", failure.public_message().trim_end());
     span.record("error.type", failure.kind());
     let detail = match failure {
-        Failure::Trap(why) | Failure::OutOfMemory(why) | Failure::BadResponse(why) => why.clone(),
+        Failure::Trap(why) | Failure::OutOfMemory(why) | Failure::SharedMemoryFull(why) | Failure::BadResponse(why) => {
+            why.clone()
+        }
         Failure::Exit(code) => format!("exit status {code}"),
         Failure::Timeout => String::new(),
     };
@@ -38,6 +40,7 @@ pub fn record_failure(span: &tracing::Span, failure: &crate::handler::Failure) {
     match failure {
         Failure::Timeout => tracing::error!(target: TARGET, parent: span, "timeout"),
         Failure::OutOfMemory(_) => tracing::error!(target: TARGET, parent: span, detail, "memory limit"),
+        Failure::SharedMemoryFull(_) => tracing::warn!(target: TARGET, parent: span, detail, "pool memory"),
         Failure::Trap(_) => tracing::error!(target: TARGET, parent: span, detail, "trap"),
         Failure::Exit(_) => tracing::error!(target: TARGET, parent: span, detail, "exit"),
         Failure::BadResponse(_) => tracing::error!(target: TARGET, parent: span, detail, "bad response"),

@@ -14,7 +14,7 @@ use super::runtime::{
     args_with_locations, container_port, function_env, handler_env_from, surge_strategy,
 };
 use super::{COMPONENT_LABEL, MANAGED_BY_LABEL, MANAGER, labels_for, meta, prometheus_annotations};
-use crate::crd::{Function, POOL_MEMORY_LIMIT};
+use crate::crd::{Function, POOL_MAX_REQUEST_BODY, POOL_MAX_TIMEOUT, POOL_MEMORY_LIMIT};
 use crate::module::{Module, ModuleLocation};
 use crate::settings::Settings;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
@@ -44,9 +44,17 @@ pub const POOL_PORTS: std::ops::Range<u16> = 20000..32000;
 /// Loaded code the pool keeps before unloading the least recently used Function, unless
 /// the operator's `--pool-memory-budget` says otherwise.
 pub const DEFAULT_POOL_MEMORY_BUDGET: u64 = 1 << 30;
-/// What the pool's container may use beyond its budget of loaded code: the requests in
-/// flight (each up to `POOL_MEMORY_LIMIT` of linear memory), buffers, the table.
-const POOL_MEMORY_ROOM: u64 = 1 << 30;
+/// Linear memory the pool's requests in flight may hold together (`--pool-request-memory`):
+/// growth past it fails that request with a 503, so the container never goes over its
+/// limit for them. Three requests of the largest pooled Function (`POOL_MEMORY_LIMIT`).
+pub const POOL_REQUEST_MEMORY: u64 = 768 << 20;
+/// The most one Function holds of the pool's request memory, slots and connections, in
+/// percent (`--pool-share`): at least half stays for the others.
+pub const POOL_SHARE_PERCENT: u8 = 50;
+/// What the pool's process needs beside loaded code and requests' linear memory: request
+/// bodies being received (the runtime's `--upload-budget`), responses on their way out,
+/// the table, the runtime itself.
+const POOL_PROCESS_ROOM: u64 = 256 << 20;
 /// The variable the pool reads its namespace from (the downward API's).
 pub const NAMESPACE_ENV: &str = "WASMLESS_NAMESPACE";
 
@@ -129,6 +137,10 @@ pub fn pool_deployment(namespace: &str, settings: &Settings) -> Deployment {
         ("--admin-port", ports::ADMIN.to_string()),
         ("--memory-limit", POOL_MEMORY_LIMIT.into()),
         ("--pool-memory-budget", quantity(settings.pool_memory_budget).0),
+        ("--pool-request-memory", quantity(POOL_REQUEST_MEMORY).0),
+        ("--pool-share", POOL_SHARE_PERCENT.to_string()),
+        ("--pool-max-timeout", POOL_MAX_TIMEOUT.into()),
+        ("--pool-max-request-body", POOL_MAX_REQUEST_BODY.into()),
         ("--pool-load-ahead", settings.pool_load_ahead.to_string()),
         ("--cache-dir", "/cache".into()),
         ("--drain-delay", format!("{DRAIN_DELAY_SECONDS}s")),
@@ -164,10 +176,11 @@ pub fn pool_deployment(namespace: &str, settings: &Settings) -> Deployment {
                 ("cpu".into(), Quantity("100m".into())),
                 ("memory".into(), Quantity("128Mi".into())),
             ])),
-            // The budget of loaded code, and room for the requests in flight.
+            // Derived from what the pool admits: the budget of loaded code, the requests'
+            // linear memory, and the process beside them.
             limits: Some(BTreeMap::from([(
                 "memory".into(),
-                quantity(settings.pool_memory_budget + POOL_MEMORY_ROOM),
+                quantity(settings.pool_memory_budget + POOL_REQUEST_MEMORY + POOL_PROCESS_ROOM),
             )])),
             ..Default::default()
         }),

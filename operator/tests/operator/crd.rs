@@ -538,3 +538,26 @@ fn files_go_beside_an_inline_source_with_plain_names() {
             .any(|p| p.contains("over the limit of 16"))
     );
 }
+
+/// Door 5 of issue 38: a Function whose requests may hold the pool longer or with more
+/// than the pool lets one Function have keeps a pod of its own, and says why.
+#[test]
+fn a_function_over_the_pools_caps_keeps_a_pod_of_its_own() {
+    let spec = |limits: Value| -> wasmless_operator::crd::FunctionSpec {
+        serde_json::from_value(json!({"source": "package handlers", "scale": {"min": 0}, "limits": limits})).unwrap()
+    };
+    assert_eq!(
+        spec(json!({"timeout": "60s", "maxRequestBody": "16Mi", "memory": "256Mi"})).pool_refusal(),
+        None
+    );
+    let refusal = spec(json!({"timeout": "2m"})).pool_refusal().unwrap();
+    assert!(
+        refusal.contains("limits.timeout 2m is over the shared pool's 60s"),
+        "{refusal}"
+    );
+    let refusal = spec(json!({"maxRequestBody": "17Mi"})).pool_refusal().unwrap();
+    assert!(
+        refusal.contains("limits.maxRequestBody 17Mi is over the shared pool's 16Mi"),
+        "{refusal}"
+    );
+}

@@ -30,15 +30,16 @@ impl CgiHandler {
     ) -> Result<Response<Body>, Failure> {
         let log = super::call_log(&request);
         let (parts, body) = request.into_parts();
-        let output = Output::new();
+        let share = self.shared.limits.request_share();
+        let output = Output::new(share.clone());
         let mut wasi = output.wasi(&self.shared);
         wasi.envs(&cgi_environment(&parts, body.len(), connection))
             .stdin(MemoryInputPipe::new(body));
-        let mut store = store::new_store(self.pre.module().engine(), &self.shared, wasi.build_p1(), log);
+        let mut store = store::new_store(self.pre.module().engine(), &self.shared, wasi.build_p1(), log, share);
 
         let outcome = self.run(&mut store).await;
         output.log_stderr();
-        outcome.map_err(|error| Failure::classify(error, store.data().limiter.memory_exceeded))?;
+        outcome.map_err(|error| Failure::classify(error, &store.data().limiter))?;
         parse_response(&output.stdout.contents())
     }
 

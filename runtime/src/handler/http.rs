@@ -1,10 +1,12 @@
 //! Components exporting `wasi:http/incoming-handler`, served through wasmtime-wasi-http.
 
+use super::output::CapturedOutput;
 use super::{Failure, MAX_HANDLER_OUTPUT, Shared, log_handler_output};
 use crate::engine::arm_timeout;
 use crate::limits::RequestLimiter;
 use crate::outbound::CallLog;
 use crate::outbound::wasi_http::OutboundHooks;
+use crate::request_memory::RequestShare;
 use axum::body::Body;
 use bytes::Bytes;
 use http::{Response, header};
@@ -15,7 +17,6 @@ use std::time::Instant;
 use tracing::Instrument;
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Engine, Store};
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
@@ -63,7 +64,13 @@ impl HttpHandler {
     }
 
     /// A request's own store: its WASI context with captured output, its limits, its deadline.
-    fn new_store(&self, stdout: &MemoryOutputPipe, stderr: &MemoryOutputPipe, log: Arc<CallLog>) -> Store<HttpState> {
+    fn new_store(
+        &self,
+        stdout: &CapturedOutput,
+        stderr: &CapturedOutput,
+        log: Arc<CallLog>,
+        share: Option<RequestShare>,
+    ) -> Store<HttpState> {
         let deadline = Instant::now() + self.shared.limits.timeout;
         let wasi = WasiCtxBuilder::new()
             .args(&[self.shared.function.as_str()])
@@ -76,7 +83,7 @@ impl HttpHandler {
             http: WasiHttpCtx::new(),
             table: ResourceTable::new(),
             hooks: OutboundHooks::new(self.shared.outbound.clone(), log, deadline),
-            limiter: RequestLimiter::new(&self.shared.limits),
+            limiter: RequestLimiter::new(&self.shared.limits, share),
         };
         let mut store = Store::new(self.pre.engine(), state);
         store.limiter(|state| &mut state.limiter);
@@ -89,9 +96,10 @@ impl HttpHandler {
         request: http::Request<Bytes>,
         permit: super::Permit,
     ) -> Result<Response<Body>, Failure> {
-        let stdout = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
-        let stderr = MemoryOutputPipe::new(MAX_HANDLER_OUTPUT);
-        let mut store = self.new_store(&stdout, &stderr, super::call_log(&request));
+        let share = self.shared.limits.request_share();
+        let stdout = CapturedOutput::new(MAX_HANDLER_OUTPUT, share.clone());
+        let stderr = CapturedOutput::new(MAX_HANDLER_OUTPUT, share.clone());
+        let mut store = self.new_store(&stdout, &stderr, super::call_log(&request), share);
 
         let (sender, mut receiver) = tokio::sync::oneshot::channel();
         let responded = Arc::new(AtomicBool::new(false));
@@ -132,7 +140,7 @@ impl HttpHandler {
             };
             log_handler_output("stdout", &stdout.contents());
             log_handler_output("stderr", &stderr.contents());
-            let result = result.map_err(|error| Failure::classify(error, store.data().limiter.memory_exceeded));
+            let result = result.map_err(|error| Failure::classify(error, &store.data().limiter));
             if let Err(failure) = &result
                 && responded.load(Ordering::SeqCst)
             {

@@ -3,6 +3,7 @@
 
 mod cgi;
 mod http;
+mod output;
 mod reactor;
 mod store;
 
@@ -94,6 +95,9 @@ pub enum Failure {
     Timeout,
     /// Asked for more memory than the limit, and failed for it (500).
     OutOfMemory(String),
+    /// Asked for memory within its limit that the pool's requests had taken already, and
+    /// failed for it (503: retry).
+    SharedMemoryFull(String),
     /// Trapped or panicked (500).
     Trap(String),
     /// A command exited with a non-zero status (500).
@@ -109,6 +113,7 @@ impl Failure {
             Self::Timeout => StatusCode::GATEWAY_TIMEOUT,
             Self::BadResponse(_) => StatusCode::BAD_GATEWAY,
             Self::OutOfMemory(_) | Self::Trap(_) | Self::Exit(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::SharedMemoryFull(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -117,6 +122,7 @@ impl Failure {
         match self {
             Self::Timeout => "timeout",
             Self::OutOfMemory(_) => "memory",
+            Self::SharedMemoryFull(_) => "pool_memory",
             Self::Trap(_) => "trap",
             Self::Exit(_) => "exit",
             Self::BadResponse(_) => "bad_response",
@@ -128,18 +134,24 @@ impl Failure {
         match self {
             Self::Timeout => "the handler did not finish within its timeout\n".into(),
             Self::OutOfMemory(_) => "the handler ran out of memory\n".into(),
+            Self::SharedMemoryFull(_) => {
+                "too busy: the pool serving this function has no memory left for this request now; retry\n".into()
+            }
             Self::Trap(_) => "the handler failed\n".into(),
             Self::Exit(code) => format!("the handler exited with status {code}\n"),
             Self::BadResponse(why) => format!("the handler's response is malformed: {why}\n"),
         }
     }
 
-    fn classify(error: wasmtime::Error, memory_exceeded: bool) -> Self {
+    fn classify(error: wasmtime::Error, limiter: &crate::limits::RequestLimiter) -> Self {
         if matches!(error.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt)) {
             return Self::Timeout;
         }
-        if memory_exceeded {
+        if limiter.memory_exceeded {
             return Self::OutOfMemory(format!("{error:?}"));
+        }
+        if limiter.shared_memory_full() {
+            return Self::SharedMemoryFull(format!("{error:?}"));
         }
         if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {
             return Self::Exit(exit.0);

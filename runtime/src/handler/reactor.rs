@@ -12,6 +12,7 @@ use crate::abi::{REACTOR_HANDLE, REACTOR_REQUEST_BUFFER};
 use crate::clocks::WallMonotonic;
 use crate::limits::Isolation;
 use crate::outbound::CallLog;
+use crate::request_memory::RequestShare;
 use axum::body::Body;
 use bytes::Bytes;
 use http::{Response, header};
@@ -67,7 +68,8 @@ impl ReactorHandler {
     ) -> Result<Response<Body>, Failure> {
         let encoded = encode_request(&request, connection);
         let log = super::call_log(&request);
-        let output = Output::new();
+        let share = self.shared.limits.request_share();
+        let output = Output::new(share.clone());
         let mut wasi = output.wasi(&self.shared);
         wasi.monotonic_clock(WallMonotonic);
         let wasi = wasi.build_p1();
@@ -77,7 +79,7 @@ impl ReactorHandler {
                 store::renew(&mut reactor.store, &self.shared, wasi, log);
                 reactor
             }
-            None => match self.instantiate(wasi, log).await {
+            None => match self.instantiate(wasi, log, share).await {
                 Ok(reactor) => reactor,
                 Err(failure) => {
                     output.log_stdout();
@@ -90,7 +92,7 @@ impl ReactorHandler {
         output.log_stdout();
         output.log_stderr();
         let response = outcome
-            .map_err(|error| Failure::classify(error, reactor.store.data().limiter.memory_exceeded))?
+            .map_err(|error| Failure::classify(error, &reactor.store.data().limiter))?
             .map_err(Failure::BadResponse)
             .and_then(|bytes| decode_response(&bytes))?;
         // Only an instance that answered goes back: one that failed may have been stopped
@@ -108,8 +110,13 @@ impl ReactorHandler {
     }
 
     /// A new instance of the snapshot, initialised if it was not snapshotted.
-    async fn instantiate(&self, wasi: WasiP1Ctx, log: Arc<CallLog>) -> Result<Reactor, Failure> {
-        let mut store = store::new_store(self.pre.module().engine(), &self.shared, wasi, log);
+    async fn instantiate(
+        &self,
+        wasi: WasiP1Ctx,
+        log: Arc<CallLog>,
+        share: Option<RequestShare>,
+    ) -> Result<Reactor, Failure> {
+        let mut store = store::new_store(self.pre.module().engine(), &self.shared, wasi, log, share);
         match self.exports(&mut store).await {
             Ok((memory, request_buffer, handle)) => Ok(Reactor {
                 store,
@@ -118,7 +125,7 @@ impl ReactorHandler {
                 handle,
                 served: 0,
             }),
-            Err(error) => Err(Failure::classify(error, store.data().limiter.memory_exceeded)),
+            Err(error) => Err(Failure::classify(error, &store.data().limiter)),
         }
     }
 

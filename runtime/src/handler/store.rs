@@ -2,17 +2,18 @@
 //! WASI context, with stdout and stderr captured, the memory limiter, the deadline, and
 //! its outbound calls.
 
+use super::output::CapturedOutput;
 use super::{MAX_HANDLER_OUTPUT, Shared, log_handler_output};
 use crate::engine::arm_timeout;
 use crate::limits::RequestLimiter;
 use crate::outbound::CallLog;
 use crate::outbound::guest::GuestCalls;
+use crate::request_memory::RequestShare;
 use std::sync::Arc;
 use std::time::Instant;
 use wasmtime::{Engine, Linker, Store};
 use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi::p1::WasiP1Ctx;
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
 pub struct GuestState {
     pub wasi: WasiP1Ctx,
@@ -29,17 +30,18 @@ pub fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
 }
 
 /// What a guest writes to stdout and stderr during one request, each cut off at
-/// [`MAX_HANDLER_OUTPUT`] (writes past it fail).
+/// [`MAX_HANDLER_OUTPUT`] (writes past it fail), and in a pool taken from the request's
+/// `share` of the shared memory.
 pub struct Output {
-    pub stdout: MemoryOutputPipe,
-    pub stderr: MemoryOutputPipe,
+    pub stdout: CapturedOutput,
+    pub stderr: CapturedOutput,
 }
 
 impl Output {
-    pub fn new() -> Self {
+    pub fn new(share: Option<RequestShare>) -> Self {
         Self {
-            stdout: MemoryOutputPipe::new(MAX_HANDLER_OUTPUT),
-            stderr: MemoryOutputPipe::new(MAX_HANDLER_OUTPUT),
+            stdout: CapturedOutput::new(MAX_HANDLER_OUTPUT, share.clone()),
+            stderr: CapturedOutput::new(MAX_HANDLER_OUTPUT, share),
         }
     }
 
@@ -64,12 +66,18 @@ impl Output {
 }
 
 /// A store for one request, with the memory limit and the timeout armed; its outbound
-/// calls are told to `log`.
-pub fn new_store(engine: &Engine, shared: &Shared, wasi: WasiP1Ctx, log: Arc<CallLog>) -> Store<GuestState> {
+/// calls are told to `log`, its memory taken from `share` in a pool.
+pub fn new_store(
+    engine: &Engine,
+    shared: &Shared,
+    wasi: WasiP1Ctx,
+    log: Arc<CallLog>,
+    share: Option<RequestShare>,
+) -> Store<GuestState> {
     let deadline = Instant::now() + shared.limits.timeout;
     let state = GuestState {
         wasi,
-        limiter: RequestLimiter::new(&shared.limits),
+        limiter: RequestLimiter::new(&shared.limits, share),
         calls: GuestCalls::new(shared.outbound.clone(), log, deadline),
     };
     let mut store = Store::new(engine, state);

@@ -19,6 +19,7 @@ use crate::edge::Listeners;
 use crate::limits::RequestLimits;
 use crate::loader::EngineHost;
 use crate::metrics::Metrics;
+use crate::request_memory::SharedMemory;
 use crate::tenant::Tenant;
 use std::collections::BTreeMap;
 use std::collections::HashMap;
@@ -75,6 +76,50 @@ pub struct Pool {
     /// `--max-concurrency` of the pool: requests running at once across its Functions,
     /// which the instance pool is sized for.
     permits: Arc<tokio::sync::Semaphore>,
+    /// `--pool-request-memory`: what all requests' instances may hold together.
+    memory: Arc<SharedMemory>,
+    /// What one Function may have, whatever its entry asks: its share of the request
+    /// slots, and the caps on its timeout and request body.
+    caps: Caps,
+}
+
+/// What one pooled Function may have at most.
+#[derive(Debug, Clone)]
+struct Caps {
+    slots: u32,
+    timeout: Duration,
+    max_request_body: usize,
+}
+
+impl Caps {
+    fn from_config(config: &Config) -> Self {
+        Self {
+            slots: share_of(config.max_concurrency as usize, config.pool_share).max(1) as u32,
+            timeout: config.pool_max_timeout,
+            max_request_body: usize::try_from(config.pool_max_request_body).unwrap_or(usize::MAX),
+        }
+    }
+}
+
+/// `percent` of `total`, rounded down.
+pub fn share_of(total: usize, percent: u8) -> usize {
+    (total as u128 * u128::from(percent.min(100)) / 100) as usize
+}
+
+/// Why the pool cannot start as configured: one Function's share of the request memory
+/// must hold one request of the largest memory limit, or such a Function never runs.
+pub fn check_shares(config: &Config) -> Result<(), String> {
+    let share = share_of(
+        usize::try_from(config.pool_request_memory).unwrap_or(usize::MAX),
+        config.pool_share,
+    );
+    if (share as u64) < config.memory_limit {
+        return Err(format!(
+            "--pool-share {}% of --pool-request-memory ({} bytes) is {share} bytes, less than --memory-limit ({} bytes), the memory of one request of the largest Function: raise --pool-request-memory or --pool-share, or lower --memory-limit",
+            config.pool_share, config.pool_request_memory, config.memory_limit
+        ));
+    }
+    Ok(())
 }
 
 impl Pool {
@@ -106,6 +151,11 @@ impl Pool {
             reported: Default::default(),
             table_read: AtomicBool::new(false),
             permits: Arc::new(tokio::sync::Semaphore::new(config.max_concurrency as usize)),
+            memory: Arc::new(SharedMemory::new(
+                usize::try_from(config.pool_request_memory).unwrap_or(usize::MAX),
+                config.pool_share,
+            )),
+            caps: Caps::from_config(config),
         });
         (pool, receiver)
     }
@@ -447,7 +497,7 @@ impl Pool {
             let text = error.render().to_string();
             format!("its args are not the runtime's: {}", text.trim())
         })?;
-        let function_limits = RequestLimits::from_config(&config);
+        let mut function_limits = RequestLimits::from_config(&config);
         if function_limits.isolation == crate::limits::Isolation::Shared {
             // Kept instances would hold the pool's instance slots while idle, and a
             // Function that keeps state between requests is not one to unload at will.
@@ -462,10 +512,33 @@ impl Pool {
                 self.limits.memory_bytes
             ));
         }
+        if function_limits.timeout > self.caps.timeout {
+            return Err(format!(
+                "its --timeout is over the pool's --pool-max-timeout ({:?}): serve this Function from its own pods",
+                self.caps.timeout
+            ));
+        }
+        if function_limits.max_request_body > self.caps.max_request_body {
+            return Err(format!(
+                "its --max-request-body is over the pool's --pool-max-request-body ({} bytes): serve this Function from its own pods",
+                self.caps.max_request_body
+            ));
+        }
+        // Its share of the slots, and its own account with the requests' memory: one
+        // Function's load gets 503s before it takes the pool from the others.
+        function_limits.max_concurrency = function_limits.max_concurrency.min(self.caps.slots);
+        function_limits.shared_memory = Some(self.memory.account());
         let metrics = Arc::new(self.metrics.for_function(&config.function));
         let variables = entry.resolved.0.iter().cloned();
-        let mut tenant = Tenant::new(&self.engine, &config, metrics, self.admin_port, variables)
-            .map_err(|error| error.to_string())?;
+        let mut tenant = Tenant::with_limits(
+            &self.engine,
+            &config,
+            function_limits,
+            metrics,
+            self.admin_port,
+            variables,
+        )
+        .map_err(|error| error.to_string())?;
         tenant.host_permits = Some(self.permits.clone());
         let pool = Arc::downgrade(self);
         let port = entry.port;

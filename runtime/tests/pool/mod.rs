@@ -247,6 +247,144 @@ async fn the_pools_concurrency_is_shared_so_a_busy_neighbour_gets_503s_not_failu
     );
 }
 
+/// Door 5 of issue 38: a Function whose requests each hold much memory, many at once,
+/// beside a neighbour. The heavy one gets its share of the pool's request memory, and 503s
+/// with Retry-After past it; the neighbour is answered throughout; the pool's memory for
+/// requests comes back when they end.
+#[tokio::test]
+async fn a_heavy_function_gets_503s_past_its_share_of_memory_while_its_neighbour_is_served() {
+    let table = tempfile::tempdir().unwrap();
+    let (heavy, light) = (free_port(), free_port());
+    add_function(table.path(), "heavy", heavy, &rust_echo(), &["--memory-limit", "48Mi"]);
+    add_function(table.path(), "light", light, &rust_echo(), &["--memory-limit", "48Mi"]);
+    // 50% of 100 MiB: a heavy request of 30 MiB fits the heavy Function's share once.
+    let pool = Runtime::start_pool(
+        table.path(),
+        &[
+            "--memory-limit",
+            "48Mi",
+            "--pool-request-memory",
+            "100Mi",
+            "--pool-share",
+            "50",
+        ],
+    );
+    assert_eq!(get(at(light, "/hello")).await.0, 200);
+    assert_eq!(get(at(heavy, "/hello")).await.0, 200);
+
+    let client = reqwest::Client::new();
+    let heavy_requests: Vec<_> = (0..6)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let response = client.get(at(heavy, "/hold?mib=30&ms=1500")).send().await.unwrap();
+                let retry_after = response.headers().get("retry-after").cloned();
+                (response.status().as_u16(), retry_after, response.text().await.unwrap())
+            })
+        })
+        .collect();
+    let mut light_answers = Vec::new();
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        light_answers.push(get(at(light, "/hold?mib=4")).await.0);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut answered = 0;
+    let mut refused = 0;
+    for request in heavy_requests {
+        let (status, retry_after, body) = request.await.unwrap();
+        match status {
+            200 => {
+                assert_eq!(body, "held 30 MiB\n");
+                answered += 1;
+            }
+            503 => {
+                assert!(body.contains("no memory left for this request"), "{body}");
+                assert_eq!(retry_after.as_ref().and_then(|v| v.to_str().ok()), Some("1"));
+                refused += 1;
+            }
+            other => panic!("heavy got {other}: {body}"),
+        }
+    }
+    assert!(answered >= 1, "no heavy request was answered");
+    assert!(refused >= 1, "every heavy request was let in: {answered} answered");
+    assert!(light_answers.len() > 5, "{light_answers:?}");
+    assert!(light_answers.iter().all(|status| *status == 200), "{light_answers:?}");
+    let text = metrics(&pool).await;
+    assert_eq!(
+        sample(
+            &text,
+            "wasmless_refused_total",
+            &[("function", "heavy"), ("reason", "pool_memory")]
+        ),
+        Some(refused as f64),
+        "{text}"
+    );
+    // What the requests held is given back: they all fit again, one after another.
+    for _ in 0..3 {
+        assert_eq!(get(at(heavy, "/hold?mib=30")).await.0, 200);
+    }
+}
+
+/// Output a handler writes is host memory the pool holds for the request: it is taken
+/// from the same share as its linear memory.
+#[tokio::test]
+async fn a_handlers_output_counts_against_its_share_of_the_pools_memory() {
+    let table = tempfile::tempdir().unwrap();
+    let port = free_port();
+    add_function(table.path(), "loud", port, &rust_echo(), &["--memory-limit", "16Mi"]);
+    // A 20 MiB share: 6 MiB written twice fits, 12 MiB twice does not.
+    let pool = Runtime::start_pool(
+        table.path(),
+        &[
+            "--memory-limit",
+            "16Mi",
+            "--pool-request-memory",
+            "40Mi",
+            "--pool-share",
+            "50",
+        ],
+    );
+    let (status, body) = get(at(port, "/write?mib=6")).await;
+    assert_eq!((status, body.as_str()), (200, "wrote 6 MiB twice\n"));
+    let (status, body) = get(at(port, "/write?mib=12")).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("no memory left for this request"), "{body}");
+    assert_eq!(
+        get(at(port, "/write?mib=6")).await.0,
+        200,
+        "what the refused request held is back"
+    );
+    let text = metrics(&pool).await;
+    assert_eq!(
+        sample(
+            &text,
+            "wasmless_refused_total",
+            &[("function", "loud"), ("reason", "pool_memory")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_pool_whose_share_of_request_memory_holds_no_request_of_its_limit_does_not_start() {
+    let table = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_wasmless-runtime"))
+        .arg("--pool")
+        .arg(table.path())
+        .args(["--bind", "127.0.0.1", "--admin-port", "0"])
+        .args(["--memory-limit", "256Mi", "--pool-request-memory", "256Mi"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "the pool started");
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        message.contains("raise --pool-request-memory or --pool-share"),
+        "{message}"
+    );
+}
+
 #[tokio::test]
 async fn the_admin_port_says_which_functions_are_live_and_why_one_is_not() {
     let table = tempfile::tempdir().unwrap();

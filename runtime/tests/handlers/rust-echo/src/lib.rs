@@ -20,6 +20,25 @@ pub fn handler(request: Request) -> Response {
             std::thread::sleep(std::time::Duration::from_millis(millis));
             Response::new(b"slept\n".to_vec())
         }
+        "/hold" => {
+            // Holds `mib` MiB of linear memory, every page touched, for `ms` milliseconds.
+            let mib: usize = query(&request, "mib").and_then(|mib| mib.parse().ok()).unwrap_or(1);
+            let millis = query(&request, "ms").and_then(|ms| ms.parse().ok()).unwrap_or(0);
+            let held = vec![1u8; mib << 20];
+            std::thread::sleep(std::time::Duration::from_millis(millis));
+            Response::new(format!("held {} MiB\n", std::hint::black_box(&held).len() >> 20).into_bytes())
+        }
+        "/write" => {
+            // Writes `mib` MiB to stdout and as much to stderr.
+            use std::io::Write;
+            let mib: usize = query(&request, "mib").and_then(|mib| mib.parse().ok()).unwrap_or(1);
+            let chunk = vec![b'.'; 64 << 10];
+            for _ in 0..mib * 16 {
+                std::io::stdout().write_all(&chunk).unwrap();
+                std::io::stderr().write_all(&chunk).unwrap();
+            }
+            Response::new(format!("wrote {mib} MiB twice\n").into_bytes())
+        }
         "/hello" => Response::new(b"Hello, world!\n".to_vec()),
         "/fetch" => fetch(&query(&request, "url").unwrap_or_default()),
         "/stderr" => {
