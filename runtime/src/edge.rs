@@ -101,8 +101,8 @@ struct Edge {
     /// `--max-connections`, across all threads.
     connections: Arc<Semaphore>,
     /// Each listener's share of them, by the listener's address (as [`AcceptedOn`]), across
-    /// all threads.
-    per_listener: Mutex<std::collections::HashMap<usize, Arc<Semaphore>>>,
+    /// all threads: held by the listener's accept loops, so it lives as long as one does.
+    per_listener: Mutex<std::collections::HashMap<usize, std::sync::Weak<Semaphore>>>,
     /// When the connection limit was last logged, and how many were refused since.
     limit_warning: Mutex<(Option<Instant>, u64)>,
     refusal: Vec<u8>,
@@ -204,7 +204,6 @@ fn serve_thread(
             let keep: std::collections::HashSet<usize> =
                 current.iter().map(|listener| Arc::as_ptr(listener).addr()).collect();
             accepting.retain(|key, _| keep.contains(key));
-            edge.per_listener.lock().unwrap().retain(|key, _| keep.contains(key));
             for listener in current.iter() {
                 let key = Arc::as_ptr(listener).addr();
                 if accepting.contains_key(&key) {
@@ -263,13 +262,19 @@ async fn accept(
         ..
     } = &*edge;
     let local_port = crate::server::LocalPort(listener.local_addr().map_or(0, |addr| addr.port()));
-    let listener_connections = edge
-        .per_listener
-        .lock()
-        .unwrap()
-        .entry(bound.on.key())
-        .or_insert_with(|| Arc::new(Semaphore::new(limits.max_connections_per_listener)))
-        .clone();
+    let listener_connections = {
+        let mut per_listener = edge.per_listener.lock().unwrap();
+        // A listener whose every accept loop ended has no more use for its count.
+        per_listener.retain(|_, semaphore| semaphore.strong_count() > 0);
+        match per_listener.get(&bound.on.key()).and_then(std::sync::Weak::upgrade) {
+            Some(semaphore) => semaphore,
+            None => {
+                let semaphore = Arc::new(Semaphore::new(limits.max_connections_per_listener));
+                per_listener.insert(bound.on.key(), Arc::downgrade(&semaphore));
+                semaphore
+            }
+        }
+    };
     loop {
         let (stream, remote) = match listener.accept().await {
             Ok(accepted) => accepted,

@@ -93,6 +93,8 @@ pub struct RequestLimiter {
     /// In a pool: what the request holds of the shared memory, given back when the store
     /// (and the request's output) is dropped.
     share: Option<RequestShare>,
+    /// What the last growth took from `share`, given back if wasmtime then refuses it.
+    last_taken: usize,
 }
 
 impl RequestLimiter {
@@ -101,6 +103,7 @@ impl RequestLimiter {
             memory_bytes: limits.memory_bytes,
             memory_exceeded: false,
             share,
+            last_taken: 0,
         }
     }
 
@@ -111,20 +114,71 @@ impl RequestLimiter {
 }
 
 impl wasmtime::ResourceLimiter for RequestLimiter {
-    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        self.last_taken = 0;
         if desired > self.memory_bytes {
             self.memory_exceeded = true;
             return Ok(false);
         }
-        if let Some(share) = &self.share
-            && !share.take(desired.saturating_sub(current))
-        {
+        // Past the module's own maximum wasmtime refuses the growth after asking here:
+        // refused before anything is taken for it.
+        if maximum.is_some_and(|maximum| desired > maximum) {
             return Ok(false);
+        }
+        if let Some(share) = &self.share {
+            let more = desired.saturating_sub(current);
+            if !share.take(more) {
+                return Ok(false);
+            }
+            self.last_taken = more;
         }
         Ok(true)
     }
 
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        if let Some(share) = &self.share {
+            share.give_back(std::mem::take(&mut self.last_taken));
+        }
+        tracing::debug!(%error, "a memory growth allowed by the limits failed");
+        Ok(())
+    }
+
     fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request_memory::SharedMemory;
+    use std::sync::Arc;
+    use wasmtime::ResourceLimiter;
+
+    const KI64: usize = 64 << 10;
+    const MI: usize = 1 << 20;
+
+    #[test]
+    fn growth_that_does_not_happen_holds_nothing_of_the_shared_memory() {
+        let shared = Arc::new(SharedMemory::new(10 * MI, 100));
+        let account = shared.account();
+        let limits = RequestLimits {
+            shared_memory: Some(account.clone()),
+            ..RequestLimits::default()
+        };
+        let mut limiter = RequestLimiter::new(&limits, limits.request_share());
+        assert!(limiter.memory_growing(0, KI64, Some(KI64)).unwrap());
+        assert_eq!(account.used(), KI64);
+        // A module declaring one page asks for 8 MiB: wasmtime would refuse it anyway.
+        assert!(!limiter.memory_growing(KI64, 8 * MI, Some(KI64)).unwrap());
+        assert_eq!(account.used(), KI64);
+        assert!(!limiter.shared_memory_full());
+        // Allowed here, then refused by wasmtime: given back.
+        assert!(limiter.memory_growing(KI64, 4 * MI, None).unwrap());
+        assert_eq!(account.used(), 4 * MI);
+        limiter.memory_grow_failed(wasmtime::Error::msg("refused")).unwrap();
+        assert_eq!(account.used(), KI64);
+        drop(limiter);
+        assert_eq!(account.used(), 0);
     }
 }

@@ -152,6 +152,11 @@ impl RequestShare {
         taken
     }
 
+    /// Gives back `bytes` taken for growth that then did not happen.
+    pub fn give_back(&self, bytes: usize) {
+        self.grant.lock().unwrap().give_back(bytes);
+    }
+
     /// Whether something the request asked for did not fit.
     pub fn refused(&self) -> bool {
         self.refused.load(Ordering::Relaxed)
@@ -183,6 +188,14 @@ impl Grant {
     pub fn held(&self) -> usize {
         self.held
     }
+
+    /// Gives back `bytes` of what this request holds: growth that was taken for but did
+    /// not happen.
+    pub fn give_back(&mut self, bytes: usize) {
+        let bytes = bytes.min(self.held);
+        self.pool.give_back(&self.function, bytes);
+        self.held -= bytes;
+    }
 }
 
 impl Drop for Grant {
@@ -210,7 +223,8 @@ mod tests {
         assert!(second.grow_by(10 * MI));
         let mut neighbour = pool.grant(&light);
         assert!(neighbour.grow_by(50 * MI), "the other half is the neighbour's to take");
-        let mut third = pool.grant(&light);
+        let other = Arc::new(FunctionMemory::default());
+        let mut third = pool.grant(&other);
         assert!(!third.grow_by(MI), "the pool is full");
         assert_eq!(pool.used(), 100 * MI);
         drop(first);

@@ -52,9 +52,10 @@ pub const POOL_REQUEST_MEMORY: u64 = 768 << 20;
 /// percent (`--pool-share`): at least half stays for the others.
 pub const POOL_SHARE_PERCENT: u8 = 50;
 /// What the pool's process needs beside loaded code and requests' linear memory: request
-/// bodies being received (the runtime's `--upload-budget`), responses on their way out,
-/// the table, the runtime itself.
-const POOL_PROCESS_ROOM: u64 = 256 << 20;
+/// bodies being received (the runtime's `--upload-budget`) and held, responses on their way
+/// out, what wasmtime keeps resident in its instance slots between requests (up to ~180 MiB
+/// with 64 slots), the table, the runtime itself.
+const POOL_PROCESS_ROOM: u64 = 512 << 20;
 /// The variable the pool reads its namespace from (the downward API's).
 pub const NAMESPACE_ENV: &str = "WASMLESS_NAMESPACE";
 

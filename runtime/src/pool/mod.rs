@@ -19,7 +19,7 @@ use crate::edge::Listeners;
 use crate::limits::RequestLimits;
 use crate::loader::EngineHost;
 use crate::metrics::Metrics;
-use crate::request_memory::SharedMemory;
+use crate::request_memory::{MemoryAccount, SharedMemory};
 use crate::tenant::Tenant;
 use std::collections::BTreeMap;
 use std::collections::HashMap;
@@ -78,6 +78,10 @@ pub struct Pool {
     permits: Arc<tokio::sync::Semaphore>,
     /// `--pool-request-memory`: what all requests' instances may hold together.
     memory: Arc<SharedMemory>,
+    /// Each Function's account with it, by name, kept while the Function is in the table:
+    /// an edit's new tenant shares its account with the old one's requests still in flight,
+    /// so that an edit never doubles a Function's share.
+    accounts: Mutex<HashMap<String, MemoryAccount>>,
     /// What one Function may have, whatever its entry asks: its share of the request
     /// slots, and the caps on its timeout and request body.
     caps: Caps,
@@ -156,6 +160,7 @@ impl Pool {
                 config.pool_share,
             )),
             caps: Caps::from_config(config),
+            accounts: Default::default(),
         });
         (pool, receiver)
     }
@@ -385,6 +390,7 @@ impl Pool {
     /// another Function may have it.
     fn release(&self, name: &str, old: &Held, now: Instant) {
         self.quarantine.lock().unwrap().free(old.entry.port, name, now);
+        self.accounts.lock().unwrap().remove(&*old.tenant.function);
         self.forget(old);
     }
 
@@ -527,7 +533,14 @@ impl Pool {
         // Its share of the slots, and its own account with the requests' memory: one
         // Function's load gets 503s before it takes the pool from the others.
         function_limits.max_concurrency = function_limits.max_concurrency.min(self.caps.slots);
-        function_limits.shared_memory = Some(self.memory.account());
+        function_limits.shared_memory = Some(
+            self.accounts
+                .lock()
+                .unwrap()
+                .entry(config.function.clone())
+                .or_insert_with(|| self.memory.account())
+                .clone(),
+        );
         let metrics = Arc::new(self.metrics.for_function(&config.function));
         let variables = entry.resolved.0.iter().cloned();
         let mut tenant = Tenant::with_limits(
