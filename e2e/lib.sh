@@ -161,4 +161,13 @@ built_and_rolled() {
   }
   wait_until 60 "$function's Deployment to carry the built template" template_built
   kubectl rollout status "deploy/$function" -n "$namespace" --timeout=180s >/dev/null
+  # The replaced pod serves on through its drain delay (kube-proxy may still send to it):
+  # until it is gone, a request may still be its.
+  only_rolled_pods() {
+    local pods replicas
+    pods=$(kubectl get pods -n "$namespace" -l "wasmless.io/function=$function,wasmless.io/component=runtime" --no-headers 2>/dev/null | wc -l)
+    replicas=$(kubectl get deploy "$function" -n "$namespace" -o 'jsonpath={.spec.replicas}')
+    [[ $pods == "$replicas" ]]
+  }
+  wait_until 90 "$function's replaced pods to be gone" only_rolled_pods
 }

@@ -41,7 +41,7 @@ steps=(
   scale_and_autoscale autoscale_on_cpu                         # steps/scale.sh
   scale_to_zero pooled_secret                                  # steps/zero.sh
   cli_deploy                                                   # steps/cli.sh
-  least_privilege tenant_doors heavy_neighbour                 # steps/security.sh
+  least_privilege tenant_doors heavy_neighbour keepalive_to_deleted  # steps/security.sh
   call_another_function secret_rotation                       # steps/outbound.sh
   go_modules                                                   # steps/modules.sh
   prometheus_scrapes dashboard_queries                         # steps/prometheus.sh

@@ -245,3 +245,50 @@ heavy_neighbour() {
   kubectl delete fn heavy light -n "$NS" --wait=false >/dev/null
   ok
 }
+
+# Door 4 on the cluster: a client keeping its connection to a pooled Function's port on a
+# pool pod; the Function deleted; the same connection never answers again (the pool closed
+# it), so it can reach no Function given that port later.
+keepalive_to_deleted() {
+  step "a keep-alive connection to a pooled Function that is deleted is closed by the pool: it reaches nobody after"
+  local manifest ip port
+  manifest=$(python3 -c 'import json,sys; print(json.dumps({
+    "apiVersion": "wasmless.io/v1alpha1", "kind": "Function",
+    "metadata": {"name": "leaving", "namespace": sys.argv[2]},
+    "spec": {"function": sys.argv[1], "scale": {"min": 0, "max": 1}}}))' "$(go_handler "leaving answers")" "$NS")
+  kubectl apply -f - <<<"$manifest" >/dev/null
+  wait_until 240 "leaving to be Ready in the pool" bash -c "[[ \$(kubectl get fn leaving -n $NS -o 'jsonpath={.status.phase}/{.status.servedBy}') == Ready/pool ]]"
+  wait_until 30 "every pool pod to list leaving" pool_lists leaving
+  port=$(kubectl get cm leaving-pool -n "$NS" -o 'jsonpath={.data.entry\.json}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["port"])')
+  ip=$(pool_ips | head -1)
+  python3 - "$ip" "$port" "$NS" <<'PY' || fail "the connection to a deleted Function was not closed"
+import http.client, subprocess, sys, time
+ip, port, ns = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+connection = http.client.HTTPConnection(ip, port, timeout=10)
+connection.request("GET", "/")
+response = connection.getresponse()
+body = response.read().decode()
+assert response.status == 200 and body == "leaving answers", (response.status, body)
+print(f"    {ip}:{port} answered {body!r} on a kept connection")
+subprocess.run(["kubectl", "delete", "fn", "leaving", "-n", ns, "--wait=false"], check=True, capture_output=True)
+deadline = time.time() + 60
+while time.time() < deadline:
+    listed = subprocess.run(["curl", "-fsS", "--max-time", "2", f"http://{ip}:9090/pool"], capture_output=True, text=True).stdout
+    if '"leaving"' not in listed:
+        break
+    time.sleep(0.5)
+else:
+    sys.exit("the pool still lists leaving 60 s after its deletion")
+time.sleep(1)
+try:
+    connection.request("GET", "/")
+    response = connection.getresponse()
+    body = response.read().decode()
+    # Served by nobody: the pool answers a request it got before closing with no Function's body.
+    assert response.status != 200, f"the kept connection was answered: {response.status} {body!r}"
+    print(f"    after the deletion, the kept connection got {response.status}: {body.strip()!r}")
+except (ConnectionError, http.client.HTTPException, OSError) as error:
+    print(f"    after the deletion, the kept connection is closed: {type(error).__name__}")
+PY
+  ok
+}
