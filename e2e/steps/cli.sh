@@ -9,8 +9,8 @@ cli_deploy() {
   echo "$out"
   url=$(awk '/^From a node: / { print $4 }' <<<"$out")
   [[ -n $url ]] || fail "wasmless deploy printed no address: $out"
-  # The request below must reach the pod whose log `wasmless logs` reads.
-  built_and_rolled hello "$ns"
+  # deploy returned once the rollout to the built template is over: the request below
+  # reaches the pod whose log `wasmless logs` reads.
   # deploy waits for the Service's endpoints; kube-proxy programs a new Service a moment later.
   wait_until 10 "the address wasmless deploy printed to answer" get "$url"
   expect_eq "$(get "$url")" "This works!" "GET of the URL wasmless deploy printed"

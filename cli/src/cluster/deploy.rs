@@ -90,6 +90,10 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
+    let served_by = ready.status.as_ref().and_then(|status| status.served_by);
+    if served_by != Some(wasmless_operator::crd::ServedBy::Pool) {
+        settle_rollout(&client, &namespace, &name, &spinner).await;
+    }
     // Ready means the pods are available; the Service routes to them once their endpoints
     // are published, which can come a moment later for a new Service.
     let service = ready.spec.service.clone().unwrap_or_else(|| name.clone());
@@ -124,6 +128,73 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
         println!("From a node: http://{ip}:{}/", ready.spec.server_port);
     }
     Ok(())
+}
+
+/// How long `deploy` waits after Ready for the pods that stay.
+const ROLLOUT_WAIT: Duration = Duration::from_secs(120);
+
+/// Waits (bounded, quietly giving up) until the Function's Deployment runs only pods of its
+/// built template. A new Function is Ready on the pod that waited for its build and was
+/// switched to it in place; the Deployment then rolls to the built template and that pod
+/// goes, serving on through its drain delay. A request sent before then, and its log line,
+/// would be the replaced pod's, and `wasmless logs` reads the pod that stays.
+async fn settle_rollout(client: &kube::Client, namespace: &str, name: &str, spinner: &ProgressBar) {
+    spinner.set_message(format!(
+        "{name}: Ready, waiting for its Deployment to run only the built pods"
+    ));
+    let deadline = tokio::time::Instant::now() + ROLLOUT_WAIT;
+    while tokio::time::Instant::now() < deadline {
+        match rolled_out(client, namespace, name).await {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(error) => {
+                // Whoever may deploy but not read Deployments or pods still gets the URL.
+                tracing::debug!(%error, "cannot tell whether the rollout is done");
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Whether `name`'s Deployment has rolled to its built template (its routes name a
+/// revision) and no pod of an older template is left, terminating or not. A Function
+/// served by the pool has no pods to wait for.
+async fn rolled_out(client: &kube::Client, namespace: &str, name: &str) -> kube::Result<bool> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Pod;
+    let Some(deployment) = Api::<Deployment>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await?
+    else {
+        return Ok(true);
+    };
+    let routes = deployment
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.template.metadata.as_ref()?.annotations.as_ref())
+        .and_then(|annotations| annotations.get(wasmless_operator::objects::ROUTES_ANNOTATION));
+    if routes.is_none_or(|routes| routes == "[]") {
+        return Ok(false);
+    }
+    let wanted = deployment.spec.as_ref().and_then(|spec| spec.replicas).unwrap_or(1);
+    let status = deployment.status.unwrap_or_default();
+    let current = status.observed_generation >= deployment.metadata.generation
+        && status.updated_replicas.unwrap_or_default() == wanted
+        && status.available_replicas.unwrap_or_default() == wanted
+        && status.replicas.unwrap_or_default() == wanted;
+    if !current {
+        return Ok(false);
+    }
+    let selector = format!(
+        "{}={name},{}=runtime",
+        wasmless_artifact::labels::FUNCTION,
+        wasmless_operator::objects::COMPONENT_LABEL
+    );
+    let pods = Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels(&selector))
+        .await?;
+    Ok(pods.items.len() == usize::try_from(wanted).unwrap_or_default())
 }
 
 fn condition<'a>(
