@@ -621,6 +621,7 @@ fn by_claim(table: Table) -> Vec<(String, Row)> {
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use wasmless_testkit::free_port;
 
     /// A pool loading nothing ahead, its ports quarantined for `quarantine`.
     fn pool(quarantine: Duration) -> Arc<Pool> {
@@ -640,14 +641,6 @@ mod tests {
         let (pool, _) = Pool::new(engine, metrics, &config, 1);
         *pool.quarantine.lock().unwrap() = quarantine::PortQuarantine::new(quarantine);
         pool
-    }
-
-    fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
     }
 
     /// `function` on `port`, its entry first written at `claimed_since` (RFC 3339).

@@ -385,8 +385,10 @@ fn a_pool_whose_share_of_request_memory_holds_no_request_of_its_limit_does_not_s
     );
 }
 
-#[tokio::test]
-async fn the_admin_port_says_which_functions_are_live_and_why_one_is_not() {
+/// A pool serving `live` on one port and `tampered` on another (its module changed after
+/// its digest was taken), with a `junk.json` that is no entry; the temporary files last as
+/// long as the last value returned.
+fn pool_with_a_live_a_tampered_and_a_junk_entry() -> (Runtime, u16, u16, [tempfile::TempDir; 2]) {
     let table = tempfile::tempdir().unwrap();
     let (live, broken) = (free_port(), free_port());
     add_function(table.path(), "live", live, &rust_echo(), &[]);
@@ -397,6 +399,12 @@ async fn the_admin_port_says_which_functions_are_live_and_why_one_is_not() {
     std::fs::write(&tampered, b"\0asm\x01\0\0\0").unwrap();
     std::fs::write(table.path().join("junk.json"), "{").unwrap();
     let pool = Runtime::start_pool(table.path(), &[]);
+    (pool, live, broken, [table, dir])
+}
+
+#[tokio::test]
+async fn the_admin_port_says_which_functions_are_live_and_why_one_is_not() {
+    let (pool, live, broken, _files) = pool_with_a_live_a_tampered_and_a_junk_entry();
     assert_eq!(get(pool.admin_url("/readyz")).await.0, 200);
 
     let functions = || async {
@@ -432,16 +440,7 @@ async fn the_admin_port_says_which_functions_are_live_and_why_one_is_not() {
 /// why one fails, and what is loaded, only a client inside the pod (127.0.0.1) is told.
 #[tokio::test]
 async fn the_network_learns_from_pool_only_which_functions_listen_where() {
-    let table = tempfile::tempdir().unwrap();
-    let (live, broken) = (free_port(), free_port());
-    add_function(table.path(), "live", live, &rust_echo(), &[]);
-    let dir = tempfile::tempdir().unwrap();
-    let tampered = dir.path().join("tampered.wasm");
-    std::fs::copy(rust_echo(), &tampered).unwrap();
-    add_function(table.path(), "tampered", broken, &tampered, &[]);
-    std::fs::write(&tampered, b"\0asm\x01\0\0\0").unwrap();
-    std::fs::write(table.path().join("junk.json"), "{").unwrap();
-    let pool = Runtime::start_pool(table.path(), &[]);
+    let (pool, live, broken, _files) = pool_with_a_live_a_tampered_and_a_junk_entry();
     assert_eq!(get(at(broken, "/hello")).await.0, 503);
 
     let from = |local: &str| {
