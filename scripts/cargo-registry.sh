@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A crates registry on disk for the tests: the crates the Rust handlers under
-# builder/tests/crates/ need (their Cargo.lock, the Rust SDK's dependencies included), as a
+# builder/tests/crates/ need (their Cargo.lock, the Rust SDK's dependencies included) and the
+# tests' own crates under e2e/crates/ (packaged here, as `cargo publish` would), as a
 # static sparse index (https://doc.rust-lang.org/cargo/reference/registry-index.html) —
 # index/<prefix>/<name> files of JSON lines, with each .crate's sha256 as `cksum` and its
 # dependencies and features read from the Cargo.toml inside it — and the .crate files in
@@ -20,7 +21,8 @@ cd "$(dirname "$0")/.."
 WASMLESS_CACHE=${WASMLESS_CACHE:-$HOME/.cache/wasmless}
 
 fixtures=(builder/tests/crates/*/)
-key=$(cat builder/tests/crates/*/Cargo.lock | sha256sum | cut -c1-10)
+own_crates=(e2e/crates/*/)
+key=$(cat builder/tests/crates/*/Cargo.lock e2e/crates/*/Cargo.toml e2e/crates/*/src/*.rs | sha256sum | cut -c1-10)
 registry=$WASMLESS_CACHE/cargo-registry/$key
 
 case ${1:-fill} in
@@ -49,13 +51,29 @@ if [[ ! -f $registry/filled ]]; then
       # --locked: what crates.io serves is checked against the fixture's Cargo.lock.
       CARGO_HOME=$home cargo fetch --locked --quiet --manifest-path "$dir/Cargo.toml"
     done
-    python3 - "$home" "$registry" <<'PYTHON'
-import hashlib, json, pathlib, sys, tarfile, tomllib
+    python3 - "$home" "$registry" "${own_crates[@]}" <<'PYTHON'
+import gzip, hashlib, io, json, pathlib, sys, tarfile, tomllib
 
-home, registry = map(pathlib.Path, sys.argv[1:])
-crates = sorted(home.glob("registry/cache/*/*.crate"))
-if not crates:
+home, registry = map(pathlib.Path, sys.argv[1:3])
+fetched = sorted(home.glob("registry/cache/*/*.crate"))
+if not fetched:
     sys.exit("cargo fetch left no .crate files in " + str(home))
+
+def package(directory):
+    """A .crate of a directory's Cargo.toml and src/, as `cargo package` lays it out, with
+    fixed times and owners so that its checksum is the same on every machine."""
+    manifest = tomllib.loads((directory / "Cargo.toml").read_text())["package"]
+    root = f"{manifest['name']}-{manifest['version']}"
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as zipped, tarfile.open(fileobj=zipped, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for path in [directory / "Cargo.toml", *sorted((directory / "src").rglob("*.rs"))]:
+            data = path.read_bytes()
+            info = tarfile.TarInfo(f"{root}/{path.relative_to(directory)}")
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+crates = [path.read_bytes() for path in fetched] + [package(pathlib.Path(d)) for d in sys.argv[3:]]
 
 def index_path(name):
     name = name.lower()
@@ -85,9 +103,8 @@ def deps(table, kind, target=None):
     return out
 
 lines = {}
-for crate in crates:
-    data = crate.read_bytes()
-    with tarfile.open(crate) as tar:
+for data in crates:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         member = next(m for m in tar.getmembers() if m.name.count("/") == 1 and m.name.endswith("/Cargo.toml"))
         manifest = tomllib.loads(tar.extractfile(member).read().decode())
     package = manifest["package"]

@@ -331,28 +331,22 @@ impl CratesRegistry {
     }
 }
 
-/// The directory scripts/cargo-registry.sh filled: keyed, as there, by the fixtures' Cargo.lock files.
+/// The directory scripts/cargo-registry.sh filled, as the script itself names it (`dir`):
+/// its key covers the fixtures' Cargo.lock files and the tests' own crates it publishes.
 pub fn cargo_registry_dir() -> PathBuf {
-    let crates = workspace_root().join("builder/tests/crates");
-    let mut names: Vec<_> = std::fs::read_dir(&crates)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.join("Cargo.lock").exists())
-        .collect();
-    names.sort();
-    let locks: Vec<u8> = names
-        .iter()
-        .flat_map(|p| std::fs::read(p.join("Cargo.lock")).unwrap())
-        .collect();
-    let key = wasmless_artifact::Digest::of(&locks).hex()[..10].to_string();
-    let registry = wasmless_cache().join("cargo-registry").join(key);
+    let output = std::process::Command::new("bash")
+        .arg(workspace_root().join("scripts/cargo-registry.sh"))
+        .arg("dir")
+        .env("WASMLESS_CACHE", wasmless_cache())
+        .output()
+        .expect("bash runs scripts/cargo-registry.sh");
+    let registry = String::from_utf8(output.stdout).expect("a path");
     assert!(
-        registry.join("filled").exists(),
+        output.status.success() && !registry.trim().is_empty(),
         "no crates for the tests in {}: run scripts/cargo-registry.sh (scripts/setup.sh does), which downloads them once",
-        registry.display()
+        wasmless_cache().join("cargo-registry").display()
     );
-    registry
+    PathBuf::from(registry.trim())
 }
 
 /// A Rust handler of builder/tests/crates/ (a Cargo package) copied into `dir`, to change.
