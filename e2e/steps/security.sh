@@ -250,8 +250,8 @@ heavy_neighbour() {
 # pool pod; the Function deleted; the same connection never answers again (the pool closed
 # it), so it can reach no Function given that port later.
 keepalive_to_deleted() {
-  step "a keep-alive connection to a pooled Function that is deleted is closed by the pool: it reaches nobody after"
-  local manifest ip port
+  step "a keep-alive connection to a pooled Function that is deleted reaches nobody after, not even the Function given its port next"
+  local manifest ip port taker
   manifest=$(python3 -c 'import json,sys; print(json.dumps({
     "apiVersion": "wasmless.io/v1alpha1", "kind": "Function",
     "metadata": {"name": "leaving", "namespace": sys.argv[2]},
@@ -261,34 +261,83 @@ keepalive_to_deleted() {
   wait_until 30 "every pool pod to list leaving" pool_lists leaving
   port=$(kubectl get cm leaving-pool -n "$NS" -o 'jsonpath={.data.entry\.json}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["port"])')
   ip=$(pool_ips | head -1)
-  python3 - "$ip" "$port" "$NS" <<'PY' || fail "the connection to a deleted Function was not closed"
-import http.client, subprocess, sys, time
-ip, port, ns = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-connection = http.client.HTTPConnection(ip, port, timeout=10)
-connection.request("GET", "/")
-response = connection.getresponse()
-body = response.read().decode()
-assert response.status == 200 and body == "leaving answers", (response.status, body)
-print(f"    {ip}:{port} answered {body!r} on a kept connection")
-subprocess.run(["kubectl", "delete", "fn", "leaving", "-n", ns, "--wait=false"], check=True, capture_output=True)
-deadline = time.time() + 60
-while time.time() < deadline:
-    listed = subprocess.run(["curl", "-fsS", "--max-time", "2", f"http://{ip}:9090/pool"], capture_output=True, text=True).stdout
-    if '"leaving"' not in listed:
-        break
-    time.sleep(0.5)
-else:
-    sys.exit("the pool still lists leaving 60 s after its deletion")
-time.sleep(1)
+  # The operator gives a pooled Function the port its name hashes to (objects/pool.rs
+  # free_pool_port: sha256 of the name, 20000 + the first 16 bits mod 12000) when free: a
+  # name that lands on leaving's port is the Function an attacker would create next.
+  taker=$(python3 -c 'import hashlib,itertools,sys
+port = int(sys.argv[1])
+for i in itertools.count():
+    name = f"taker-{i}"
+    if 20000 + int(hashlib.sha256(name.encode()).hexdigest()[:4], 16) % 12000 == port:
+        print(name); break' "$port")
+  python3 - "$ip" "$port" "$NS" "$taker" "$(go_handler "taker answers")" <<'PY' || fail "the connection kept to a deleted Function reached the next one on its port"
+import json, socket, subprocess, sys, time
+ip, port, ns, taker, source = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+
+def ask(sock):
+    """One GET on the socket as it is (a closed one is not reopened): the raw bytes back."""
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: e2e\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data:
+        piece = sock.recv(65536)
+        if not piece:
+            return data
+        data += piece
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        piece = sock.recv(65536)
+        if not piece:
+            break
+        body += piece
+    return head + b"\r\n\r\n" + body
+
+def kubectl(*args, stdin=None):
+    return subprocess.run(["kubectl", *args], input=stdin, check=True, capture_output=True, text=True).stdout
+
+def wait(what, check, seconds):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    sys.exit(f"{what}: not within {seconds} s")
+
+def pool_lists(name):
+    return f'"{name}"' in subprocess.run(["curl", "-fsS", "--max-time", "2", f"http://{ip}:9090/pool"], capture_output=True, text=True).stdout
+
+def new_connection_answers(body):
+    try:
+        with socket.create_connection((ip, port), timeout=5) as fresh:
+            return ask(fresh).endswith(body.encode())
+    except OSError:
+        return False
+
+kept = socket.create_connection((ip, port), timeout=10)
+first = ask(kept)
+assert first.startswith(b"HTTP/1.1 200") and first.endswith(b"leaving answers"), first
+print(f"    {ip}:{port} answered 'leaving answers' on a kept connection")
+kubectl("delete", "fn", "leaving", "-n", ns, "--wait=false")
+wait("the pool to stop listing leaving", lambda: not pool_lists("leaving"), 60)
+kubectl("apply", "-f", "-", stdin=json.dumps({
+    "apiVersion": "wasmless.io/v1alpha1", "kind": "Function",
+    "metadata": {"name": taker, "namespace": ns},
+    "spec": {"function": source, "scale": {"min": 0, "max": 1}}}))
+started = time.time()
+wait(f"{taker} to be Ready in the pool", lambda: kubectl("get", "fn", taker, "-n", ns, "-o", "jsonpath={.status.phase}/{.status.servedBy}") == "Ready/pool", 240)
+entry = json.loads(kubectl("get", "cm", f"{taker}-pool", "-n", ns, "-o", "jsonpath={.data.entry\\.json}"))
+assert entry["port"] == port, f"{taker} was given port {entry['port']}, not leaving's {port}"
+wait(f"{taker} to answer on leaving's port {port}", lambda: new_connection_answers("taker answers"), 90)
+print(f"    {taker}, given leaving's port {port}, answers a new connection there {time.time() - started:.0f} s after its apply")
 try:
-    connection.request("GET", "/")
-    response = connection.getresponse()
-    body = response.read().decode()
-    # Served by nobody: the pool answers a request it got before closing with no Function's body.
-    assert response.status != 200, f"the kept connection was answered: {response.status} {body!r}"
-    print(f"    after the deletion, the kept connection got {response.status}: {body.strip()!r}")
-except (ConnectionError, http.client.HTTPException, OSError) as error:
-    print(f"    after the deletion, the kept connection is closed: {type(error).__name__}")
+    after = ask(kept)
+except OSError as error:
+    print(f"    the kept connection is closed: {type(error).__name__}")
+else:
+    assert b"taker answers" not in after, f"the kept connection reached {taker}: {after!r}"
+    status = after.split(b"\r\n")[0].decode() if after else "the end of the stream"
+    print(f"    the kept connection gets {status}: it reaches nobody")
+kubectl("delete", "fn", taker, "-n", ns, "--wait=false")
 PY
   ok
 }
