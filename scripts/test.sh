@@ -48,6 +48,9 @@ go_build=$!
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "no hall grew: import circles, files over 600 lines, functions over 100 (scripts/rooms.py)"
+python3 scripts/rooms.py
+
 step "gofmt and go vet (sdk/go)"
 unformatted=$("$(go env GOROOT)/bin/gofmt" -l sdk/go runtime/tests/handlers scripts/cluster scripts/otelcol builder/tests/modules builder/tests/native_go)
 [[ -z $unformatted ]] || { echo "gofmt would change: $unformatted"; exit 1; }
