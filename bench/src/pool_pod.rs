@@ -31,7 +31,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use wasmless_artifact::Digest;
 
-pub const HEADING: &str = "## Pool density on the cluster: a thousand Functions in one pool pod";
+pub const HEADING: &str = crate::report::POOL_POD_HEADING;
 
 const NAMESPACE: &str = "bench-density";
 const OPERATOR: &str = "wasmless-operator";

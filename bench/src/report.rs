@@ -15,7 +15,7 @@ pub fn write(output: &Path, settings: &Settings, results: &Results) -> anyhow::R
     let mut page = markdown(settings, results, plot_name);
     // bench/cluster.sh writes its own sections (figures from a cluster); a run here keeps them.
     let old = std::fs::read_to_string(output).unwrap_or_default();
-    for section in [cluster_section(&old), titled_section(&old, crate::pool_pod::HEADING)]
+    for section in [cluster_section(&old), titled_section(&old, POOL_POD_HEADING)]
         .into_iter()
         .flatten()
     {
@@ -40,6 +40,9 @@ fn titled_section<'a>(page: &'a str, heading: &str) -> Option<&'a str> {
 }
 
 const OUTBOUND_HEADING: &str = "## Outbound calls";
+/// The section bench/cluster.sh's pool pod run writes (`pool_pod::section`): named here,
+/// where a run of the local benchmarks keeps it, so the report needs nothing of the run.
+pub const POOL_POD_HEADING: &str = "## Pool density on the cluster: a thousand Functions in one pool pod";
 
 /// Replaces the outbound section of an existing report with a new run's (`--only outbound`).
 pub fn write_outbound_section(output: &Path, settings: &Settings, rows: &[Throughput]) -> anyhow::Result<()> {
@@ -500,7 +503,7 @@ mod tests {
 
     #[test]
     fn a_rewritten_page_keeps_the_pool_pod_section() {
-        let heading = crate::pool_pod::HEADING;
+        let heading = super::POOL_POD_HEADING;
         let page = format!("# Benchmarks\n\n{heading}\n\n| a | b |\n\n## Memory\n\nlocal\n");
         let section = |page: &str| titled_section(page, heading).map(|s| s.trim_end().to_string());
         assert_eq!(section(&page), Some(format!("{heading}\n\n| a | b |")));

@@ -111,6 +111,12 @@ fn wanted_by_name<'a>(func: &'a Function, name: &str) -> Wanted<'a> {
     }
 }
 
+/// The Ready condition's reason while `spec.traffic` names a revision that cannot serve.
+pub const REASON_REVISION_NOT_FOUND: &str = "RevisionNotFound";
+/// The Ready condition's reason while `spec.traffic`'s shares cannot be served as written
+/// (they do not add up to 100, or a tag is given twice).
+pub const REASON_TRAFFIC_INVALID: &str = "TrafficInvalid";
+
 /// Why `spec.traffic` cannot be served as written: the `Ready` condition's reason and
 /// message, while what served before serves on.
 #[derive(Clone, Debug)]
@@ -123,7 +129,7 @@ impl TrafficProblem {
     /// A revision that is not kept, or whose module is no longer stored.
     pub fn not_found(message: String) -> Self {
         Self {
-            reason: super::status::REASON_REVISION_NOT_FOUND,
+            reason: REASON_REVISION_NOT_FOUND,
             message,
         }
     }
@@ -131,7 +137,7 @@ impl TrafficProblem {
     /// Shares that do not add up, or a tag given twice.
     fn invalid(message: String) -> Self {
         Self {
-            reason: super::status::REASON_TRAFFIC_INVALID,
+            reason: REASON_TRAFFIC_INVALID,
             message,
         }
     }

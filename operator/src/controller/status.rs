@@ -24,11 +24,6 @@ pub const CONDITION_READY: &str = "Ready";
 pub const REASON_RECONCILE_ERROR: &str = "ReconcileError";
 /// The Ready condition's reason while a Secret or ConfigMap the pods need does not exist.
 pub const REASON_REFERENCE_NOT_FOUND: &str = "ReferenceNotFound";
-/// The Ready condition's reason while `spec.traffic` names a revision that cannot serve.
-pub const REASON_REVISION_NOT_FOUND: &str = "RevisionNotFound";
-/// The Ready condition's reason while `spec.traffic`'s shares cannot be served as written
-/// (they do not add up to 100, or a tag is given twice).
-pub const REASON_TRAFFIC_INVALID: &str = "TrafficInvalid";
 /// The reason of a condition whose step found an object of its name that the Function
 /// does not own (a Service, a Deployment, a ConfigMap or a Job someone else made).
 pub const REASON_NOT_OWNER: &str = "NotOwner";
