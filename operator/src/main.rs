@@ -101,6 +101,48 @@ fn parse_storage(value: &str) -> Result<Storage, String> {
     }
 }
 
+impl Args {
+    /// The operator's settings as the flags say; a flag given empty is unset.
+    fn settings(&self) -> Settings {
+        let mut settings = Settings::new(&self.runtime_image, &self.builder_image);
+        settings.builder_version = self
+            .builder_version
+            .clone()
+            .unwrap_or_else(|| self.builder_image.clone());
+        settings.default_storage = self.default_storage;
+        settings.oci_registry = self.oci_registry.clone();
+        settings.oci_plain_http = self.oci_plain_http.clone();
+        settings.go_proxy = self.go_proxy.clone().filter(|proxy| !proxy.trim().is_empty());
+        settings.build_cache = self.build_cache.clone();
+        settings.pool_replicas = self.pool_replicas;
+        settings.pool_memory_budget = self.pool_memory_budget;
+        settings.pool_load_ahead = self.pool_load_ahead;
+        settings.otlp_endpoint = self
+            .otlp_endpoint
+            .clone()
+            .filter(|endpoint| !endpoint.trim().is_empty());
+        settings.cargo_registry = self
+            .cargo_registry
+            .clone()
+            .filter(|registry| !registry.trim().is_empty());
+        settings
+    }
+}
+
+/// The admin port (`/metrics`, `/healthz`, `/readyz`), served in the background.
+async fn serve_admin(address: SocketAddr, state: Arc<AdminState>) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("binding {address}"))?;
+    let app = wasmless_operator::admin::router(state);
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::error!(%error, "metrics server stopped");
+        }
+    });
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // The workspace links two rustls providers (kube's ring, reqwest's aws-lc-rs):
@@ -125,44 +167,14 @@ async fn main() -> anyhow::Result<()> {
         .identity
         .clone()
         .unwrap_or_else(|| format!("wasmless-operator-{}", std::process::id()));
-    let mut settings = Settings::new(&args.runtime_image, &args.builder_image);
-    settings.builder_version = args
-        .builder_version
-        .clone()
-        .unwrap_or_else(|| args.builder_image.clone());
-    settings.default_storage = args.default_storage;
-    settings.oci_registry = args.oci_registry.clone();
-    settings.oci_plain_http = args.oci_plain_http.clone();
-    settings.go_proxy = args.go_proxy.clone().filter(|proxy| !proxy.trim().is_empty());
-    settings.build_cache = args.build_cache.clone();
-    settings.pool_replicas = args.pool_replicas;
-    settings.pool_memory_budget = args.pool_memory_budget;
-    settings.pool_load_ahead = args.pool_load_ahead;
-    settings.otlp_endpoint = args
-        .otlp_endpoint
-        .clone()
-        .filter(|endpoint| !endpoint.trim().is_empty());
-    settings.cargo_registry = args
-        .cargo_registry
-        .clone()
-        .filter(|registry| !registry.trim().is_empty());
-
+    let settings = args.settings();
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
     let mut registry = Registry::default();
     let metrics = Metrics::default().register(&mut registry);
     let state = AdminState::new(registry);
-    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
-        .await
-        .with_context(|| format!("binding {}", args.metrics_addr))?;
-    let app = wasmless_operator::admin::router(state.clone());
-    tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, app).await {
-            tracing::error!(%error, "metrics server stopped");
-        }
-    });
-
+    serve_admin(args.metrics_addr, state.clone()).await?;
     let mut ctx = Context::new(client.clone(), settings, metrics, Some(identity.clone()));
     if let Some(traces) = &traces {
         ctx = ctx.with_traces(wasmless_operator::controller::ApplyTraces::new(traces.tracer()));
