@@ -143,18 +143,7 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<(Str
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| since.as_millis() as u64);
     let source = Source::read(args.language, &args.source).map_err(|e| Failure::from(BuildError::Source(e)))?;
-    // A cache directory that cannot be used costs a cold build, never the build: the
-    // result says why.
-    // Absolute, because Go refuses a relative GOCACHE and the compilers run elsewhere.
-    let wanted = args.cache_dir.unwrap_or_else(default_cache_dir);
-    let wanted = std::path::absolute(&wanted).unwrap_or(wanted);
-    let (cache_dir, cache_unusable) = match crate::cache::check_usable(&wanted) {
-        Ok(()) => (wanted.clone(), None),
-        Err(why) => {
-            tracing::warn!(cache = %wanted.display(), "build cache unusable, building cold: {why}");
-            (std::env::temp_dir().join("wasmless-cold-cache"), Some(why))
-        }
-    };
+    let (cache_dir, cache_unusable) = usable_cache_dir(args.cache_dir);
     let options = BuildOptions {
         cache_dir: cache_dir.clone(),
         vendor_dir: args.vendor_dir,
@@ -200,59 +189,106 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<(Str
         None => None,
     };
     let publish_seconds = publish_started.elapsed().as_secs_f64();
-    let mut result = serde_json::json!({
-        "digest": built.digest.to_string(),
-        "size": built.wasm.len(),
-        "sourceDigest": source_digest.to_string(),
-        "cached": built.cached,
-        "output": args.output,
-        "published": published.as_ref().map(|p| p.location.clone()),
+    let result = result_line(Outcome {
+        built: &built,
+        code: code.as_ref(),
+        published,
+        source_digest: &source_digest,
+        output: &args.output,
+        cache_dir: &cache_dir,
+        cache_unusable: cache_unusable.as_deref(),
+        started,
+        started_unix_ms,
+        publish_seconds,
     });
-    if let Some(snapshot) = &built.snapshot {
+    Ok((result.to_string(), cache_dir))
+}
+
+/// The build cache to use: the one asked for (absolute, because Go refuses a relative
+/// GOCACHE and the compilers run elsewhere), or, when it cannot be used, a cold one and why:
+/// an unusable cache costs a cold build, never the build.
+fn usable_cache_dir(asked: Option<PathBuf>) -> (PathBuf, Option<String>) {
+    let wanted = asked.unwrap_or_else(default_cache_dir);
+    let wanted = std::path::absolute(&wanted).unwrap_or(wanted);
+    match crate::cache::check_usable(&wanted) {
+        Ok(()) => (wanted, None),
+        Err(why) => {
+            tracing::warn!(cache = %wanted.display(), "build cache unusable, building cold: {why}");
+            (std::env::temp_dir().join("wasmless-cold-cache"), Some(why))
+        }
+    }
+}
+
+/// What a build did, for its result line.
+struct Outcome<'a> {
+    built: &'a crate::Built,
+    code: Option<&'a (crate::CompiledCode, PathBuf)>,
+    published: Option<publish::Published>,
+    source_digest: &'a Digest,
+    output: &'a Path,
+    cache_dir: &'a Path,
+    cache_unusable: Option<&'a str>,
+    started: std::time::Instant,
+    started_unix_ms: u64,
+    publish_seconds: f64,
+}
+
+/// The result line the operator reads: the module, its code, where they were published,
+/// where the time went and what the caches answered.
+fn result_line(outcome: Outcome) -> serde_json::Value {
+    let mut result = serde_json::json!({
+        "digest": outcome.built.digest.to_string(),
+        "size": outcome.built.wasm.len(),
+        "sourceDigest": outcome.source_digest.to_string(),
+        "cached": outcome.built.cached,
+        "output": outcome.output,
+        "published": outcome.published.as_ref().map(|p| p.location.clone()),
+    });
+    if let Some(snapshot) = &outcome.built.snapshot {
         result["snapshot"] = serde_json::json!({
-            "size": built.wasm.len(),
+            "size": outcome.built.wasm.len(),
             "memoryBytes": snapshot.memory_bytes,
             "dataSegments": snapshot.segments_kept,
             "dataSegmentsBeforeMerging": snapshot.segments_written,
             "seconds": millis(snapshot.seconds),
         });
     }
-    if let Some((code, path)) = &code {
+    if let Some((code, path)) = outcome.code {
         result["code"] = code_report(code);
         result["code"]["output"] = serde_json::json!(path);
     }
     // Where the build's time went, phase by phase; a phase that did not run took 0.
     result["phases"] = serde_json::json!({
-        "check": millis(built.phases.check),
-        "compile": millis(built.phases.compile),
-        "snapshot": millis(built.phases.snapshot),
-        "precompile": millis(code.as_ref().map_or(0.0, |(code, _)| code.seconds)),
-        "publish": millis(publish_seconds),
-        "total": millis(started.elapsed().as_secs_f64()),
-        "startedUnixMs": started_unix_ms,
+        "check": millis(outcome.built.phases.check),
+        "compile": millis(outcome.built.phases.compile),
+        "snapshot": millis(outcome.built.phases.snapshot),
+        "precompile": millis(outcome.code.map_or(0.0, |(code, _)| code.seconds)),
+        "publish": millis(outcome.publish_seconds),
+        "total": millis(outcome.started.elapsed().as_secs_f64()),
+        "startedUnixMs": outcome.started_unix_ms,
     });
-    let problems: Vec<&str> = [cache_unusable.as_deref(), built.cache_problem.as_deref()]
+    let problems: Vec<&str> = [outcome.cache_unusable, outcome.built.cache_problem.as_deref()]
         .into_iter()
-        .chain(code.iter().map(|(code, _)| code.cache_problem.as_deref()))
+        .chain(outcome.code.iter().map(|(code, _)| code.cache_problem.as_deref()))
         .flatten()
         .collect();
     result["cache"] = serde_json::json!({
-        "dir": cache_dir,
-        "module": built.cache,
-        "code": code.as_ref().map(|(code, _)| code.cache),
+        "dir": outcome.cache_dir,
+        "module": outcome.built.cache,
+        "code": outcome.code.map(|(code, _)| code.cache),
     });
     // Cranelift's function cache: what an edit compiled again, and what it found compiled.
     let counts = |(reused, compiled): (usize, usize)| serde_json::json!({"reused": reused, "compiled": compiled});
-    if let Some(snapshot) = &built.snapshot {
+    if let Some(snapshot) = &outcome.built.snapshot {
         result["cache"]["functions"]["snapshot"] = counts(snapshot.functions);
     }
-    if let Some(functions) = code.as_ref().and_then(|(code, _)| code.functions) {
+    if let Some(functions) = outcome.code.and_then(|(code, _)| code.functions) {
         result["cache"]["functions"]["precompile"] = counts(functions);
     }
     if !problems.is_empty() {
         result["cache"]["problems"] = serde_json::json!(problems);
     }
-    if let Some(published) = published {
+    if let Some(published) = outcome.published {
         if !published.config_maps.is_empty() {
             result["configMaps"] = serde_json::json!(published.config_maps);
         }
@@ -260,7 +296,7 @@ async fn build(args: BuildArgs, progress: &(dyn Fn(&str) + Sync)) -> Result<(Str
             result["codeConfigMaps"] = serde_json::json!(published.code_config_maps);
         }
     }
-    Ok((result.to_string(), cache_dir))
+    result
 }
 
 /// Seconds to the millisecond, as the result line reports them.
