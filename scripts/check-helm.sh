@@ -29,6 +29,18 @@ for values in "" "${namespaced[*]}" "${prometheus[*]}"; do
 done
 echo "helm lint: clean with the default, namespaced and Prometheus values"
 
+# Every setting of the operator (its WASMLESS_* variables) is one the chart can set, but
+# those the chart fixes on purpose: the admin address its probes and Service name, the
+# Lease its Role names, and the builder version, which is the builder image the chart sets.
+chart_fixes="WASMLESS_METRICS_ADDR WASMLESS_LEASE_NAME WASMLESS_BUILDER_VERSION"
+missing=""
+for setting in $(grep -o 'env = "WASMLESS_[A-Z_]*"' operator/src/main.rs | cut -d'"' -f2 | sort -u); do
+  [[ " $chart_fixes " == *" $setting "* ]] && continue
+  grep -q "name: $setting\$" "$CHART/templates/operator.yaml" || missing+=" $setting"
+done
+[[ -z $missing ]] || { echo "the chart cannot set these operator settings:$missing (add a value in $CHART/values.yaml and docs/operator.md)" >&2; exit 1; }
+echo "every operator setting has a value in the chart"
+
 # The chart's files/ link to crds/function.yaml and deploy/prometheus/prometheus.yml, so
 # there is one copy of each; Helm follows the links and says so on every render.
 template() {

@@ -60,7 +60,7 @@ struct Args {
     pool_replicas: i32,
     /// Loaded code each pool pod keeps (a quantity: 1Gi, 4Gi) before it unloads the least
     /// recently used Function, which loads again on its next request; the pool's container
-    /// may use this and 1Gi more. Raise it for a namespace of many pooled Functions: a
+    /// may use this and 1280Mi more (requests in flight, the process). Raise it for a namespace of many pooled Functions: a
     /// Goless handler's code takes about 15 MiB, a small Rust one under 1 MiB.
     #[arg(long, env = "WASMLESS_POOL_MEMORY_BUDGET", default_value = "1Gi", value_parser = wasmless_formats::quantity::parse_bytes)]
     pool_memory_budget: u64,
