@@ -84,12 +84,17 @@ impl Default for RequestLimits {
 /// spec allows) and remembers that it did, so the failure that follows is reported as
 /// out of memory rather than as an anonymous trap. In a pool it also takes every byte of
 /// growth from the memory the pool's requests share, and refuses growth that does not
-/// fit there, remembering that too: that request is told to retry, not that its handler
-/// is at fault.
+/// fit there, remembering that too until a later growth fits: a handler that fails
+/// before it grows again failed for the refusal (Rust aborts at once, Go's runtime
+/// prints and exits), and its request is told to retry, not that its handler is at
+/// fault; one that caught the refusal and went on to grow failed for its own reasons.
 pub struct RequestLimiter {
     memory_bytes: usize,
     /// Set when growth was refused; a shared instance clears it before each request.
     pub memory_exceeded: bool,
+    /// Set when growth within the limit was refused for want of shared memory, cleared
+    /// when a later growth fits.
+    shared_refused: bool,
     /// In a pool: what the request holds of the shared memory, given back when the store
     /// (and the request's output) is dropped.
     share: Option<RequestShare>,
@@ -102,14 +107,22 @@ impl RequestLimiter {
         Self {
             memory_bytes: limits.memory_bytes,
             memory_exceeded: false,
+            shared_refused: false,
             share,
             last_taken: 0,
         }
     }
 
-    /// Whether growth within the limit (or output) was refused for want of shared memory.
+    /// Whether the last growth asked for was refused for want of shared memory, and none
+    /// fitted since: a failure now is that refusal's.
     pub fn shared_memory_full(&self) -> bool {
-        self.share.as_ref().is_some_and(RequestShare::refused)
+        self.shared_refused
+    }
+
+    /// Forgets the refusals of a kept instance's last request, before its next.
+    pub fn clear_refusals(&mut self) {
+        self.memory_exceeded = false;
+        self.shared_refused = false;
     }
 }
 
@@ -128,8 +141,10 @@ impl wasmtime::ResourceLimiter for RequestLimiter {
         if let Some(share) = &self.share {
             let more = desired.saturating_sub(current);
             if !share.take(more) {
+                self.shared_refused = true;
                 return Ok(false);
             }
+            self.shared_refused = false;
             self.last_taken = more;
         }
         Ok(true)
@@ -180,5 +195,24 @@ mod tests {
         assert_eq!(account.used(), KI64);
         drop(limiter);
         assert_eq!(account.used(), 0);
+    }
+
+    /// A refusal for want of shared memory is the cause of a failure only until the
+    /// handler grows again: one that caught it and went on fails for its own reasons.
+    #[test]
+    fn a_shared_memory_refusal_is_forgotten_once_a_later_growth_fits() {
+        let shared = Arc::new(SharedMemory::new(4 * MI, 100));
+        let account = shared.account();
+        let limits = RequestLimits {
+            shared_memory: Some(account.clone()),
+            ..RequestLimits::default()
+        };
+        let mut limiter = RequestLimiter::new(&limits, limits.request_share());
+        assert!(limiter.memory_growing(0, MI, None).unwrap());
+        assert!(!limiter.memory_growing(MI, 8 * MI, None).unwrap(), "8 MiB do not fit 4");
+        assert!(limiter.shared_memory_full(), "a failure now is the refusal's");
+        assert!(!limiter.memory_exceeded, "within the request's own limit");
+        assert!(limiter.memory_growing(MI, 2 * MI, None).unwrap());
+        assert!(!limiter.shared_memory_full(), "it went on: a failure now is its own");
     }
 }

@@ -10,8 +10,20 @@
 //! in flight, where most requests touch one or two. The price is that a refused request
 //! may have started; the answer says to retry, and the log says why.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// Why something a request asked for was refused: the pool's memory for requests (or its
+/// Function's share of it) is taken. A trap carrying it is answered with a 503.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the pool has no memory left for this request's {what} ({bytes} more bytes): --pool-request-memory, or this Function's share of it (--pool-share), is held by requests in flight; retry"
+)]
+pub struct Refused {
+    /// What the bytes were for: `linear memory`, `output`, ...
+    pub what: &'static str,
+    pub bytes: usize,
+}
 
 /// The shared account: what the requests' instances hold now, and what they may.
 #[derive(Debug)]
@@ -129,27 +141,21 @@ impl MemoryAccount {
     pub fn request(&self) -> RequestShare {
         RequestShare {
             grant: Arc::new(Mutex::new(self.grant())),
-            refused: Arc::default(),
         }
     }
 }
 
 /// One request's grant, shared by what takes memory for it (its store's limiter, its
-/// stdout and stderr), with word of whether any of them was refused.
+/// stdout and stderr). Each says itself what it does when it is refused.
 #[derive(Debug, Clone)]
 pub struct RequestShare {
     grant: Arc<Mutex<Grant>>,
-    refused: Arc<AtomicBool>,
 }
 
 impl RequestShare {
-    /// Takes `bytes` more for the request, when they fit; remembers when they did not.
+    /// Takes `bytes` more for the request, when they fit.
     pub fn take(&self, bytes: usize) -> bool {
-        let taken = self.grant.lock().unwrap().grow_by(bytes);
-        if !taken {
-            self.refused.store(true, Ordering::Relaxed);
-        }
-        taken
+        self.grant.lock().unwrap().grow_by(bytes)
     }
 
     /// Gives back `bytes` taken for growth that then did not happen.
@@ -157,9 +163,9 @@ impl RequestShare {
         self.grant.lock().unwrap().give_back(bytes);
     }
 
-    /// Whether something the request asked for did not fit.
-    pub fn refused(&self) -> bool {
-        self.refused.load(Ordering::Relaxed)
+    /// Bytes the request holds now.
+    pub fn held(&self) -> usize {
+        self.grant.lock().unwrap().held()
     }
 }
 
@@ -234,16 +240,15 @@ mod tests {
     }
 
     #[test]
-    fn a_requests_memory_and_output_come_from_one_grant_and_a_refusal_is_remembered() {
+    fn a_requests_memory_and_output_come_from_one_grant() {
         let pool = Arc::new(SharedMemory::new(10 * MI, 100));
         let account = pool.account();
         let request = account.request();
         let output = request.clone();
         assert!(request.take(6 * MI));
-        assert!(!request.refused());
         assert!(!output.take(5 * MI), "6 MiB of memory and 5 of output do not fit 10");
-        assert!(request.refused());
         assert!(output.take(4 * MI));
+        assert_eq!(request.held(), 10 * MI);
         assert_eq!(account.used(), 10 * MI);
         drop((request, output));
         assert_eq!(pool.used(), 0);

@@ -147,6 +147,10 @@ impl Failure {
         if matches!(error.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt)) {
             return Self::Timeout;
         }
+        // Refused output (or another host buffer) traps with the refusal itself.
+        if error.is::<crate::request_memory::Refused>() {
+            return Self::SharedMemoryFull(format!("{error:?}"));
+        }
         if limiter.memory_exceeded {
             return Self::OutOfMemory(format!("{error:?}"));
         }

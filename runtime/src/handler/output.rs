@@ -3,15 +3,13 @@
 //! pool's requests share, as their linear memory is: output is host memory one Function
 //! could otherwise pile up beside its neighbours'.
 
-use crate::request_memory::RequestShare;
+use crate::request_memory::{Refused, RequestShare};
 use bytes::Bytes;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
-
-const REFUSED: &str = "the pool has no memory left for this request's output";
 
 #[derive(Clone)]
 pub struct CapturedOutput {
@@ -62,7 +60,11 @@ impl OutputStream for CapturedOutput {
     fn write(&mut self, bytes: Bytes) -> Result<(), StreamError> {
         // Over the capacity the pipe refuses it: nothing is taken for bytes never held.
         if bytes.len() <= self.pipe.check_write()? && !self.take(bytes.len()) {
-            return Err(StreamError::Trap(wasmtime::Error::msg(REFUSED)));
+            let refused = Refused {
+                what: "output",
+                bytes: bytes.len(),
+            };
+            return Err(StreamError::Trap(wasmtime::Error::new(refused)));
         }
         self.pipe.write(bytes)
     }
@@ -81,7 +83,11 @@ impl tokio::io::AsyncWrite for CapturedOutput {
         let room = self.pipe.check_write().unwrap_or(0);
         let held = buf.len().min(room);
         if !self.take(held) {
-            return Poll::Ready(Err(std::io::Error::other(REFUSED)));
+            let refused = Refused {
+                what: "output",
+                bytes: held,
+            };
+            return Poll::Ready(Err(std::io::Error::other(refused)));
         }
         Pin::new(&mut self.pipe).poll_write(cx, &buf[..held])
     }

@@ -87,13 +87,13 @@ pub fn new_store(
 }
 
 /// Makes a kept store ready for its next request: a WASI context of its own (fresh
-/// output, the env as deployed), the memory flag cleared, and a new deadline. The
+/// output, the env as deployed), the memory flags cleared, and a new deadline. The
 /// memory limit itself stays: it bounds what the instance holds, across requests.
 pub fn renew(store: &mut Store<GuestState>, shared: &Shared, wasi: WasiP1Ctx, log: Arc<CallLog>) {
     let deadline = Instant::now() + shared.limits.timeout;
     let state = store.data_mut();
     state.wasi = wasi;
-    state.limiter.memory_exceeded = false;
+    state.limiter.clear_refusals();
     state.calls = GuestCalls::new(shared.outbound.clone(), log, deadline);
     arm_timeout(store, deadline);
 }

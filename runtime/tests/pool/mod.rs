@@ -367,6 +367,51 @@ async fn a_handlers_output_counts_against_its_share_of_the_pools_memory() {
     );
 }
 
+/// A 503 for the pool's memory is for a request that failed because its growth was
+/// refused: a Rust handler aborting at once gets it; one that caught the refusal, went on
+/// and then failed on its own gets the 500 its own failure earns.
+#[tokio::test]
+async fn only_a_failure_caused_by_a_refused_growth_is_a_503_for_the_pools_memory() {
+    let table = tempfile::tempdir().unwrap();
+    let port = free_port();
+    add_function(table.path(), "tight", port, &rust_echo(), &["--memory-limit", "48Mi"]);
+    // A 50 MiB share: one request holding 30 MiB leaves no room for another 30.
+    let pool = Runtime::start_pool(
+        table.path(),
+        &[
+            "--memory-limit",
+            "48Mi",
+            "--pool-request-memory",
+            "100Mi",
+            "--pool-share",
+            "50",
+        ],
+    );
+    assert_eq!(get(at(port, "/hello")).await.0, 200);
+    let holding = tokio::spawn(get(at(port, "/hold?mib=30&ms=3000")));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let (status, body) = get(at(port, "/hold?mib=30")).await;
+    assert_eq!(status, 503, "aborted at the refused growth: {body}");
+    assert!(body.contains("no memory left for this request"), "{body}");
+    let (status, body) = get(at(port, "/reserve?mib=30")).await;
+    assert_eq!(status, 500, "caught the refusal, then failed on its own: {body}");
+    assert_eq!(body, "the handler panicked\n");
+
+    assert_eq!(holding.await.unwrap(), (200, "held 30 MiB\n".to_string()));
+    assert_eq!(get(at(port, "/reserve?mib=30")).await.0, 200, "room again");
+    let text = metrics(&pool).await;
+    assert_eq!(
+        sample(
+            &text,
+            "wasmless_refused_total",
+            &[("function", "tight"), ("reason", "pool_memory")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+}
+
 #[test]
 fn a_pool_whose_share_of_request_memory_holds_no_request_of_its_limit_does_not_start() {
     let table = tempfile::tempdir().unwrap();

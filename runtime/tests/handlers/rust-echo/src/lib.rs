@@ -28,6 +28,18 @@ pub fn handler(request: Request) -> Response {
             std::thread::sleep(std::time::Duration::from_millis(millis));
             Response::new(format!("held {} MiB\n", std::hint::black_box(&held).len() >> 20).into_bytes())
         }
+        "/reserve" => {
+            // Asks for `mib` MiB it may not get; when refused it goes on (4 MiB more, every
+            // page touched) and then fails on its own.
+            let mib: usize = query(&request, "mib").and_then(|mib| mib.parse().ok()).unwrap_or(1);
+            let mut wanted: Vec<u8> = Vec::new();
+            if wanted.try_reserve_exact(mib << 20).is_ok() {
+                return Response::new(format!("reserved {mib} MiB\n").into_bytes());
+            }
+            let fallback = vec![1u8; 4 << 20];
+            std::hint::black_box(&fallback);
+            panic!("could not reserve {mib} MiB, and failed afterwards for a reason of its own");
+        }
         "/write" => {
             // Writes `mib` MiB to stdout and as much to stderr.
             use std::io::Write;
