@@ -78,13 +78,98 @@ pub struct Pool {
     permits: Arc<tokio::sync::Semaphore>,
     /// `--pool-request-memory`: what all requests' instances may hold together.
     memory: Arc<SharedMemory>,
-    /// Each Function's account with it, by name, kept while the Function is in the table:
-    /// an edit's new tenant shares its account with the old one's requests still in flight,
-    /// so that an edit never doubles a Function's share.
-    accounts: Mutex<HashMap<String, MemoryAccount>>,
+    /// Each Function's account with it and its share of the request slots, by name, kept
+    /// while the Function is in the table: an edit's new tenant shares them with the old
+    /// one's requests still in flight, so that an edit never doubles a Function's share.
+    accounts: Mutex<HashMap<String, Account>>,
     /// What one Function may have, whatever its entry asks: its share of the request
     /// slots, and the caps on its timeout and request body.
     caps: Caps,
+}
+
+/// What one Function holds of what the pool's requests share, whichever of its tenants
+/// (before or after an edit) serves them.
+struct Account {
+    memory: MemoryAccount,
+    slots: Slots,
+}
+
+/// One Function's share of the request slots: a semaphore every tenant of the Function
+/// takes its permits from, resized when an edit changes the share.
+struct Slots {
+    semaphore: Arc<tokio::sync::Semaphore>,
+    resize: Arc<Mutex<Resize>>,
+}
+
+/// Where a [`Slots`] stands: the share it should have, and the permits still to forget
+/// for it to get there (held by requests in flight when it was made smaller).
+#[derive(Default)]
+struct Resize {
+    size: u32,
+    owed: u32,
+    /// Counts the resizes, so that a forgetting task from an earlier one lets go.
+    generation: u64,
+    forgetting: Option<tokio::task::AbortHandle>,
+}
+
+impl Slots {
+    fn new(size: u32) -> Self {
+        Self {
+            semaphore: Arc::new(tokio::sync::Semaphore::new(size as usize)),
+            resize: Arc::new(Mutex::new(Resize {
+                size,
+                ..Resize::default()
+            })),
+        }
+    }
+
+    /// Makes the share `size` permits: more at once, fewer as soon as the requests in
+    /// flight give theirs back (a task waits for them, ahead of new requests).
+    fn resize(&self, size: u32) {
+        let mut resize = self.resize.lock().unwrap();
+        if resize.size == size && resize.owed == 0 {
+            return;
+        }
+        if let Some(forgetting) = resize.forgetting.take() {
+            forgetting.abort();
+        }
+        resize.generation += 1;
+        // Permits the semaphore has in all, free or held: the earlier shrink's owed ones
+        // were not forgotten (its task lets them go once it sees the new generation).
+        let total = resize.size + std::mem::take(&mut resize.owed);
+        resize.size = size;
+        if size >= total {
+            self.semaphore.add_permits((size - total) as usize);
+            return;
+        }
+        let fewer = total - size;
+        let rest = fewer - self.semaphore.forget_permits(fewer as usize) as u32;
+        if rest == 0 {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                permits = rest,
+                "a Function's share of the request slots shrank with no runtime to wait for the permits in flight: they are kept"
+            );
+            return;
+        };
+        resize.owed = rest;
+        let generation = resize.generation;
+        let (semaphore, state) = (self.semaphore.clone(), self.resize.clone());
+        let task = runtime.spawn(async move {
+            let Ok(permits) = semaphore.acquire_many_owned(rest).await else {
+                return;
+            };
+            let mut resize = state.lock().unwrap();
+            if resize.generation == generation {
+                permits.forget();
+                resize.owed = 0;
+                resize.forgetting = None;
+            }
+        });
+        resize.forgetting = Some(task.abort_handle());
+    }
 }
 
 /// What one pooled Function may have at most.
@@ -533,14 +618,16 @@ impl Pool {
         // Its share of the slots, and its own account with the requests' memory: one
         // Function's load gets 503s before it takes the pool from the others.
         function_limits.max_concurrency = function_limits.max_concurrency.min(self.caps.slots);
-        function_limits.shared_memory = Some(
-            self.accounts
-                .lock()
-                .unwrap()
-                .entry(config.function.clone())
-                .or_insert_with(|| self.memory.account())
-                .clone(),
-        );
+        let slots = {
+            let mut accounts = self.accounts.lock().unwrap();
+            let account = accounts.entry(config.function.clone()).or_insert_with(|| Account {
+                memory: self.memory.account(),
+                slots: Slots::new(function_limits.max_concurrency),
+            });
+            account.slots.resize(function_limits.max_concurrency);
+            function_limits.shared_memory = Some(account.memory.clone());
+            account.slots.semaphore.clone()
+        };
         let metrics = Arc::new(self.metrics.for_function(&config.function));
         let variables = entry.resolved.0.iter().cloned();
         let mut tenant = Tenant::with_limits(
@@ -552,6 +639,7 @@ impl Pool {
             variables,
         )
         .map_err(|error| error.to_string())?;
+        tenant.permits = slots;
         tenant.host_permits = Some(self.permits.clone());
         let pool = Arc::downgrade(self);
         let port = entry.port;
@@ -645,7 +733,14 @@ mod tests {
 
     /// `function` on `port`, its entry first written at `claimed_since` (RFC 3339).
     fn row(function: &str, port: u16, claimed_since: Option<&str>) -> Row {
-        let entry = serde_json::json!({"port": port, "args": ["--function", function, "--module", "/m.wasm"]});
+        row_with(function, port, claimed_since, &[])
+    }
+
+    /// [`row`] with `extra` arguments.
+    fn row_with(function: &str, port: u16, claimed_since: Option<&str>, extra: &[&str]) -> Row {
+        let mut args = vec!["--function", function, "--module", "/m.wasm"];
+        args.extend_from_slice(extra);
+        let entry = serde_json::json!({"port": port, "args": args});
         Row {
             origin: format!("ConfigMap {function}-pool"),
             entry: table::parse_entry(entry.to_string().as_bytes()),
@@ -708,5 +803,57 @@ mod tests {
         pool.apply(Table::new());
         pool.apply(table([("a", row("a", port, None))]));
         assert!(pool.status()["a"].listening);
+    }
+
+    /// An edit while the Function's requests run gives its new tenant the slots those
+    /// requests left, not a share of its own: the Function still gets 503s past its share.
+    /// A share the edit makes smaller is reached as the requests in flight end.
+    #[tokio::test]
+    async fn an_edit_while_requests_run_gives_the_function_no_more_slots() {
+        let pool = pool(Duration::from_secs(30));
+        let port = free_port();
+        pool.apply(table([("a", row("a", port, None))]));
+        let before = pool.tenant(port).unwrap();
+        let share = before.permits.available_permits();
+        assert_eq!(share, pool.caps.slots as usize);
+        let in_flight = before.permits.clone().try_acquire_many_owned(share as u32).unwrap();
+
+        pool.apply(table([("a", row_with("a", port, None, &["--env", "EDITED=1"]))]));
+        let edited = pool.tenant(port).unwrap();
+        assert!(!Arc::ptr_eq(&before, &edited), "the edit made a new tenant");
+        assert_eq!(
+            edited.permits.available_permits(),
+            0,
+            "its share is held by the old tenant's requests"
+        );
+        drop(in_flight);
+        assert_eq!(edited.permits.available_permits(), share);
+
+        let in_flight = edited.permits.clone().try_acquire_many_owned(share as u32).unwrap();
+        pool.apply(table([("a", row_with("a", port, None, &["--max-concurrency", "4"]))]));
+        let smaller = pool.tenant(port).unwrap();
+        assert_eq!(smaller.permits.available_permits(), 0);
+        drop(in_flight);
+        let until = Instant::now() + Duration::from_secs(5);
+        while smaller.permits.available_permits() != 4 {
+            assert!(
+                Instant::now() < until,
+                "the share is not 4: {} free",
+                smaller.permits.available_permits()
+            );
+            tokio::task::yield_now().await;
+        }
+        pool.apply(table([("a", row_with("a", port, None, &["--max-concurrency", "6"]))]));
+        assert_eq!(
+            pool.tenant(port).unwrap().permits.available_permits(),
+            6,
+            "and larger at once"
+        );
+
+        pool.apply(Table::new());
+        assert!(
+            pool.accounts.lock().unwrap().is_empty(),
+            "a removed Function's share goes"
+        );
     }
 }
