@@ -10,6 +10,7 @@
 pub mod api;
 pub mod quarantine;
 pub mod references;
+mod shares;
 pub mod source;
 pub mod table;
 pub mod trust;
@@ -19,8 +20,10 @@ use crate::edge::Listeners;
 use crate::limits::RequestLimits;
 use crate::loader::EngineHost;
 use crate::metrics::Metrics;
-use crate::request_memory::{MemoryAccount, SharedMemory};
+use crate::request_memory::SharedMemory;
 use crate::tenant::Tenant;
+use shares::{Account, Caps, Slots};
+pub use shares::{check_shares, share_of};
 use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -85,130 +88,6 @@ pub struct Pool {
     /// What one Function may have, whatever its entry asks: its share of the request
     /// slots, and the caps on its timeout and request body.
     caps: Caps,
-}
-
-/// What one Function holds of what the pool's requests share, whichever of its tenants
-/// (before or after an edit) serves them.
-struct Account {
-    memory: MemoryAccount,
-    slots: Slots,
-}
-
-/// One Function's share of the request slots: a semaphore every tenant of the Function
-/// takes its permits from, resized when an edit changes the share.
-struct Slots {
-    semaphore: Arc<tokio::sync::Semaphore>,
-    resize: Arc<Mutex<Resize>>,
-}
-
-/// Where a [`Slots`] stands: the share it should have, and the permits still to forget
-/// for it to get there (held by requests in flight when it was made smaller).
-#[derive(Default)]
-struct Resize {
-    size: u32,
-    owed: u32,
-    /// Counts the resizes, so that a forgetting task from an earlier one lets go.
-    generation: u64,
-    forgetting: Option<tokio::task::AbortHandle>,
-}
-
-impl Slots {
-    fn new(size: u32) -> Self {
-        Self {
-            semaphore: Arc::new(tokio::sync::Semaphore::new(size as usize)),
-            resize: Arc::new(Mutex::new(Resize {
-                size,
-                ..Resize::default()
-            })),
-        }
-    }
-
-    /// Makes the share `size` permits: more at once, fewer as soon as the requests in
-    /// flight give theirs back (a task waits for them, ahead of new requests).
-    fn resize(&self, size: u32) {
-        let mut resize = self.resize.lock().unwrap();
-        if resize.size == size && resize.owed == 0 {
-            return;
-        }
-        if let Some(forgetting) = resize.forgetting.take() {
-            forgetting.abort();
-        }
-        resize.generation += 1;
-        // Permits the semaphore has in all, free or held: the earlier shrink's owed ones
-        // were not forgotten (its task lets them go once it sees the new generation).
-        let total = resize.size + std::mem::take(&mut resize.owed);
-        resize.size = size;
-        if size >= total {
-            self.semaphore.add_permits((size - total) as usize);
-            return;
-        }
-        let fewer = total - size;
-        let rest = fewer - self.semaphore.forget_permits(fewer as usize) as u32;
-        if rest == 0 {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(
-                permits = rest,
-                "a Function's share of the request slots shrank with no runtime to wait for the permits in flight: they are kept"
-            );
-            return;
-        };
-        resize.owed = rest;
-        let generation = resize.generation;
-        let (semaphore, state) = (self.semaphore.clone(), self.resize.clone());
-        let task = runtime.spawn(async move {
-            let Ok(permits) = semaphore.acquire_many_owned(rest).await else {
-                return;
-            };
-            let mut resize = state.lock().unwrap();
-            if resize.generation == generation {
-                permits.forget();
-                resize.owed = 0;
-                resize.forgetting = None;
-            }
-        });
-        resize.forgetting = Some(task.abort_handle());
-    }
-}
-
-/// What one pooled Function may have at most.
-#[derive(Debug, Clone)]
-struct Caps {
-    slots: u32,
-    timeout: Duration,
-    max_request_body: usize,
-}
-
-impl Caps {
-    fn from_config(config: &Config) -> Self {
-        Self {
-            slots: share_of(config.max_concurrency as usize, config.pool_share).max(1) as u32,
-            timeout: config.pool_max_timeout,
-            max_request_body: usize::try_from(config.pool_max_request_body).unwrap_or(usize::MAX),
-        }
-    }
-}
-
-/// `percent` of `total`, rounded down.
-pub fn share_of(total: usize, percent: u8) -> usize {
-    (total as u128 * u128::from(percent.min(100)) / 100) as usize
-}
-
-/// Why the pool cannot start as configured: one Function's share of the request memory
-/// must hold one request of the largest memory limit, or such a Function never runs.
-pub fn check_shares(config: &Config) -> Result<(), String> {
-    let share = share_of(
-        usize::try_from(config.pool_request_memory).unwrap_or(usize::MAX),
-        config.pool_share,
-    );
-    if (share as u64) < config.memory_limit {
-        return Err(format!(
-            "--pool-share {}% of --pool-request-memory ({} bytes) is {share} bytes, less than --memory-limit ({} bytes), the memory of one request of the largest Function: raise --pool-request-memory or --pool-share, or lower --memory-limit",
-            config.pool_share, config.pool_request_memory, config.memory_limit
-        ));
-    }
-    Ok(())
 }
 
 impl Pool {
@@ -706,154 +585,4 @@ fn by_claim(table: Table) -> Vec<(String, Row)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    use wasmless_testkit::free_port;
-
-    /// A pool loading nothing ahead, its ports quarantined for `quarantine`.
-    fn pool(quarantine: Duration) -> Arc<Pool> {
-        // `--pool` as the pool itself is started; its table comes from the tests instead.
-        let args = [
-            "--pool",
-            "/nonexistent",
-            "--bind",
-            "127.0.0.1",
-            "--pool-load-ahead",
-            "false",
-        ]
-        .map(String::from);
-        let config = Config::for_pooled_function(&args).unwrap();
-        let engine = EngineHost::new(&RequestLimits::from_config(&config), None).unwrap();
-        let metrics = Arc::new(Metrics::new_pool("pool"));
-        let (pool, _) = Pool::new(engine, metrics, &config, 1);
-        *pool.quarantine.lock().unwrap() = quarantine::PortQuarantine::new(quarantine);
-        pool
-    }
-
-    /// `function` on `port`, its entry first written at `claimed_since` (RFC 3339).
-    fn row(function: &str, port: u16, claimed_since: Option<&str>) -> Row {
-        row_with(function, port, claimed_since, &[])
-    }
-
-    /// [`row`] with `extra` arguments.
-    fn row_with(function: &str, port: u16, claimed_since: Option<&str>, extra: &[&str]) -> Row {
-        let mut args = vec!["--function", function, "--module", "/m.wasm"];
-        args.extend_from_slice(extra);
-        let entry = serde_json::json!({"port": port, "args": args});
-        Row {
-            origin: format!("ConfigMap {function}-pool"),
-            entry: table::parse_entry(entry.to_string().as_bytes()),
-            claimed_since: claimed_since.map(|time| Time(time.parse().unwrap())),
-        }
-    }
-
-    fn table(rows: impl IntoIterator<Item = (&'static str, Row)>) -> Table {
-        rows.into_iter().map(|(name, row)| (name.to_string(), row)).collect()
-    }
-
-    /// When the pool starts, nobody holds a port yet: of two entries claiming one, the
-    /// one written first gets it, whichever name sorts first (a forged `a-pool` did).
-    #[test]
-    fn of_two_new_entries_for_one_port_the_older_claim_gets_it() {
-        let pool = pool(Duration::from_secs(30));
-        let port = free_port();
-        pool.apply(table([
-            ("a", row("a", port, Some("2024-05-02T00:00:00Z"))),
-            ("victim", row("victim", port, Some("2024-05-01T00:00:00Z"))),
-        ]));
-        let status = pool.status();
-        assert!(status["victim"].listening, "{status:?}");
-        assert!(!status["a"].listening, "{status:?}");
-        let error = status["a"].error.clone().unwrap_or_default();
-        assert!(error.contains(&format!("port {port} is victim's already")), "{error}");
-        assert_eq!(pool.tenant(port).unwrap().function.as_ref(), "victim");
-    }
-
-    /// Door 4 of issue 38: a port one Function left is not given to another at once, and
-    /// `/pool` says why; once the quarantine is over, the waiting entry is served without
-    /// any change to the table.
-    #[tokio::test]
-    async fn a_port_left_by_one_function_waits_before_another_has_it() {
-        let quarantine = Duration::from_millis(300);
-        let pool = pool(quarantine);
-        let port = free_port();
-        pool.apply(table([("a", row("a", port, None))]));
-        assert!(pool.status()["a"].listening);
-
-        pool.apply(table([("b", row("b", port, None))]));
-        let waiting = pool.status()["b"].clone();
-        assert!(!waiting.listening, "{waiting:?}");
-        assert_eq!(waiting.port, port);
-        let error = waiting.error.unwrap_or_default();
-        assert!(error.contains("was Function a's"), "{error}");
-        assert!(pool.tenant(port).is_none(), "nobody serves the port meanwhile");
-
-        tokio::time::sleep(quarantine + Duration::from_millis(200)).await;
-        let served = pool.status()["b"].clone();
-        assert!(served.listening && served.error.is_none(), "{served:?}");
-        assert_eq!(pool.tenant(port).unwrap().function.as_ref(), "b");
-    }
-
-    #[test]
-    fn the_function_that_left_a_port_comes_back_to_it_at_once() {
-        let pool = pool(Duration::from_secs(30));
-        let port = free_port();
-        pool.apply(table([("a", row("a", port, None))]));
-        pool.apply(Table::new());
-        pool.apply(table([("a", row("a", port, None))]));
-        assert!(pool.status()["a"].listening);
-    }
-
-    /// An edit while the Function's requests run gives its new tenant the slots those
-    /// requests left, not a share of its own: the Function still gets 503s past its share.
-    /// A share the edit makes smaller is reached as the requests in flight end.
-    #[tokio::test]
-    async fn an_edit_while_requests_run_gives_the_function_no_more_slots() {
-        let pool = pool(Duration::from_secs(30));
-        let port = free_port();
-        pool.apply(table([("a", row("a", port, None))]));
-        let before = pool.tenant(port).unwrap();
-        let share = before.permits.available_permits();
-        assert_eq!(share, pool.caps.slots as usize);
-        let in_flight = before.permits.clone().try_acquire_many_owned(share as u32).unwrap();
-
-        pool.apply(table([("a", row_with("a", port, None, &["--env", "EDITED=1"]))]));
-        let edited = pool.tenant(port).unwrap();
-        assert!(!Arc::ptr_eq(&before, &edited), "the edit made a new tenant");
-        assert_eq!(
-            edited.permits.available_permits(),
-            0,
-            "its share is held by the old tenant's requests"
-        );
-        drop(in_flight);
-        assert_eq!(edited.permits.available_permits(), share);
-
-        let in_flight = edited.permits.clone().try_acquire_many_owned(share as u32).unwrap();
-        pool.apply(table([("a", row_with("a", port, None, &["--max-concurrency", "4"]))]));
-        let smaller = pool.tenant(port).unwrap();
-        assert_eq!(smaller.permits.available_permits(), 0);
-        drop(in_flight);
-        let until = Instant::now() + Duration::from_secs(5);
-        while smaller.permits.available_permits() != 4 {
-            assert!(
-                Instant::now() < until,
-                "the share is not 4: {} free",
-                smaller.permits.available_permits()
-            );
-            tokio::task::yield_now().await;
-        }
-        pool.apply(table([("a", row_with("a", port, None, &["--max-concurrency", "6"]))]));
-        assert_eq!(
-            pool.tenant(port).unwrap().permits.available_permits(),
-            6,
-            "and larger at once"
-        );
-
-        pool.apply(Table::new());
-        assert!(
-            pool.accounts.lock().unwrap().is_empty(),
-            "a removed Function's share goes"
-        );
-    }
-}
+mod tests;
