@@ -32,6 +32,11 @@ pub const CODE_CHUNK_KEY: &str = "code.cwasm.lz4";
 /// digest the runtime must verify, when `--module-digest` is not given.
 pub const DIGEST_FILE_NAME: &str = "module.sha256";
 
+/// Prefix of the runtime container's variables that are the handler's environment: the
+/// operator writes each of a Function's variables under it, and the runtime hands the
+/// handler every variable that has it, without it, and no other.
+pub const HANDLER_ENV_PREFIX: &str = "WASMLESS_HANDLER_ENV_";
+
 /// Labels on every module ConfigMap.
 pub mod labels {
     pub const FUNCTION: &str = "wasmless.io/function";

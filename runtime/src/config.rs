@@ -35,10 +35,10 @@ pub struct Config {
     #[arg(
         long,
         env = "WASMLESS_TRAFFIC",
-        value_parser = crate::split::Traffic::parse,
+        value_parser = crate::traffic::Traffic::parse,
         conflicts_with_all = ["module", "module_digest", "code", "code_digest", "pool"]
     )]
-    pub traffic: Option<crate::split::Traffic>,
+    pub traffic: Option<crate::traffic::Traffic>,
 
     /// `--traffic` read from a file, and read again whenever it changes: a new list is
     /// served once each revision it names is loaded, its digests checked (until then, and
@@ -268,8 +268,7 @@ pub struct Config {
     pub pool_max_request_body: u64,
 }
 
-/// The prefix of the runtime's environment variables that are the handler's.
-pub const HANDLER_ENV_PREFIX: &str = "WASMLESS_HANDLER_ENV_";
+pub use wasmless_artifact::HANDLER_ENV_PREFIX;
 
 impl Config {
     /// The handler's environment: `--env` pairs, then `WASMLESS_HANDLER_ENV_*` from

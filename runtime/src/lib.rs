@@ -32,6 +32,7 @@ pub mod snapshot;
 pub mod split;
 pub mod tenant;
 pub mod traces;
+pub mod traffic;
 
 pub use config::Config;
 
@@ -274,7 +275,7 @@ async fn first_revisions(
             tokio::time::sleep(split::FOLLOW_INTERVAL).await;
             continue;
         }
-        let traffic = split::Traffic::parse(text.trim()).map_err(problem)?;
+        let traffic = traffic::Traffic::parse(text.trim()).map_err(problem)?;
         match split::Revisions::load(engine.clone(), config, metrics.clone(), admin_port, &traffic).await {
             Ok(revisions) => return Ok((revisions, bytes)),
             Err(error) if waited && attempts < split::LOAD_RETRIES => {

@@ -277,7 +277,7 @@ fn the_runtime_follows_the_routes_the_operator_annotates() {
         format!("metadata.annotations['{}']", objects::ROUTES_ANNOTATION)
     );
     let annotations = template.metadata.unwrap().annotations.unwrap();
-    let traffic = wasmless_runtime::split::Traffic::parse(&annotations[objects::ROUTES_ANNOTATION])
+    let traffic = wasmless_runtime::traffic::Traffic::parse(&annotations[objects::ROUTES_ANNOTATION])
         .expect("the runtime parses the routes annotation")
         .0;
     assert_eq!(traffic.len(), 1);
@@ -295,7 +295,7 @@ fn the_runtime_follows_the_routes_the_operator_annotates() {
     // A pod switched in place to a revision it has not mounted reads the same chunks the
     // builder wrote, through the API: the runtime takes the operator's `configmaps:` text.
     let reading = objects::routes_json_reading(&serving.routes, |_| false, "hello").expect("read through the API");
-    let traffic = wasmless_runtime::split::Traffic::parse(&reading)
+    let traffic = wasmless_runtime::traffic::Traffic::parse(&reading)
         .expect("the runtime parses it")
         .0;
     let wasmless_runtime::module_source::ModuleSource::ConfigMaps(chunks) =

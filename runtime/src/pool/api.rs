@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The label that names a ConfigMap's Function.
-pub const FUNCTION_LABEL: &str = "wasmless.io/function";
+pub const FUNCTION_LABEL: &str = wasmless_artifact::labels::FUNCTION;
 /// The ConfigMap key that holds the entry.
 pub const ENTRY_KEY: &str = "entry.json";
 /// The namespace a pod's service account is in (Kubernetes mounts it in every pod).

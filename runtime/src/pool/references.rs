@@ -64,7 +64,7 @@ impl Objects for ApiObjects {
 /// What a variable is to the person who wrote the Function, for messages: `env TOKEN`, or
 /// an outbound header.
 fn described(variable: &str) -> String {
-    match variable.strip_prefix(crate::config::HANDLER_ENV_PREFIX) {
+    match variable.strip_prefix(wasmless_artifact::HANDLER_ENV_PREFIX) {
         Some(name) => format!("env {name}"),
         None => format!("an outbound header ({variable})"),
     }
@@ -191,27 +191,10 @@ pub async fn resolve(mut entry: Entry, objects: &impl Objects) -> Result<Entry, 
     Ok(entry)
 }
 
-/// For a table that is not read from the API (a directory): literal values only.
-pub fn resolve_literal(mut entry: Entry) -> Result<Entry, String> {
-    if entry.reads_objects() {
-        return Err(
-            "its env reads Secrets or ConfigMaps (valueFrom, envFrom), which only a pool whose table is read from the API (--pool api:...) can"
-                .into(),
-        );
-    }
-    entry.resolved = Resolved(
-        entry
-            .env
-            .iter()
-            .map(|var| (var.name.clone(), var.value.clone().unwrap_or_default()))
-            .collect(),
-    );
-    Ok(entry)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::table::resolve_literal;
     use std::sync::Mutex;
 
     /// The namespace's objects in memory, counting reads.

@@ -111,7 +111,7 @@ pub fn read(dir: &Path) -> Result<Table, TableError> {
         let parsed = std::fs::read(entry.path())
             .map_err(|error| format!("cannot read it: {error}"))
             .and_then(|bytes| parse_entry(&bytes))
-            .and_then(super::references::resolve_literal);
+            .and_then(resolve_literal);
         table.insert(
             name.to_string(),
             Row {
@@ -141,6 +141,24 @@ pub fn fingerprint(dir: &Path) -> u64 {
         }
     }
     hasher.finish()
+}
+
+/// For a table that is not read from the API (a directory): literal values only.
+pub fn resolve_literal(mut entry: Entry) -> Result<Entry, String> {
+    if entry.reads_objects() {
+        return Err(
+            "its env reads Secrets or ConfigMaps (valueFrom, envFrom), which only a pool whose table is read from the API (--pool api:...) can"
+                .into(),
+        );
+    }
+    entry.resolved = Resolved(
+        entry
+            .env
+            .iter()
+            .map(|var| (var.name.clone(), var.value.clone().unwrap_or_default()))
+            .collect(),
+    );
+    Ok(entry)
 }
 
 #[cfg(test)]

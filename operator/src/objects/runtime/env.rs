@@ -3,9 +3,7 @@
 
 use super::*;
 
-/// Prefix of the container variables that are the handler's environment: the runtime hands
-/// the handler every variable that has it, without it, and no other.
-pub const HANDLER_ENV_PREFIX: &str = "WASMLESS_HANDLER_ENV_";
+pub use wasmless_artifact::HANDLER_ENV_PREFIX;
 /// The pod's IP, from the downward API: the runtime refuses outbound calls to its own admin
 /// port on it.
 pub const POD_IP_ENV: &str = "WASMLESS_POD_IP";
