@@ -352,6 +352,19 @@ async fn serve_function(
         None => None,
     };
     let permit = crate::handler::Permit::new(permit, host_permit);
+    // In a pool, the body the handler is given is host memory held while it runs: it is
+    // taken from the request's share of the pool's memory before the handler starts, as
+    // its linear memory is while it runs, and given back with it when the request ends.
+    let share = tenant.loader.limits().request_share();
+    if let Some(share) = &share
+        && !share.take(body.len())
+    {
+        let refused = crate::request_memory::Refused {
+            what: "request body",
+            bytes: body.len(),
+        };
+        return pool_memory_full(&tenant, &crate::handler::Failure::SharedMemoryFull(refused.to_string()));
+    }
 
     // In the pool a Function's first request loads it: that is worth a span; the rest is not.
     let load = tenant.handler();
@@ -373,6 +386,9 @@ async fn serve_function(
     let calls = Arc::new(CallLog::default());
     let mut request = http::Request::from_parts(parts, body);
     request.extensions_mut().insert(calls.clone());
+    if let Some(share) = share {
+        request.extensions_mut().insert(share);
+    }
     let span = tracing::info_span!(
         target: traces::TARGET,
         "handler",
@@ -384,14 +400,8 @@ async fn serve_function(
     let mut response = match invoked {
         Ok(response) => response,
         Err(failure @ crate::handler::Failure::SharedMemoryFull(_)) => {
-            // The pool's doing, not the handler's: a refusal, and the client may retry.
             traces::record_failure(&span, &failure);
-            refuse(metrics, Refusal::PoolMemory);
-            tracing::warn!(
-                function = %tenant.function,
-                "the pool's memory for requests is taken (--pool-request-memory, or this function's share of it): this request gets a 503"
-            );
-            retry_later(failure.public_message())
+            pool_memory_full(&tenant, &failure)
         }
         Err(failure) => {
             traces::record_failure(&span, &failure);
@@ -409,6 +419,17 @@ async fn serve_function(
 fn refuse(metrics: &Metrics, refusal: Refusal) {
     metrics.refuse(refusal);
     tracing::warn!(target: traces::TARGET, reason = refusal.reason(), "request refused");
+}
+
+/// The pool's doing, not the handler's: a refusal, and the client may retry.
+fn pool_memory_full(tenant: &Tenant, failure: &crate::handler::Failure) -> Response {
+    refuse(tenant.metrics(), Refusal::PoolMemory);
+    tracing::warn!(
+        function = %tenant.function,
+        failure = ?failure,
+        "the pool's memory for requests is taken (--pool-request-memory, or this function's share of it): this request gets a 503"
+    );
+    retry_later(failure.public_message())
 }
 
 fn busy(tenant: &Tenant) -> Response {

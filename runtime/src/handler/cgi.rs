@@ -29,8 +29,8 @@ impl CgiHandler {
         connection: Connection,
     ) -> Result<Response<Body>, Failure> {
         let log = super::call_log(&request);
+        let share = super::request_share(&request, &self.shared.limits);
         let (parts, body) = request.into_parts();
-        let share = self.shared.limits.request_share();
         let output = Output::new(share.clone());
         let mut wasi = output.wasi(&self.shared);
         wasi.envs(&cgi_environment(&parts, body.len(), connection))

@@ -96,7 +96,7 @@ impl HttpHandler {
         request: http::Request<Bytes>,
         permit: super::Permit,
     ) -> Result<Response<Body>, Failure> {
-        let share = self.shared.limits.request_share();
+        let share = super::request_share(&request, &self.shared.limits);
         let stdout = CapturedOutput::new(MAX_HANDLER_OUTPUT, share.clone());
         let stderr = CapturedOutput::new(MAX_HANDLER_OUTPUT, share.clone());
         let mut store = self.new_store(&stdout, &stderr, super::call_log(&request), share);

@@ -15,6 +15,7 @@ use crate::compile::Compiled;
 use crate::limits::{Isolation, RequestLimits};
 use crate::metrics::Metrics;
 use crate::outbound::{CallLog, Outbound};
+use crate::request_memory::RequestShare;
 use axum::body::Body;
 use bytes::Bytes;
 use std::net::SocketAddr;
@@ -40,6 +41,15 @@ pub struct Shared {
 /// request from elsewhere, a test's, gets one of its own).
 fn call_log<B>(request: &::http::Request<B>) -> Arc<CallLog> {
     request.extensions().get::<Arc<CallLog>>().cloned().unwrap_or_default()
+}
+
+/// The request's share of the pool's memory: the one the server took its body from
+/// (in its extensions), or a new one (a request from elsewhere, a test's).
+fn request_share<B>(request: &::http::Request<B>, limits: &RequestLimits) -> Option<RequestShare> {
+    match request.extensions().get::<RequestShare>() {
+        Some(share) => Some(share.clone()),
+        None => limits.request_share(),
+    }
 }
 
 /// What a request holds while its instance lives: its Function's concurrency permit and,

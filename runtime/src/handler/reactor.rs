@@ -66,9 +66,13 @@ impl ReactorHandler {
         request: http::Request<Bytes>,
         connection: Connection,
     ) -> Result<Response<Body>, Failure> {
-        let encoded = encode_request(&request, connection);
         let log = super::call_log(&request);
-        let share = self.shared.limits.request_share();
+        let share = super::request_share(&request, &self.shared.limits);
+        // The head is encoded apart: the body goes from the request into the instance's
+        // memory as it is, so the host holds it once, not twice.
+        let (parts, body) = request.into_parts();
+        let head = encode_head(&parts, body.len(), connection);
+        drop(parts);
         let output = Output::new(share.clone());
         let mut wasi = output.wasi(&self.shared);
         wasi.monotonic_clock(WallMonotonic);
@@ -88,7 +92,7 @@ impl ReactorHandler {
                 }
             },
         };
-        let outcome = reactor.serve(&encoded).await;
+        let outcome = reactor.serve(&head, body).await;
         output.log_stdout();
         output.log_stderr();
         let response = outcome
@@ -153,11 +157,13 @@ impl ReactorHandler {
 impl Reactor {
     /// The response bytes, or why the range the guest named cannot be one (a 502, as a
     /// malformed response is).
-    async fn serve(&mut self, request: &[u8]) -> wasmtime::Result<Result<Vec<u8>, String>> {
+    async fn serve(&mut self, head: &[u8], body: Bytes) -> wasmtime::Result<Result<Vec<u8>, String>> {
         let store = &mut self.store;
-        let length = u32::try_from(request.len()).map_err(|_| wasmtime::Error::msg("request over 4 GiB"))?;
+        let length = u32::try_from(head.len() + body.len()).map_err(|_| wasmtime::Error::msg("request over 4 GiB"))?;
         let address = self.request_buffer.call_async(&mut *store, length).await?;
-        self.memory.write(&mut *store, address as usize, request)?;
+        self.memory.write(&mut *store, address as usize, head)?;
+        self.memory.write(&mut *store, address as usize + head.len(), &body)?;
+        drop(body);
         let packed = self.handle.call_async(&mut *store, ()).await?;
         let (address, length) = ((packed >> 32) as usize, (packed & 0xffff_ffff) as usize);
         // The guest names the range: it is checked against its memory, and against what a
@@ -184,20 +190,20 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-/// The request in the SDK's encoding, carrying what the CGI environment carries (see
-/// `cgi::cgi_environment`), so that a handler sees the same request either way: the
+/// The request in the SDK's encoding up to its body (which follows, `body_len` bytes),
+/// carrying what the CGI environment carries (see `cgi::cgi_environment`), so that a
+/// handler sees the same request either way: the
 /// values of a repeated header joined with ", ", `_` in a name read as `-`, and neither
 /// Content-Length (the body's length says it), Host (its own field) nor Proxy (httpoxy,
 /// which CGI leaves out) among the headers.
-fn encode_request(request: &http::Request<Bytes>, connection: Connection) -> Vec<u8> {
-    let body = request.body();
-    let mut out = Vec::with_capacity(256 + body.len());
-    put_bytes(&mut out, request.method().as_str().as_bytes());
-    let uri = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
+fn encode_head(request: &http::request::Parts, body_len: usize, connection: Connection) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    put_bytes(&mut out, request.method.as_str().as_bytes());
+    let uri = request.uri.path_and_query().map_or("/", |pq| pq.as_str());
     put_bytes(&mut out, uri.as_bytes());
-    put_bytes(&mut out, format!("{:?}", request.version()).as_bytes());
+    put_bytes(&mut out, format!("{:?}", request.version).as_bytes());
     let host = request
-        .headers()
+        .headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .unwrap_or("");
@@ -205,12 +211,12 @@ fn encode_request(request: &http::Request<Bytes>, connection: Connection) -> Vec
     put_bytes(&mut out, connection.remote.ip().to_string().as_bytes());
     put_u32(&mut out, u32::from(connection.remote.port()));
     let headers: Vec<(String, String)> = request
-        .headers()
+        .headers
         .keys()
         .filter(|name| **name != header::CONTENT_LENGTH && **name != header::HOST && name.as_str() != "proxy")
         .map(|name| {
             let values: Vec<&str> = request
-                .headers()
+                .headers
                 .get_all(name)
                 .iter()
                 .filter_map(|v| v.to_str().ok())
@@ -223,7 +229,7 @@ fn encode_request(request: &http::Request<Bytes>, connection: Connection) -> Vec
         put_bytes(&mut out, name.as_bytes());
         put_bytes(&mut out, value.as_bytes());
     }
-    put_bytes(&mut out, body);
+    put_u32(&mut out, body_len as u32);
     out
 }
 
@@ -284,7 +290,8 @@ mod tests {
             remote: "10.1.2.3:5555".parse().unwrap(),
             local_port: 8080,
         };
-        let encoded = encode_request(&request, connection);
+        let (parts, body) = request.into_parts();
+        let encoded = [encode_head(&parts, body.len(), connection), body.to_vec()].concat();
         let mut reader = Reader(&encoded);
         let mut text = || String::from_utf8(reader.bytes().unwrap().to_vec()).unwrap();
         assert_eq!(

@@ -412,6 +412,65 @@ async fn only_a_failure_caused_by_a_refused_growth_is_a_503_for_the_pools_memory
     );
 }
 
+/// A request body is host memory the pool holds while the handler runs: it is taken from
+/// the request's share before the handler starts (a 503 when it does not fit), and given
+/// back when the request ends. The handler here never reads it: its instance holds one
+/// page.
+#[tokio::test]
+async fn a_request_body_counts_against_its_share_of_the_pools_memory() {
+    let table = tempfile::tempdir().unwrap();
+    let modules = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let module = answering(modules.path(), "ok");
+    add_function(
+        table.path(),
+        "upload",
+        port,
+        &module,
+        &["--memory-limit", "8Mi", "--max-request-body", "12Mi"],
+    );
+    // An 8 MiB share: a 6 MiB body fits it, a 10 MiB one does not.
+    let pool = Runtime::start_pool(
+        table.path(),
+        &[
+            "--memory-limit",
+            "8Mi",
+            "--pool-request-memory",
+            "16Mi",
+            "--pool-share",
+            "50",
+        ],
+    );
+    let client = reqwest::Client::new();
+    let upload = |mib: usize| {
+        let request = client.post(at(port, "/")).body(vec![b'x'; mib << 20]).send();
+        async move {
+            let response = request.await.unwrap();
+            let retry_after = response.headers().get("retry-after").cloned();
+            (response.status().as_u16(), retry_after, response.text().await.unwrap())
+        }
+    };
+    for _ in 0..3 {
+        let (status, _, body) = upload(6).await;
+        assert_eq!((status, body.as_str()), (200, "ok"), "each request gives its body back");
+    }
+    let (status, retry_after, body) = upload(10).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("no memory left for this request"), "{body}");
+    assert_eq!(retry_after.as_ref().and_then(|v| v.to_str().ok()), Some("1"));
+    assert_eq!(upload(6).await.0, 200);
+    let text = metrics(&pool).await;
+    assert_eq!(
+        sample(
+            &text,
+            "wasmless_refused_total",
+            &[("function", "upload"), ("reason", "pool_memory")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+}
+
 #[test]
 fn a_pool_whose_share_of_request_memory_holds_no_request_of_its_limit_does_not_start() {
     let table = tempfile::tempdir().unwrap();
