@@ -80,7 +80,7 @@ impl ReactorHandler {
         let kept = self.idle.as_ref().and_then(|idle| idle.lock().unwrap().pop());
         let mut reactor = match kept {
             Some(mut reactor) => {
-                store::renew(&mut reactor.store, &self.shared, wasi, log);
+                store::renew(&mut reactor.store, &self.shared, wasi, log, share.clone());
                 reactor
             }
             None => match self.instantiate(wasi, log, share).await {

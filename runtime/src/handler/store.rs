@@ -77,8 +77,8 @@ pub fn new_store(
     let deadline = Instant::now() + shared.limits.timeout;
     let state = GuestState {
         wasi,
-        limiter: RequestLimiter::new(&shared.limits, share),
-        calls: GuestCalls::new(shared.outbound.clone(), log, deadline),
+        limiter: RequestLimiter::new(&shared.limits, share.clone()),
+        calls: GuestCalls::new(shared.outbound.clone(), log, deadline, share),
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);
@@ -87,13 +87,20 @@ pub fn new_store(
 }
 
 /// Makes a kept store ready for its next request: a WASI context of its own (fresh
-/// output, the env as deployed), the memory flags cleared, and a new deadline. The
-/// memory limit itself stays: it bounds what the instance holds, across requests.
-pub fn renew(store: &mut Store<GuestState>, shared: &Shared, wasi: WasiP1Ctx, log: Arc<CallLog>) {
+/// output, the env as deployed), the memory flags cleared, a new deadline, and its
+/// outbound bodies taken from this request's `share`. The memory limit itself stays: it
+/// bounds what the instance holds, across requests.
+pub fn renew(
+    store: &mut Store<GuestState>,
+    shared: &Shared,
+    wasi: WasiP1Ctx,
+    log: Arc<CallLog>,
+    share: Option<RequestShare>,
+) {
     let deadline = Instant::now() + shared.limits.timeout;
     let state = store.data_mut();
     state.wasi = wasi;
     state.limiter.clear_refusals();
-    state.calls = GuestCalls::new(shared.outbound.clone(), log, deadline);
+    state.calls = GuestCalls::new(shared.outbound.clone(), log, deadline, share);
     arm_timeout(store, deadline);
 }

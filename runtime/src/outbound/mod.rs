@@ -211,6 +211,12 @@ pub enum OutboundError {
     /// The request's own deadline passed while the call waited: the request ends (504).
     #[error("the request's timeout passed during an outbound call")]
     RequestTimeout,
+    /// In a pool: the request's share of the pool's memory has no room for the next piece
+    /// of the call's body.
+    #[error(
+        "wasmless: the call was abandoned: the pool has no memory left for its request body now (--pool-request-memory, or this Function's share of it, is held by requests in flight); retry later, or send the body in smaller pieces"
+    )]
+    PoolMemory,
 }
 
 impl OutboundError {
@@ -226,6 +232,7 @@ impl OutboundError {
             Self::Limit { .. } => 7,
             Self::BadRequest(_) => 9,
             Self::Failed { .. } => 10,
+            Self::PoolMemory => 13,
         }
     }
 

@@ -93,5 +93,6 @@ fn wasi_error(error: &OutboundError) -> Error {
         OutboundError::Limit { .. } => Error::ConnectionLimitReached,
         OutboundError::BadRequest(_) => Error::HttpRequestUriInvalid,
         OutboundError::Failed { why, .. } => Error::InternalError(Some(why.clone())),
+        OutboundError::PoolMemory => Error::InternalError(Some(error.to_string())),
     }
 }
