@@ -10,6 +10,7 @@
 //! in flight, where most requests touch one or two. The price is that a refused request
 //! may have started; the answer says to retry, and the log says why.
 
+use bytes::Bytes;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -208,6 +209,40 @@ impl Drop for Grant {
     fn drop(&mut self) {
         self.pool.give_back(&self.function, self.held);
     }
+}
+
+/// A part of a request body the host holds, taken from the request's share of the pool's
+/// memory until it is dropped (sent, or abandoned with its call).
+struct ChargedPart {
+    bytes: Vec<u8>,
+    share: RequestShare,
+}
+
+impl AsRef<[u8]> for ChargedPart {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for ChargedPart {
+    fn drop(&mut self) {
+        self.share.give_back(self.bytes.len());
+    }
+}
+
+/// `bytes` as a piece of a body, taken from `share` when there is one; `None` when they
+/// do not fit it.
+pub fn charged(share: Option<&RequestShare>, bytes: Vec<u8>) -> Option<Bytes> {
+    let Some(share) = share else {
+        return Some(Bytes::from(bytes));
+    };
+    if !share.take(bytes.len()) {
+        return None;
+    }
+    Some(Bytes::from_owner(ChargedPart {
+        bytes,
+        share: share.clone(),
+    }))
 }
 
 #[cfg(test)]

@@ -352,19 +352,12 @@ async fn serve_function(
         None => None,
     };
     let permit = crate::handler::Permit::new(permit, host_permit);
-    // In a pool, the body the handler is given is host memory held while it runs: it is
-    // taken from the request's share of the pool's memory before the handler starts, as
-    // its linear memory is while it runs, and given back with it when the request ends.
-    let share = tenant.loader.limits().request_share();
-    if let Some(share) = &share
-        && !share.take(body.len())
-    {
-        let refused = crate::request_memory::Refused {
-            what: "request body",
-            bytes: body.len(),
-        };
-        return pool_memory_full(&tenant, &crate::handler::Failure::SharedMemoryFull(refused.to_string()));
-    }
+    let share = match take_body_share(&tenant, body.len()) {
+        Ok(share) => share,
+        Err(refused) => {
+            return pool_memory_full(&tenant, &crate::handler::Failure::SharedMemoryFull(refused.to_string()));
+        }
+    };
 
     // In the pool a Function's first request loads it: that is worth a span; the rest is not.
     let load = tenant.handler();
@@ -419,6 +412,26 @@ async fn serve_function(
 fn refuse(metrics: &Metrics, refusal: Refusal) {
     metrics.refuse(refusal);
     tracing::warn!(target: traces::TARGET, reason = refusal.reason(), "request refused");
+}
+
+/// In a pool, the body the handler is given is host memory held while it runs: it is
+/// taken from the request's share of the pool's memory before the handler starts, as its
+/// linear memory is while it runs, and given back with it when the request ends. `Err`:
+/// a body that does not fit.
+fn take_body_share(
+    tenant: &Tenant,
+    length: usize,
+) -> Result<Option<crate::request_memory::RequestShare>, crate::request_memory::Refused> {
+    let share = tenant.loader.limits().request_share();
+    if let Some(share) = &share
+        && !share.take(length)
+    {
+        return Err(crate::request_memory::Refused {
+            what: "request body",
+            bytes: length,
+        });
+    }
+    Ok(share)
 }
 
 /// The pool's doing, not the handler's: a refusal, and the client may retry.
