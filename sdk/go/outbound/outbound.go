@@ -32,7 +32,7 @@ func httpReadBody(handle uint32, buffer unsafe.Pointer, bufferLen uint32, n unsa
 //go:wasmimport wasmless http_close
 func httpClose(handle uint32) uint32
 
-// The host's errnos (runtime/src/outbound/mod.rs, OutboundError::errno, and
+// The host's errnos (runtime/src/outbound/error.rs, OutboundError::errno, and
 // wasmless_formats::outbound).
 const (
 	errDenied      = 1
@@ -224,7 +224,8 @@ func writeBody(ctx context.Context, handle uint32, body io.Reader) error {
 		n, err := body.Read(buffer)
 		if n > 0 {
 			if errno := httpWriteBody(handle, unsafe.Pointer(&buffer[0]), uint32(n)); errno != 0 {
-				// errCallEnded, or a deadline: either way http_finish tells what happened.
+				// errCallEnded, a deadline, or 13 (in a pool, no memory left for the piece: the
+				// call is abandoned): either way http_finish tells what happened.
 				return nil
 			}
 		}
