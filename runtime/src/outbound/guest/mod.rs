@@ -8,7 +8,7 @@
 //!     The policy is checked and a call slot taken (waiting for one within the call's
 //!     deadline). out: two u32s, a handle and a length: errno 0, the call's handle (the
 //!     length 0); errno != 0, the error's message, read with http_read_head (no handle
-//!     if 0 long).
+//!     if 0 long, nor while [`MAX_OPEN`] handles are held: the errno alone).
 //! http_write_body(handle, buffer, buffer_len) -> errno
 //!     With the head's body flag: the next piece of the request body, all of it, taken
 //!     once the upstream has room for it (the guest waits meanwhile: backpressure); the
@@ -131,6 +131,18 @@ impl GuestCalls {
                 self.open.len() as u32
             }
         }
+    }
+
+    /// A handle holding a refused call's message, and the message's length; `(0, 0)`, the
+    /// errno alone, when [`MAX_OPEN`] handles are held already: a guest that loops on
+    /// refused calls without closing them must not make the host hold a message each.
+    fn insert_failure(&mut self, error: &OutboundError) -> (u32, u32) {
+        if self.open_count() >= MAX_OPEN {
+            return (0, 0);
+        }
+        let message = error.to_string().into_bytes();
+        let length = message.len() as u32;
+        (self.insert(Slot::Failed(message, error.errno())), length)
     }
 
     fn slot(&mut self, handle: u32) -> Option<&mut Slot> {
@@ -277,9 +289,7 @@ pub fn add_to_linker<T: Send + 'static>(
         move |mut caller: Caller<'_, T>, (head, length, timeout_ms, out): (u32, u32, u32, u32)| {
             Box::new(async move {
                 let failed = |caller: &mut Caller<'_, T>, error: OutboundError| -> wasmtime::Result<u32> {
-                    let message = error.to_string().into_bytes();
-                    let length = message.len() as u32;
-                    let handle = calls(caller.data_mut()).insert(Slot::Failed(message, error.errno()));
+                    let (handle, length) = calls(caller.data_mut()).insert_failure(&error);
                     write_pair(caller, out, handle, length)?;
                     Ok(error.errno())
                 };

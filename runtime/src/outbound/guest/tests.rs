@@ -132,3 +132,48 @@ async fn a_body_piece_the_pools_memory_has_no_room_for_abandons_the_call_saying_
     assert_eq!(status(&head), 200, "the upstream got another length");
     assert_eq!(share.held(), 0, "each part is given back once sent");
 }
+
+/// A guest that loops on calls the host refuses (a head longer than any call may send)
+/// and never closes them: the host keeps at most [`MAX_OPEN`] messages for it, then tells
+/// it the errno alone, with no handle.
+#[tokio::test]
+async fn refused_calls_left_open_hold_at_most_max_open_messages() {
+    let config = OutboundConfig {
+        allow: Vec::new(),
+        timeout: Duration::from_secs(5),
+        max_response_body: MI as u64,
+        max_concurrency: 4,
+        headers: Vec::new(),
+        admin_port: 1,
+        pod_ip: None,
+        extra_roots: Vec::new(),
+    };
+    let outbound = Arc::new(Outbound::new(&config, Arc::new(Metrics::new("f"))).unwrap());
+    let module = format!(
+        r#"(module
+            (import "wasmless" "http_start" (func $start (param i32 i32 i32 i32) (result i32)))
+            (memory (export "memory") 1)
+            (func (export "refused") (param $times i32) (result i32)
+                (local $errno i32)
+                (loop $again
+                    (local.set $errno (call $start (i32.const 0) (i32.const -1) (i32.const 0) (i32.const {OUT_SMALL})))
+                    (local.tee $times (i32.sub (local.get $times) (i32.const 1)))
+                    (br_if $again))
+                (local.get $errno)))"#,
+        OUT_SMALL = 1024,
+    );
+    let engine = Engine::default();
+    let module = Module::new(&engine, wat::parse_str(module).unwrap()).unwrap();
+    let mut linker = Linker::new(&engine);
+    add_to_linker(&mut linker, |calls: &mut GuestCalls| calls).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut store = Store::new(&engine, GuestCalls::new(outbound, Arc::default(), deadline, None));
+    let instance = linker.instantiate_async(&mut store, &module).await.unwrap();
+    let refused = instance.get_typed_func::<u32, u32>(&mut store, "refused").unwrap();
+    let errno = refused.call_async(&mut store, 10_000).await.unwrap();
+    assert_eq!(errno, OutboundError::BadRequest(String::new()).errno());
+    assert_eq!(store.data().open.len(), MAX_OPEN, "one message held per refused call");
+    let memory = instance.get_memory(&mut store, "memory").unwrap();
+    let pair = &memory.data(&store)[1024..1032];
+    assert_eq!(pair, &[0; 8], "past MAX_OPEN: no handle, no message");
+}
