@@ -39,6 +39,14 @@ pub(crate) async fn metrics(pool: &Runtime) -> String {
     get(pool.admin_url("/metrics")).await.1
 }
 
+/// The pool's count of `function`'s requests refused for `reason`, and the metrics text
+/// it was read from, for the message of an assertion that fails.
+async fn refusals(pool: &Runtime, function: &str, reason: &str) -> (Option<f64>, String) {
+    let text = metrics(pool).await;
+    let labels = [("function", function), ("reason", reason)];
+    (sample(&text, "wasmless_refused_total", &labels), text)
+}
+
 /// Polls `check` for up to ten seconds (the table is re-read every second).
 pub(crate) async fn eventually<F, Fut>(what: &str, mut check: F)
 where
@@ -235,16 +243,8 @@ async fn the_pools_concurrency_is_shared_so_a_busy_neighbour_gets_503s_not_failu
     assert!(body.contains("the pool serving this function"), "{body}");
     assert_eq!(sleeping.await.unwrap().0, 200);
     assert_eq!(get(at(neighbour, "/hello")).await.0, 200);
-    let text = metrics(&pool).await;
-    assert_eq!(
-        sample(
-            &text,
-            "wasmless_refused_total",
-            &[("function", "neighbour"), ("reason", "busy")]
-        ),
-        Some(1.0),
-        "{text}"
-    );
+    let (refused, text) = refusals(&pool, "neighbour", "busy").await;
+    assert_eq!(refused, Some(1.0), "{text}");
 }
 
 /// Door 5 of issue 38: a Function whose requests each hold much memory, many at once,
@@ -310,16 +310,8 @@ async fn a_heavy_function_gets_503s_past_its_share_of_memory_while_its_neighbour
     assert!(refused >= 1, "every heavy request was let in: {answered} answered");
     assert!(light_answers.len() > 5, "{light_answers:?}");
     assert!(light_answers.iter().all(|status| *status == 200), "{light_answers:?}");
-    let text = metrics(&pool).await;
-    assert_eq!(
-        sample(
-            &text,
-            "wasmless_refused_total",
-            &[("function", "heavy"), ("reason", "pool_memory")]
-        ),
-        Some(refused as f64),
-        "{text}"
-    );
+    let (counted, text) = refusals(&pool, "heavy", "pool_memory").await;
+    assert_eq!(counted, Some(refused as f64), "{text}");
     // What the requests held is given back: they all fit again, one after another.
     for _ in 0..3 {
         assert_eq!(get(at(heavy, "/hold?mib=30")).await.0, 200);
@@ -355,16 +347,8 @@ async fn a_handlers_output_counts_against_its_share_of_the_pools_memory() {
         200,
         "what the refused request held is back"
     );
-    let text = metrics(&pool).await;
-    assert_eq!(
-        sample(
-            &text,
-            "wasmless_refused_total",
-            &[("function", "loud"), ("reason", "pool_memory")]
-        ),
-        Some(1.0),
-        "{text}"
-    );
+    let (refused, text) = refusals(&pool, "loud", "pool_memory").await;
+    assert_eq!(refused, Some(1.0), "{text}");
 }
 
 /// A 503 for the pool's memory is for a request that failed because its growth was
@@ -400,16 +384,8 @@ async fn only_a_failure_caused_by_a_refused_growth_is_a_503_for_the_pools_memory
 
     assert_eq!(holding.await.unwrap(), (200, "held 30 MiB\n".to_string()));
     assert_eq!(get(at(port, "/reserve?mib=30")).await.0, 200, "room again");
-    let text = metrics(&pool).await;
-    assert_eq!(
-        sample(
-            &text,
-            "wasmless_refused_total",
-            &[("function", "tight"), ("reason", "pool_memory")]
-        ),
-        Some(1.0),
-        "{text}"
-    );
+    let (refused, text) = refusals(&pool, "tight", "pool_memory").await;
+    assert_eq!(refused, Some(1.0), "{text}");
 }
 
 /// A request body is host memory the pool holds while the handler runs: it is taken from
@@ -459,16 +435,8 @@ async fn a_request_body_counts_against_its_share_of_the_pools_memory() {
     assert!(body.contains("no memory left for this request"), "{body}");
     assert_eq!(retry_after.as_ref().and_then(|v| v.to_str().ok()), Some("1"));
     assert_eq!(upload(6).await.0, 200);
-    let text = metrics(&pool).await;
-    assert_eq!(
-        sample(
-            &text,
-            "wasmless_refused_total",
-            &[("function", "upload"), ("reason", "pool_memory")]
-        ),
-        Some(1.0),
-        "{text}"
-    );
+    let (refused, text) = refusals(&pool, "upload", "pool_memory").await;
+    assert_eq!(refused, Some(1.0), "{text}");
 }
 
 #[test]
