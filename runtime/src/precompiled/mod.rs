@@ -13,6 +13,7 @@ use crate::module_source::{LoadError, ModuleSource, chunk_file_paths};
 use pages::PageBuffer;
 use std::ptr::NonNull;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use wasmless_artifact::{
     CODE_HEADER_BYTES, CodeHeader, CodeKind, Digest, Part, code_blocks, code_header, decoded_code_size,
     decompress_block, encode_code, split_for_blocks,
@@ -258,6 +259,12 @@ fn decompressing_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(2, 4)
 }
 
+/// Whether this process's one image run in place ([`open`]) is taken. One, not one per
+/// load: an image run in place is never freed, and a pool (or a pod whose revisions are
+/// switched in place) loads code again and again, so every later load is copied into
+/// wasmtime's own memory, which the module's last clone gives back.
+static IN_PLACE_TAKEN: AtomicBool = AtomicBool::new(false);
+
 /// Checks that verified code was made from `module` for this engine, and loads it into
 /// `engine`. Runs on a blocking thread: it maps megabytes.
 pub fn open(
@@ -292,14 +299,16 @@ pub fn open(
             runtime,
         }));
     }
+    let in_place = engine::CODE_RUNS_IN_PLACE && !IN_PLACE_TAKEN.swap(true, Ordering::AcqRel);
     // SAFETY: the bytes are the pinned artifact (digest checked by `verify_and_decode`), made
     // by the builder from the pinned module for an engine whose compatibility hash equals
     // this one's, and wasmtime checks the ELF header, flags and this CPU again as it loads
     // them. In place (`deserialize_raw`), the image's pages become the code: the image is
     // then kept for the life of the process (below). Otherwise wasmtime copies the code
-    // into memory of its own and the image is unmapped after.
+    // into memory of its own, freed with the last clone of the module, and the image is
+    // unmapped after.
     let loaded = unsafe {
-        match (header.kind, engine::CODE_RUNS_IN_PLACE) {
+        match (header.kind, in_place) {
             (CodeKind::Component, true) => Component::deserialize_raw(engine, image.code_in_place())
                 .map(|c| (Compiled::Component(c), Abi::HttpComponent)),
             (CodeKind::Module, true) => wasmtime::Module::deserialize_raw(engine, image.code_in_place())
@@ -312,12 +321,13 @@ pub fn open(
             }
         }
     };
-    if loaded.is_ok() && engine::CODE_RUNS_IN_PLACE {
+    match (in_place, loaded.is_ok()) {
         // The module (and every instance and clone of it) runs from these pages, and
         // wasmtime does not say when the last of them is gone: they stay mapped until the
-        // process exits, as a binary's own code does. One image per process: a module
-        // swapped in later is compiled into wasmtime's own memory.
-        std::mem::forget(image);
+        // process exits, as a binary's own code does.
+        (true, true) => std::mem::forget(image),
+        (true, false) => IN_PLACE_TAKEN.store(false, Ordering::Release),
+        (false, _) => {}
     }
     Ok(match loaded {
         // A core module's ABI is read from its exports: the reactor is a core module too.
@@ -332,7 +342,8 @@ pub fn open(
 /// The decompressed artifact in a [`PageBuffer`]. The code (after the 64 KiB header
 /// block) is page-aligned, so `deserialize_raw` runs it in place, saving a copy of 10+ MB
 /// (the engine's `ExecutableInPlace` makes its text executable); where that is not
-/// available, wasmtime copies the code and the buffer is returned to the system.
+/// available, or this process's one image in place is taken ([`IN_PLACE_TAKEN`]), wasmtime
+/// copies the code and the buffer is returned to the system.
 struct CodeImage(PageBuffer);
 
 impl CodeImage {

@@ -157,6 +157,61 @@ async fn over_the_memory_budget_the_least_recently_used_function_is_unloaded_and
     );
 }
 
+/// The pool process's anonymous memory (its heap and copied code), from /proc.
+fn rss_anon_bytes(pool: &Runtime) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pool.pid())).unwrap();
+    let line = status.lines().find(|line| line.starts_with("RssAnon:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// The builder's compiled code, loaded again each time the budget evicts it, is given
+/// back each time: a pool whose Functions take turns does not grow by a copy of their code
+/// per load (it kept every copy until the process ended).
+#[tokio::test(flavor = "multi_thread")]
+async fn precompiled_code_an_eviction_unloads_is_given_back() {
+    let module = std::fs::read(go_handler("goless-sample")).unwrap();
+    let module_digest = Digest::of(&module);
+    let code = precompile_for(&portable_engine(), &module);
+    let code_digest = Digest::of(&code);
+    let dir = tempfile::tempdir().unwrap();
+    let (code_file, _) = write_module(dir.path(), "module.cwasm.lz4", &code);
+    let (module_file, _) = write_module(dir.path(), "module.wasm", &module);
+    let table = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port()];
+    let pinned = [
+        "--code",
+        code_file.to_str().unwrap(),
+        "--code-digest",
+        &code_digest.to_string(),
+    ];
+    for (name, port) in ["one", "two"].into_iter().zip(ports) {
+        add_function(table.path(), name, port, &module_file, &pinned);
+    }
+    assert_eq!(Digest::of(&std::fs::read(&module_file).unwrap()), module_digest);
+    // Room for one Function's code at a time: every request below loads its Function.
+    let pool = Runtime::start_pool(table.path(), &["--pool-memory-budget", "1Ki"]);
+    let take_turns = async |rounds: usize| {
+        for _ in 0..rounds {
+            for port in ports {
+                assert_eq!(get(at(port, "/")).await.1, "This works!");
+            }
+        }
+    };
+    take_turns(2).await;
+    let settled = rss_anon_bytes(&pool);
+    take_turns(8).await;
+    let grown = rss_anon_bytes(&pool).saturating_sub(settled);
+    let text = metrics(&pool).await;
+    assert_eq!(
+        sample(&text, "wasmless_pool_evictions_total", &[]),
+        Some(19.0),
+        "{text}"
+    );
+    assert_eq!(sample(&text, "wasmless_compile_fallbacks_total", &[]), None, "{text}");
+    // 16 more loads of ~14 MiB of code each: kept, they would be over 200 MiB.
+    assert!(grown < 64 << 20, "the pool grew {} MiB over 16 loads", grown >> 20);
+}
+
 #[tokio::test]
 async fn functions_come_and_go_with_their_table_files_and_a_bad_one_fails_alone() {
     let table = tempfile::tempdir().unwrap();
