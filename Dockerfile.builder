@@ -24,6 +24,13 @@ RUN rustup target add wasm32-wasip2 wasm32-wasip1 \
 COPY --from=go /usr/local/go /usr/local/go
 COPY --from=build /usr/local/bin/wasmless-builder /usr/local/bin/wasmless-builder
 COPY --from=build /opt/wasmless /opt/wasmless
+# Go's cache seed: the builder run once on a sample handler (scripts/build-images.sh's
+# go_cache_seed does the same from this machine's build).
+COPY scripts/go-cache-seed-handler.go /tmp/seed/handler.go
+RUN PATH=/usr/local/go/bin:$PATH HOME=/tmp WASMLESS_BUILD_CACHE=/tmp/seed/cache WASMLESS_COMPILER_CACHES_IN_CACHE_DIR=true \
+    wasmless-builder build --language go --source /tmp/seed/handler.go --output /tmp/seed/handler.wasm \
+      --no-code --termination-log /dev/null \
+ && mkdir -p /opt/wasmless && mv /tmp/seed/cache/go-build /opt/wasmless/go-build-seed && rm -rf /tmp/seed
 ENV PATH=/usr/local/go/bin:/usr/local/cargo/bin:$PATH \
     GOFLAGS=-mod=mod \
     GOPROXY=off \
@@ -31,14 +38,14 @@ ENV PATH=/usr/local/go/bin:/usr/local/cargo/bin:$PATH \
     CARGO_NET_OFFLINE=true \
     WASMLESS_SDK_DIR=/opt/wasmless/sdk \
     WASMLESS_VENDOR_DIR=/opt/wasmless/vendor \
+    WASMLESS_GO_CACHE_SEED=/opt/wasmless/go-build-seed \
     HOME=/tmp
 # The Job mounts writable emptyDirs at /tmp and /work, and the persistent build cache (Go's and
 # Cargo's caches, built modules and their compiled code) at /cache; the root filesystem stays
-# read-only. Go's standard library is not precompiled into the image: the builder's `-overlay`
-# changes package runtime, so every standard package's cache key is the builder's own, and the
-# warm cache at /cache holds them after a node's first build. (Running the builder once on a sample
-# at image build time, into a seed cache the builder copies into an empty /cache, would also
-# warm a node's first build: not done yet.)
+# read-only. Go's standard library as the builder compiles it (its `-overlay` changes package
+# runtime, so every standard package's cache key is the builder's own) is in the seed made
+# above, which the builder copies into an empty GOCACHE: a node's or a namespace's first build
+# compiles the handler only.
 USER 65532:65532
 WORKDIR /work
 ENTRYPOINT ["/usr/local/bin/wasmless-builder"]

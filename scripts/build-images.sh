@@ -10,7 +10,8 @@
 #   wasmless/builder:TAG   a Debian 12 (bookworm) base from debootstrap with gcc (cargo links
 #                          build scripts with it), the Go toolchain on this machine, the Rust
 #                          toolchain with wasm32-wasip2, wasmless-builder (the SDKs are compiled
-#                          into it) and the Rust SDK's dependencies vendored: a build Job needs no network.
+#                          into it), the Rust SDK's dependencies vendored (a build Job needs no
+#                          network) and a seed of Go's cache (go_cache_seed, below).
 #
 # This is the layout Dockerfile.runtime, Dockerfile.operator and Dockerfile.builder describe
 # for an environment with a container registry; here it is assembled from directories,
@@ -96,13 +97,40 @@ debian_base() {
   echo "$base"
 }
 
+# The Go standard library as the builder compiles it, from one build of a sample handler:
+# a build Job copies it into an empty GOCACHE (builder/src/toolchain/go_cache_seed.rs), so a
+# node's or a namespace's first Go build compiles the handler, not the library. The
+# builder's -overlay makes the library's cache keys its own, so only the builder can make
+# it. Kept under ~/.cache/wasmless/images by a key over what decides those keys (this Go,
+# the overlay, the SDK): the builder binary changes far more often than they do.
+go_cache_seed() {
+  local into=$1 key seed work
+  key=$({ go version; cat builder/src/toolchain/go.rs builder/src/toolchain/go_overlay.rs scripts/go-cache-seed-handler.go
+    find sdk/go -type f \( -name '*.go' -o -name go.mod \) | sort | xargs cat; } | sha256sum | cut -c1-16)
+  seed=$out/go-build-seed-$key
+  if [[ ! -d $seed ]]; then
+    say "Go's standard library for the builder's cache seed (once per Go, overlay and SDK)"
+    rm -rf "$out"/go-build-seed-*
+    work=$(mktemp -d)
+    env -u GOCACHE WASMLESS_BUILD_CACHE="$work/cache" WASMLESS_COMPILER_CACHES_IN_CACHE_DIR=true \
+      "$release/wasmless-builder" build --language go --source scripts/go-cache-seed-handler.go --output "$work/handler.wasm" \
+      --no-code --termination-log /dev/null >"$work/build.log" 2>&1 ||
+      { cat "$work/build.log" >&2; say "the seed's sample handler does not build"; exit 1; }
+    mv "$work/cache/go-build" "$seed.partial"
+    mv "$seed.partial" "$seed"
+    rm -rf "$work"
+  fi
+  cp -a "$seed" "$into"
+}
+
 builder_image() {
   local archive=$out/builder-$tag.tar
   local sysroot goroot
   sysroot=$(rustc --print sysroot)
   goroot=$(go env GOROOT)
-  # The SDKs are compiled into wasmless-builder: the binary is the only input that changes.
-  if fresh "$archive" "$release/wasmless-builder"; then
+  # The SDKs are compiled into wasmless-builder: the binary is the only input that changes
+  # (the seed's inputs, go_overlay.rs and the SDK, are compiled into it too).
+  if fresh "$archive" "$release/wasmless-builder" scripts/go-cache-seed-handler.go; then
     echo "$archive"
     return
   fi
@@ -129,11 +157,12 @@ builder_image() {
   # The SDKs are compiled into wasmless-builder; the Rust SDK's dependencies are vendored.
   mkdir -p "$rootfs/opt/wasmless"
   "$release/wasmless-builder" vendor "$rootfs/opt/wasmless/vendor" >&2
+  go_cache_seed "$rootfs/opt/wasmless/go-build-seed"
   mkdir -p -m 1777 "$rootfs/work" "$rootfs/tmp"
   scripts/image-archive.sh "$rootfs" "wasmless/builder:$tag" "$archive" --user 65532:65532 --workdir /work \
     --env PATH=/usr/local/go/bin:/usr/local/rust/bin:/usr/local/bin:/usr/bin:/bin \
     --env GOFLAGS=-mod=mod --env GOPROXY=off --env GOTOOLCHAIN=local --env CARGO_NET_OFFLINE=true \
-    --env WASMLESS_VENDOR_DIR=/opt/wasmless/vendor \
+    --env WASMLESS_VENDOR_DIR=/opt/wasmless/vendor --env WASMLESS_GO_CACHE_SEED=/opt/wasmless/go-build-seed \
     --env HOME=/tmp -- /usr/local/bin/wasmless-builder >&2
   rm -rf "$rootfs"
   echo "$archive"

@@ -30,6 +30,12 @@ goless_sample() {
   wait_until 30 "a build Job" has_jobs hello
   kubectl wait job -n "$NS" -l wasmless.io/function=hello --for=condition=Complete --timeout=600s >/dev/null
   expect_eq "$(jobs_of hello)" 1 "build Jobs of hello"
+  # The namespace's first Go build: its empty GOCACHE is filled from the builder image's
+  # seed, so go build compiles the handler and the SDK, not the standard library.
+  local build_log
+  build_log=$(kubectl logs -n "$NS" "$(kubectl get jobs -n "$NS" -l wasmless.io/function=hello -o name)" -c builder 2>&1)
+  expect_contains "$build_log" "seeded with the image's standard library" "the first build's log"
+  echo "    first Go build in $NS: compile $(grep -o '"compile":[0-9.]*' <<<"$build_log" | head -1 | cut -d: -f2) s (go build, from the seed)"
   # The pods start while the build runs (they wait for it, not ready).
   local created completed
   created=$(kubectl get deploy hello -n "$NS" -o 'jsonpath={.metadata.creationTimestamp}')

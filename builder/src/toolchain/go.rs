@@ -16,6 +16,7 @@
 //! is trusted, and no checksum database needs reaching), the configured proxy as
 //! `GOPROXY`, and `GOMODCACHE` in the build cache, so modules download once.
 
+use super::go_cache_seed::{self, GO_CACHE_SEED_ENV};
 use super::{run_compiler, tool};
 use crate::{BuildError, BuildOptions, Source};
 use std::path::Path;
@@ -72,6 +73,7 @@ pub fn build(source: &Source, options: &BuildOptions) -> Result<Vec<u8>, BuildEr
         tempfile::tempdir().map_err(|e| BuildError::Toolchain(format!("cannot make a build directory: {e}")))?;
     let project = scratch.path();
     let output = project.join("handler.wasm");
+    seed_go_cache(options);
     let overlay = write_runtime_overlay(project, options)?;
     let names: Vec<String> = source.files.iter().map(|f| f.name.clone()).collect();
     let mut command = if source.module_file("go.mod").is_some() {
@@ -265,6 +267,38 @@ fn module_go_command(options: &BuildOptions) -> Command {
     command
 }
 
+/// Fills an empty `GOCACHE` from the image's seed ([`go_cache_seed`]), when there is one.
+fn seed_go_cache(options: &BuildOptions) {
+    let Some(seed) = std::env::var_os(GO_CACHE_SEED_ENV).filter(|seed| !seed.is_empty()) else {
+        return;
+    };
+    let Some(cache) = go_cache_dir(options) else {
+        return;
+    };
+    match go_cache_seed::seed(&cache, Path::new(&seed)) {
+        Ok(go_cache_seed::Seeded::Copied { files }) => {
+            tracing::info!(cache = %cache.display(), files, "Go's cache was empty: seeded with the image's standard library")
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!(cache = %cache.display(), %error, "cannot seed Go's cache: building cold"),
+    }
+}
+
+/// The `GOCACHE` the build uses, when it is the builder's or set absolutely; `None` for Go's
+/// default under the user's home, which is theirs.
+fn go_cache_dir(options: &BuildOptions) -> Option<std::path::PathBuf> {
+    if builder_sets_go_cache(options) {
+        return Some(options.cache_dir.join("go-build"));
+    }
+    let set = std::path::PathBuf::from(std::env::var_os("GOCACHE")?);
+    set.is_absolute().then_some(set)
+}
+
+fn builder_sets_go_cache(options: &BuildOptions) -> bool {
+    options.compiler_caches_in_cache_dir
+        || (std::env::var_os("GOCACHE").is_none() && std::env::var_os("HOME").is_none())
+}
+
 /// `go` with the environment of every build: WASI, offline, this Go only.
 fn go_command(options: &BuildOptions) -> Command {
     let mut command = tool("go", "WASMLESS_GO");
@@ -279,9 +313,7 @@ fn go_command(options: &BuildOptions) -> Command {
     ]);
     // A build pod has a read-only root and no home: keep Go's caches in ours. In a build
     // Job with a persistent cache, always: that is what makes an edit compile only itself.
-    if options.compiler_caches_in_cache_dir
-        || (std::env::var_os("GOCACHE").is_none() && std::env::var_os("HOME").is_none())
-    {
+    if builder_sets_go_cache(options) {
         command.env("GOCACHE", options.cache_dir.join("go-build"));
     }
     if std::env::var_os("GOPATH").is_none() && std::env::var_os("HOME").is_none() {

@@ -2,6 +2,7 @@
 //! around the user's source.
 
 mod go;
+mod go_cache_seed;
 mod go_overlay;
 mod rust;
 
@@ -11,6 +12,7 @@ use std::process::Command;
 /// Largest compiler message kept: what fits a Kubernetes termination message.
 const MAX_MESSAGE_BYTES: usize = 4096;
 
+pub use go_cache_seed::GO_CACHE_SEED_ENV;
 pub use rust::vendor;
 
 pub fn compile(source: &Source, options: &BuildOptions) -> Result<Vec<u8>, BuildError> {
