@@ -298,6 +298,7 @@ async fn serve_many(
     slot: &server::PoolSlot,
 ) -> Result<Serving, ServeError> {
     pool::check_shares(config).map_err(ServeError::PoolShares)?;
+    precompiled::run_nothing_in_place();
     let engine = loader::EngineHost::new(&limits::RequestLimits::from_config(config), config.cache_dir.clone())?;
     let (pool, listeners) = pool::Pool::new(engine, metrics.clone(), config, admin_port);
     let _ = slot.set(pool.clone());

@@ -260,10 +260,17 @@ fn decompressing_threads() -> usize {
 }
 
 /// Whether this process's one image run in place ([`open`]) is taken. One, not one per
-/// load: an image run in place is never freed, and a pool (or a pod whose revisions are
-/// switched in place) loads code again and again, so every later load is copied into
-/// wasmtime's own memory, which the module's last clone gives back.
+/// load: an image run in place is never freed, and a pod whose revisions are switched in
+/// place loads code again, so every later load is copied into wasmtime's own memory, which
+/// the module's last clone gives back. A pool takes it at start ([`run_nothing_in_place`]).
 static IN_PLACE_TAKEN: AtomicBool = AtomicBool::new(false);
+
+/// Copies every load of this process: for the pool, whose Functions come and go, so the
+/// Function loaded first (an eviction later) does not keep its code outside the budget for
+/// the life of the process.
+pub fn run_nothing_in_place() {
+    IN_PLACE_TAKEN.store(true, Ordering::Release);
+}
 
 /// Checks that verified code was made from `module` for this engine, and loads it into
 /// `engine`. Runs on a blocking thread: it maps megabytes.

@@ -47,6 +47,8 @@ use wasmtime::{Caller, Extern, Linker, Memory};
 const MAX_HEAD: usize = 1 << 20;
 /// Calls one request may have open at once.
 const MAX_OPEN: usize = 64;
+/// Longest error message a call's slot keeps ([`message_of`]).
+const MAX_MESSAGE: usize = 1024;
 /// Most of a request body the host copies from the guest at once: a longer piece goes in
 /// parts, each taken when the upstream has room for it, so that what the host holds of a
 /// call's body is a part or two, whatever the length of the piece the guest hands over.
@@ -140,7 +142,7 @@ impl GuestCalls {
         if self.open_count() >= MAX_OPEN {
             return (0, 0);
         }
-        let message = error.to_string().into_bytes();
+        let message = message_of(error);
         let length = message.len() as u32;
         (self.insert(Slot::Failed(message, error.errno())), length)
     }
@@ -152,6 +154,22 @@ impl GuestCalls {
     fn open_count(&self) -> usize {
         self.open.iter().filter(|slot| slot.is_some()).count()
     }
+}
+
+/// The message a call's slot keeps for `error`, cut to [`MAX_MESSAGE`] bytes: a message may
+/// quote the guest's own head (each control byte escaped into six), and a request may hold
+/// [`MAX_OPEN`] of them.
+fn message_of(error: &OutboundError) -> Vec<u8> {
+    let mut message = error.to_string();
+    if message.len() > MAX_MESSAGE {
+        let mut end = MAX_MESSAGE - '…'.len_utf8();
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push('…');
+    }
+    message.into_bytes()
 }
 
 fn memory<T>(caller: &mut Caller<'_, T>) -> wasmtime::Result<Memory> {
@@ -287,58 +305,7 @@ pub fn add_to_linker<T: Send + 'static>(
         IMPORT_MODULE,
         HTTP_START,
         move |mut caller: Caller<'_, T>, (head, length, timeout_ms, out): (u32, u32, u32, u32)| {
-            Box::new(async move {
-                let failed = |caller: &mut Caller<'_, T>, error: OutboundError| -> wasmtime::Result<u32> {
-                    let (handle, length) = calls(caller.data_mut()).insert_failure(&error);
-                    write_pair(caller, out, handle, length)?;
-                    Ok(error.errno())
-                };
-                if length as usize > MAX_HEAD {
-                    let why = format!("the request head is {length} bytes, over the {MAX_HEAD} a call may send");
-                    return failed(&mut caller, OutboundError::BadRequest(why));
-                }
-                let encoded = read_guest(&mut caller, head, length)?;
-                let state = calls(caller.data_mut());
-                if state.open_count() >= MAX_OPEN {
-                    let why = format!("{MAX_OPEN} calls are open: close (or read to the end) the ones done with");
-                    return failed(&mut caller, OutboundError::BadRequest(why));
-                }
-                let head = match abi::parse_request(&encoded) {
-                    Ok(head) => head,
-                    Err(error) => return failed(&mut caller, OutboundError::BadRequest(error.to_string())),
-                };
-                let guest_timeout = (timeout_ms > 0).then(|| Duration::from_millis(u64::from(timeout_ms)));
-                let deadlines = state.outbound.deadlines(state.deadline, guest_timeout);
-                let (outbound, log) = (state.outbound.clone(), state.log.clone());
-                let admitted = match outbound.admit(&head.uri, deadlines, &log).await {
-                    Ok(admitted) => admitted,
-                    Err(OutboundError::RequestTimeout) => return Err(request_timeout()),
-                    Err(error) => return failed(&mut caller, error),
-                };
-                let slot = if head.has_body {
-                    // Sent by a task of its own from now on, so the connection is made and
-                    // the body flows while the guest writes it.
-                    let (sender, body) = super::body_channel(head.content_length);
-                    let request = request_of(head, body)?;
-                    let (done, done_seen) = watch::channel(false);
-                    let task = tokio::spawn(async move {
-                        let outcome = outbound.send(admitted, request, deadlines, log).await;
-                        let _ = done.send(true);
-                        outcome
-                    });
-                    Slot::Sending {
-                        body: sender,
-                        call: Call(task),
-                        deadlines,
-                        done: done_seen,
-                    }
-                } else {
-                    Slot::Ready(Box::new((admitted, request_of(head, super::empty_body())?, deadlines)))
-                };
-                let handle = calls(caller.data_mut()).insert(slot);
-                write_pair(&mut caller, out, handle, 0)?;
-                Ok(0)
-            })
+            Box::new(async move { start(&mut caller, calls, head, length, timeout_ms, out).await })
         },
     )?;
     linker.func_wrap_async(
@@ -352,147 +319,240 @@ pub fn add_to_linker<T: Send + 'static>(
         IMPORT_MODULE,
         HTTP_FINISH,
         move |mut caller: Caller<'_, T>, (handle, out): (u32, u32)| {
-            Box::new(async move {
-                let state = calls(caller.data_mut());
-                let (outbound, log) = (state.outbound.clone(), state.log.clone());
-                let mut unsent = None;
-                let slot = match state.slot(handle) {
-                    Some(slot @ (Slot::Ready(_) | Slot::Sending { .. })) => std::mem::replace(slot, Slot::Finishing),
-                    // Failed while its body was written: its message, as a call that fails here.
-                    Some(Slot::Failed(message, errno)) => {
-                        let (length, errno) = (message.len() as u32, *errno);
-                        write_guest(&mut caller, out, &length.to_le_bytes())?;
-                        return Ok(errno);
-                    }
-                    _ => return Ok(ERRNO_BAD_HANDLE),
-                };
-                let result = match slot {
-                    Slot::Ready(ready) => {
-                        let (admitted, request, deadlines) = *ready;
-                        outbound.send(admitted, request, deadlines, log).await
-                    }
-                    Slot::Sending {
-                        body,
-                        mut call,
-                        deadlines,
-                        done,
-                    } => {
-                        let until = deadlines.earliest().into();
-                        match tokio::time::timeout_at(until, put(&body, Piece::End, done)).await {
-                            Ok(true) => {}
-                            // Answered before the body was taken whole: the rest stays unsent.
-                            Ok(false) => unsent = Some(body),
-                            Err(_) if deadlines.request <= deadlines.call => return Err(request_timeout()),
-                            Err(_) => {}
-                        }
-                        call.outcome().await
-                    }
-                    _ => unreachable!("matched above"),
-                };
-                let (slot, length, errno) = match result {
-                    Ok(response) => {
-                        let head = abi::encode_response_head(response.status, &response.headers);
-                        let length = head.len() as u32;
-                        let slot = Slot::Response {
-                            head,
-                            response: Box::new(response),
-                            pending: Bytes::new(),
-                            finished: false,
-                            _unsent: unsent,
-                        };
-                        (slot, length, 0)
-                    }
-                    Err(OutboundError::RequestTimeout) => return Err(request_timeout()),
-                    Err(error) => {
-                        let message = error.to_string().into_bytes();
-                        let length = message.len() as u32;
-                        let errno = error.errno();
-                        (Slot::Failed(message, errno), length, errno)
-                    }
-                };
-                if let Some(finishing) = calls(caller.data_mut()).slot(handle) {
-                    *finishing = slot;
-                }
-                write_guest(&mut caller, out, &length.to_le_bytes())?;
-                Ok(errno)
-            })
+            Box::new(async move { finish(&mut caller, calls, handle, out).await })
         },
     )?;
     linker.func_wrap(
         IMPORT_MODULE,
         HTTP_READ_HEAD,
-        move |mut caller: Caller<'_, T>, handle: u32, buffer: u32, length: u32| -> wasmtime::Result<u32> {
-            let head = match calls(caller.data_mut()).slot(handle) {
-                Some(Slot::Response { head, .. } | Slot::Failed(head, _)) => {
-                    head[..head.len().min(length as usize)].to_vec()
-                }
-                _ => return Ok(ERRNO_BAD_HANDLE),
-            };
-            write_guest(&mut caller, buffer, &head)?;
-            Ok(0)
+        move |mut caller: Caller<'_, T>, handle: u32, buffer: u32, length: u32| {
+            read_head(&mut caller, calls, handle, buffer, length)
         },
     )?;
     linker.func_wrap_async(
         IMPORT_MODULE,
         HTTP_READ_BODY,
         move |mut caller: Caller<'_, T>, (handle, buffer, length, out): (u32, u32, u32, u32)| {
-            Box::new(async move {
-                let result = match calls(caller.data_mut()).slot(handle) {
-                    Some(Slot::Failed(..)) => Ok(Bytes::new()),
-                    Some(Slot::Response {
-                        response,
-                        pending,
-                        finished,
-                        ..
-                    }) => {
-                        let mut outcome = Ok(());
-                        if pending.is_empty() && !*finished {
-                            match response.next_chunk().await {
-                                Ok(Some(chunk)) => *pending = chunk,
-                                Ok(None) => *finished = true,
-                                Err(error) => {
-                                    *finished = true;
-                                    outcome = Err(error);
-                                }
-                            }
-                        }
-                        outcome.map(|()| pending.split_to(pending.len().min(length as usize)))
-                    }
-                    _ => return Ok(ERRNO_BAD_HANDLE),
-                };
-                let (bytes, errno) = match result {
-                    Ok(bytes) => (bytes, 0),
-                    Err(OutboundError::RequestTimeout) => return Err(request_timeout()),
-                    Err(error) => {
-                        let message = error.to_string().into_bytes();
-                        let shown = message.len().min(length as usize);
-                        (Bytes::copy_from_slice(&message[..shown]), error.errno())
-                    }
-                };
-                write_guest(&mut caller, buffer, &bytes)?;
-                write_guest(&mut caller, out, &(bytes.len() as u32).to_le_bytes())?;
-                Ok(errno)
-            })
+            Box::new(async move { read_body(&mut caller, calls, handle, buffer, length, out).await })
         },
     )?;
     linker.func_wrap(
         IMPORT_MODULE,
         HTTP_CLOSE,
-        move |mut caller: Caller<'_, T>, handle: u32| -> u32 {
-            let state = calls(caller.data_mut());
-            match (handle as usize)
-                .checked_sub(1)
-                .and_then(|index| state.open.get_mut(index))
-            {
-                Some(slot @ Some(_)) => {
-                    *slot = None;
-                    0
-                }
-                _ => ERRNO_BAD_HANDLE,
-            }
-        },
+        move |mut caller: Caller<'_, T>, handle: u32| close(&mut caller, calls, handle),
     )?;
     Ok(())
+}
+
+/// `http_start`: the call's policy checked and a slot taken; a call with a body is sent by
+/// a task of its own from now on.
+async fn start<T>(
+    caller: &mut Caller<'_, T>,
+    calls: fn(&mut T) -> &mut GuestCalls,
+    head: u32,
+    length: u32,
+    timeout_ms: u32,
+    out: u32,
+) -> wasmtime::Result<u32> {
+    let failed = |caller: &mut Caller<'_, T>, error: OutboundError| -> wasmtime::Result<u32> {
+        let (handle, length) = calls(caller.data_mut()).insert_failure(&error);
+        write_pair(caller, out, handle, length)?;
+        Ok(error.errno())
+    };
+    if length as usize > MAX_HEAD {
+        let why = format!("the request head is {length} bytes, over the {MAX_HEAD} a call may send");
+        return failed(caller, OutboundError::BadRequest(why));
+    }
+    let encoded = read_guest(caller, head, length)?;
+    let state = calls(caller.data_mut());
+    if state.open_count() >= MAX_OPEN {
+        let why = format!("{MAX_OPEN} calls are open: close (or read to the end) the ones done with");
+        return failed(caller, OutboundError::BadRequest(why));
+    }
+    let head = match abi::parse_request(&encoded) {
+        Ok(head) => head,
+        Err(error) => return failed(caller, OutboundError::BadRequest(error.to_string())),
+    };
+    let guest_timeout = (timeout_ms > 0).then(|| Duration::from_millis(u64::from(timeout_ms)));
+    let deadlines = state.outbound.deadlines(state.deadline, guest_timeout);
+    let (outbound, log) = (state.outbound.clone(), state.log.clone());
+    let admitted = match outbound.admit(&head.uri, deadlines, &log).await {
+        Ok(admitted) => admitted,
+        Err(OutboundError::RequestTimeout) => return Err(request_timeout()),
+        Err(error) => return failed(caller, error),
+    };
+    let slot = if head.has_body {
+        // Sent by a task of its own from now on, so the connection is made and
+        // the body flows while the guest writes it.
+        let (sender, body) = super::body_channel(head.content_length);
+        let request = request_of(head, body)?;
+        let (done, done_seen) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let outcome = outbound.send(admitted, request, deadlines, log).await;
+            let _ = done.send(true);
+            outcome
+        });
+        Slot::Sending {
+            body: sender,
+            call: Call(task),
+            deadlines,
+            done: done_seen,
+        }
+    } else {
+        Slot::Ready(Box::new((admitted, request_of(head, super::empty_body())?, deadlines)))
+    };
+    let handle = calls(caller.data_mut()).insert(slot);
+    write_pair(caller, out, handle, 0)?;
+    Ok(0)
+}
+
+/// `http_finish`: the body's end (or the call's send), then the response head or the
+/// error's message, under the handle.
+async fn finish<T>(
+    caller: &mut Caller<'_, T>,
+    calls: fn(&mut T) -> &mut GuestCalls,
+    handle: u32,
+    out: u32,
+) -> wasmtime::Result<u32> {
+    let state = calls(caller.data_mut());
+    let (outbound, log) = (state.outbound.clone(), state.log.clone());
+    let mut unsent = None;
+    let slot = match state.slot(handle) {
+        Some(slot @ (Slot::Ready(_) | Slot::Sending { .. })) => std::mem::replace(slot, Slot::Finishing),
+        // Failed while its body was written: its message, as a call that fails here.
+        Some(Slot::Failed(message, errno)) => {
+            let (length, errno) = (message.len() as u32, *errno);
+            write_guest(caller, out, &length.to_le_bytes())?;
+            return Ok(errno);
+        }
+        _ => return Ok(ERRNO_BAD_HANDLE),
+    };
+    let result = match slot {
+        Slot::Ready(ready) => {
+            let (admitted, request, deadlines) = *ready;
+            outbound.send(admitted, request, deadlines, log).await
+        }
+        Slot::Sending {
+            body,
+            mut call,
+            deadlines,
+            done,
+        } => {
+            let until = deadlines.earliest().into();
+            match tokio::time::timeout_at(until, put(&body, Piece::End, done)).await {
+                Ok(true) => {}
+                // Answered before the body was taken whole: the rest stays unsent.
+                Ok(false) => unsent = Some(body),
+                Err(_) if deadlines.request <= deadlines.call => return Err(request_timeout()),
+                Err(_) => {}
+            }
+            call.outcome().await
+        }
+        _ => unreachable!("matched above"),
+    };
+    let (slot, length, errno) = match result {
+        Ok(response) => {
+            let head = abi::encode_response_head(response.status, &response.headers);
+            let length = head.len() as u32;
+            let slot = Slot::Response {
+                head,
+                response: Box::new(response),
+                pending: Bytes::new(),
+                finished: false,
+                _unsent: unsent,
+            };
+            (slot, length, 0)
+        }
+        Err(OutboundError::RequestTimeout) => return Err(request_timeout()),
+        Err(error) => {
+            let message = message_of(&error);
+            let length = message.len() as u32;
+            let errno = error.errno();
+            (Slot::Failed(message, errno), length, errno)
+        }
+    };
+    if let Some(finishing) = calls(caller.data_mut()).slot(handle) {
+        *finishing = slot;
+    }
+    write_guest(caller, out, &length.to_le_bytes())?;
+    Ok(errno)
+}
+
+/// `http_read_head`: the response head, or a failed call's message.
+fn read_head<T>(
+    caller: &mut Caller<'_, T>,
+    calls: fn(&mut T) -> &mut GuestCalls,
+    handle: u32,
+    buffer: u32,
+    length: u32,
+) -> wasmtime::Result<u32> {
+    let head = match calls(caller.data_mut()).slot(handle) {
+        Some(Slot::Response { head, .. } | Slot::Failed(head, _)) => head[..head.len().min(length as usize)].to_vec(),
+        _ => return Ok(ERRNO_BAD_HANDLE),
+    };
+    write_guest(caller, buffer, &head)?;
+    Ok(0)
+}
+
+/// `http_read_body`: the next part of the response body; 0 bytes at its end.
+async fn read_body<T>(
+    caller: &mut Caller<'_, T>,
+    calls: fn(&mut T) -> &mut GuestCalls,
+    handle: u32,
+    buffer: u32,
+    length: u32,
+    out: u32,
+) -> wasmtime::Result<u32> {
+    let result = match calls(caller.data_mut()).slot(handle) {
+        Some(Slot::Failed(..)) => Ok(Bytes::new()),
+        Some(Slot::Response {
+            response,
+            pending,
+            finished,
+            ..
+        }) => {
+            let mut outcome = Ok(());
+            if pending.is_empty() && !*finished {
+                match response.next_chunk().await {
+                    Ok(Some(chunk)) => *pending = chunk,
+                    Ok(None) => *finished = true,
+                    Err(error) => {
+                        *finished = true;
+                        outcome = Err(error);
+                    }
+                }
+            }
+            outcome.map(|()| pending.split_to(pending.len().min(length as usize)))
+        }
+        _ => return Ok(ERRNO_BAD_HANDLE),
+    };
+    let (bytes, errno) = match result {
+        Ok(bytes) => (bytes, 0),
+        Err(OutboundError::RequestTimeout) => return Err(request_timeout()),
+        Err(error) => {
+            let message = message_of(&error);
+            let shown = message.len().min(length as usize);
+            (Bytes::copy_from_slice(&message[..shown]), error.errno())
+        }
+    };
+    write_guest(caller, buffer, &bytes)?;
+    write_guest(caller, out, &(bytes.len() as u32).to_le_bytes())?;
+    Ok(errno)
+}
+
+/// `http_close`: the handle freed; a call whose body was not finished is abandoned.
+fn close<T>(caller: &mut Caller<'_, T>, calls: fn(&mut T) -> &mut GuestCalls, handle: u32) -> u32 {
+    let state = calls(caller.data_mut());
+    match (handle as usize)
+        .checked_sub(1)
+        .and_then(|index| state.open.get_mut(index))
+    {
+        Some(slot @ Some(_)) => {
+            *slot = None;
+            0
+        }
+        _ => ERRNO_BAD_HANDLE,
+    }
 }
 
 #[cfg(test)]

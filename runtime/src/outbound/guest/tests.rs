@@ -33,12 +33,10 @@ async fn upstream() -> u16 {
     port
 }
 
-/// A guest that posts to `port` a body of `length` bytes handed over as one piece, in
-/// a request with `share` of the pool's memory: the errnos of http_write_body and
-/// http_finish, and what http_read_head gives then.
-async fn post_one_piece(port: u16, length: u32, share: Option<RequestShare>) -> (u32, u32, Vec<u8>) {
+/// Outbound calls allowed to `allow`, with a 5 s timeout and room for four at once.
+fn outbound_allowing(allow: Vec<String>) -> Arc<Outbound> {
     let config = OutboundConfig {
-        allow: vec![format!("http://127.0.0.1:{port}")],
+        allow,
         timeout: Duration::from_secs(5),
         max_response_body: MI as u64,
         max_concurrency: 4,
@@ -47,7 +45,14 @@ async fn post_one_piece(port: u16, length: u32, share: Option<RequestShare>) -> 
         pod_ip: None,
         extra_roots: Vec::new(),
     };
-    let outbound = Arc::new(Outbound::new(&config, Arc::new(Metrics::new("f"))).unwrap());
+    Arc::new(Outbound::new(&config, Arc::new(Metrics::new("f"))).unwrap())
+}
+
+/// A guest that posts to `port` a body of `length` bytes handed over as one piece, in
+/// a request with `share` of the pool's memory: the errnos of http_write_body and
+/// http_finish, and what http_read_head gives then.
+async fn post_one_piece(port: u16, length: u32, share: Option<RequestShare>) -> (u32, u32, Vec<u8>) {
+    let outbound = outbound_allowing(vec![format!("http://127.0.0.1:{port}")]);
     let url = format!("http://127.0.0.1:{port}/");
     let head = abi::encode_request("POST", &url, &[("x-length", &length.to_string())], true);
     let escaped: String = head.iter().map(|b| format!("\\{b:02x}")).collect();
@@ -138,17 +143,7 @@ async fn a_body_piece_the_pools_memory_has_no_room_for_abandons_the_call_saying_
 /// it the errno alone, with no handle.
 #[tokio::test]
 async fn refused_calls_left_open_hold_at_most_max_open_messages() {
-    let config = OutboundConfig {
-        allow: Vec::new(),
-        timeout: Duration::from_secs(5),
-        max_response_body: MI as u64,
-        max_concurrency: 4,
-        headers: Vec::new(),
-        admin_port: 1,
-        pod_ip: None,
-        extra_roots: Vec::new(),
-    };
-    let outbound = Arc::new(Outbound::new(&config, Arc::new(Metrics::new("f"))).unwrap());
+    let outbound = outbound_allowing(Vec::new());
     let module = format!(
         r#"(module
             (import "wasmless" "http_start" (func $start (param i32 i32 i32 i32) (result i32)))
@@ -176,4 +171,21 @@ async fn refused_calls_left_open_hold_at_most_max_open_messages() {
     let memory = instance.get_memory(&mut store, "memory").unwrap();
     let pair = &memory.data(&store)[1024..1032];
     assert_eq!(pair, &[0; 8], "past MAX_OPEN: no handle, no message");
+}
+
+/// A refused call's message quotes what the guest sent, escaped: it is kept cut to
+/// [`MAX_MESSAGE`] bytes, so [`MAX_OPEN`] of them stay small whatever the head held.
+#[test]
+fn a_message_quoting_the_guests_head_is_kept_short() {
+    let method = "\u{10}".repeat(MI - 64);
+    let error = OutboundError::BadRequest(format!("the method {method:?} is not a token"));
+    assert!(
+        error.to_string().len() > 5 * MI,
+        "the escaped head is what made it long"
+    );
+    let message = message_of(&error);
+    assert!(message.len() <= MAX_MESSAGE, "{} bytes kept", message.len());
+    let text = String::from_utf8(message).expect("cut on a character boundary");
+    assert!(text.contains("is malformed: the method"), "{text}");
+    assert!(text.ends_with('…'), "{text}");
 }
