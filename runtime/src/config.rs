@@ -271,6 +271,11 @@ pub struct Config {
 pub use wasmless_artifact::HANDLER_ENV_PREFIX;
 
 impl Config {
+    /// `--pool-share` percent of `total`, rounded down: one Function's most of it.
+    pub fn pool_share_of(&self, total: usize) -> usize {
+        (total as u128 * u128::from(self.pool_share.min(100)) / 100) as usize
+    }
+
     /// The handler's environment: `--env` pairs, then `WASMLESS_HANDLER_ENV_*` from
     /// `process_env` with the prefix taken off (a name set both ways gets the latter).
     pub fn handler_env(&self, process_env: impl Iterator<Item = (String, String)>) -> Vec<(String, String)> {

@@ -2,12 +2,14 @@
 //! one invocation returns.
 
 mod cgi;
+mod failure;
 mod http;
 mod output;
 mod reactor;
 mod store;
 
 // The parsers of a guest's response: bytes we did not write, fuzzed in their own crate.
+pub use failure::Failure;
 pub use wasmless_formats::{cgi_response, reactor_response};
 
 use crate::abi::Abi;
@@ -96,82 +98,6 @@ enum Kind {
     Http(http::HttpHandler),
     Cgi(cgi::CgiHandler),
     Reactor(reactor::ReactorHandler),
-}
-
-/// Why a request failed inside the handler.
-#[derive(Debug)]
-pub enum Failure {
-    /// Ran past the timeout (504).
-    Timeout,
-    /// Asked for more memory than the limit, and failed for it (500).
-    OutOfMemory(String),
-    /// Asked for memory within its limit that the pool's requests had taken already, and
-    /// failed for it (503: retry).
-    SharedMemoryFull(String),
-    /// Trapped or panicked (500).
-    Trap(String),
-    /// A command exited with a non-zero status (500).
-    Exit(i32),
-    /// The handler's response could not be read (502).
-    BadResponse(String),
-}
-
-impl Failure {
-    pub fn status(&self) -> ::http::StatusCode {
-        use ::http::StatusCode;
-        match self {
-            Self::Timeout => StatusCode::GATEWAY_TIMEOUT,
-            Self::BadResponse(_) => StatusCode::BAD_GATEWAY,
-            Self::OutOfMemory(_) | Self::Trap(_) | Self::Exit(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::SharedMemoryFull(_) => StatusCode::SERVICE_UNAVAILABLE,
-        }
-    }
-
-    /// The `kind` label of `wasmless_traps_total`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Timeout => "timeout",
-            Self::OutOfMemory(_) => "memory",
-            Self::SharedMemoryFull(_) => "pool_memory",
-            Self::Trap(_) => "trap",
-            Self::Exit(_) => "exit",
-            Self::BadResponse(_) => "bad_response",
-        }
-    }
-
-    /// What the client is told; details go to the log.
-    pub fn public_message(&self) -> String {
-        match self {
-            Self::Timeout => "the handler did not finish within its timeout\n".into(),
-            Self::OutOfMemory(_) => "the handler ran out of memory\n".into(),
-            Self::SharedMemoryFull(_) => {
-                "too busy: the pool serving this function has no memory left for this request now; retry\n".into()
-            }
-            Self::Trap(_) => "the handler failed\n".into(),
-            Self::Exit(code) => format!("the handler exited with status {code}\n"),
-            Self::BadResponse(why) => format!("the handler's response is malformed: {why}\n"),
-        }
-    }
-
-    fn classify(error: wasmtime::Error, limiter: &crate::limits::RequestLimiter) -> Self {
-        if matches!(error.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt)) {
-            return Self::Timeout;
-        }
-        // Refused output (or another host buffer) traps with the refusal itself.
-        if error.is::<crate::request_memory::Refused>() {
-            return Self::SharedMemoryFull(format!("{error:?}"));
-        }
-        if limiter.memory_exceeded {
-            return Self::OutOfMemory(format!("{error:?}"));
-        }
-        if limiter.shared_memory_full() {
-            return Self::SharedMemoryFull(format!("{error:?}"));
-        }
-        if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {
-            return Self::Exit(exit.0);
-        }
-        Self::Trap(format!("{error:?}"))
-    }
 }
 
 impl LoadedHandler {

@@ -1,6 +1,8 @@
 //! Why an outbound call failed, as the guest is told it (an errno and a message that says
 //! what to do) and as its metric's `status` label counts it.
 
+use super::connect::ConnectError;
+
 /// Why a call failed. The guest is told the kind ([`OutboundError::errno`]) and the text.
 #[derive(Debug, thiserror::Error)]
 pub enum OutboundError {
@@ -67,4 +69,87 @@ impl OutboundError {
             _ => "error",
         }
     }
+}
+
+/// Which kind of failure a client error is, by what it was caused by.
+pub(super) fn classify(authority: &str, error: &hyper_util::client::legacy::Error) -> OutboundError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = source {
+        if let Some(connect) = current.downcast_ref::<ConnectError>() {
+            return match connect {
+                ConnectError::Prohibited { .. } | ConnectError::OwnAdmin { .. } | ConnectError::NotAllowed(_) => {
+                    OutboundError::Prohibited {
+                        authority: authority.to_string(),
+                        why: connect.to_string(),
+                    }
+                }
+                ConnectError::Dns { .. } => OutboundError::Dns(connect.to_string()),
+                ConnectError::Connect { .. } => OutboundError::Connect(connect.to_string()),
+            };
+        }
+        if let Some(tls) = rustls_error(current) {
+            return OutboundError::Tls {
+                authority: authority.to_string(),
+                why: tls_reason(authority, tls),
+            };
+        }
+        source = current.source();
+    }
+    let why = error_chain(error);
+    if why.contains("certificate") || why.contains("tls") || why.contains("TLS") {
+        return OutboundError::Tls {
+            authority: authority.to_string(),
+            why,
+        };
+    }
+    OutboundError::Failed {
+        authority: authority.to_string(),
+        why,
+    }
+}
+
+/// rustls' error, where `error` is one or holds one inside io::Errors (the TLS stream
+/// wraps it in one, and hyper-rustls that in another; io::Error's source() skips both).
+fn rustls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut current = error;
+    loop {
+        if let Some(tls) = current.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        current = current.downcast_ref::<std::io::Error>()?.get_ref()?;
+    }
+}
+
+/// What a TLS failure means for the one who can fix it.
+fn tls_reason(authority: &str, error: &rustls::Error) -> String {
+    use rustls::CertificateError;
+    match error {
+        rustls::Error::InvalidCertificate(
+            CertificateError::UnknownIssuer
+            | CertificateError::BadSignature
+            | CertificateError::UnhandledCriticalExtension,
+        ) => format!(
+            "the certificate of {authority} is not trusted: no certificate authority this runtime trusts signed it (Mozilla's roots, and those of spec.outbound.caBundle, runtime flag --outbound-ca); for a cluster's internal CA, add its certificate there ({error})"
+        ),
+        rustls::Error::InvalidCertificate(
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+        ) => {
+            format!("the certificate of {authority} is not valid for that name ({error})")
+        }
+        rustls::Error::InvalidCertificate(CertificateError::Expired | CertificateError::ExpiredContext { .. }) => {
+            format!("the certificate of {authority} has expired ({error})")
+        }
+        other => other.to_string(),
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(current) = source {
+        text.push_str(": ");
+        text.push_str(&current.to_string());
+        source = current.source();
+    }
+    text
 }

@@ -6,146 +6,35 @@
 //! stream. Guests reach it through the `wasmless` imports (`guest`, Go and other WASI
 //! preview1 modules) or `wasi:http/outgoing-handler` (`wasi_http`, components).
 
+mod body;
+mod config;
 mod connect;
 mod error;
 pub mod guest;
 pub mod policy;
 pub mod wasi_http;
 
+pub use body::{ChannelBody, ClientBody, Piece, body_channel, empty_body};
+pub use config::{ALLOW_INSECURE, OutboundConfig, OutboundConfigError, parse_injected_header, read_ca_file};
 pub use error::OutboundError;
+use error::classify;
 
 use crate::metrics::Metrics;
 use crate::traces::TARGET;
 use bytes::Bytes;
-use connect::{ConnectError, GuardedConnector};
+use connect::GuardedConnector;
 use http::{HeaderName, HeaderValue, Request, Uri, header};
-use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
-use http_body_util::combinators::UnsyncBoxBody;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use policy::{Destination, Pattern, Policy};
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
-use std::net::IpAddr;
-use std::path::Path;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Idle pooled connections are closed after this.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-
-/// What the flags say about outbound calls.
-#[derive(Debug, Clone)]
-pub struct OutboundConfig {
-    pub allow: Vec<String>,
-    pub timeout: Duration,
-    pub max_response_body: u64,
-    pub max_concurrency: u32,
-    /// `(url pattern, header name, value)`: the value read from the environment variable
-    /// `--outbound-header` named, never from anything a guest can see.
-    pub headers: Vec<(String, String, String)>,
-    pub admin_port: u16,
-    pub pod_ip: Option<IpAddr>,
-    /// Certificate authorities trusted besides Mozilla's roots (`--outbound-ca`).
-    pub extra_roots: Vec<CertificateDer<'static>>,
-}
-
-/// Why the outbound flags cannot be used; the runtime does not start.
-#[derive(Debug, thiserror::Error)]
-pub enum OutboundConfigError {
-    #[error(transparent)]
-    Pattern(#[from] policy::BadPattern),
-    #[error("--outbound-header for {url}: {name:?} is not a header name")]
-    HeaderName { url: String, name: String },
-    #[error("--outbound-header for {url}: the value of {name} is not a header value (a line break?)")]
-    HeaderValue { url: String, name: String },
-    #[error(
-        "--outbound-header {0:?}: write \"<url> <Header-Name> <ENV_VAR> [allow-insecure]\", the value in that environment variable"
-    )]
-    HeaderSyntax(String),
-    #[error(
-        "--outbound-header for {url}: {name} would travel in clear over plain http; use an https:// URL, or, on a network path you trust, add allow-insecure as a fourth field (spec.outbound.headers[].allowInsecure: true)"
-    )]
-    HeaderInsecure { url: String, name: String },
-    #[error("--outbound-header for {url}: the environment variable {variable} holding the value of {name} is not set")]
-    HeaderMissing {
-        url: String,
-        name: String,
-        variable: String,
-    },
-    #[error(
-        "--outbound-ca {path}: {why}; give a file of PEM certificates (-----BEGIN CERTIFICATE-----), the CAs outbound calls should trust besides Mozilla's roots"
-    )]
-    Ca { path: String, why: String },
-}
-
-/// The certificates of a `--outbound-ca` file: PEM, at least one, each one rustls can
-/// use as a trust anchor. Anything else stops the runtime at start, not at a first call.
-pub fn read_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, OutboundConfigError> {
-    let error = |why: String| OutboundConfigError::Ca {
-        path: path.display().to_string(),
-        why,
-    };
-    let text = std::fs::read(path).map_err(|e| error(format!("cannot read it: {e}")))?;
-    let certificates = CertificateDer::pem_slice_iter(&text)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| error(format!("it is not PEM: {e}")))?;
-    if certificates.is_empty() {
-        return Err(error("it holds no PEM certificate".into()));
-    }
-    let mut store = rustls::RootCertStore::empty();
-    for (index, certificate) in certificates.iter().enumerate() {
-        store.add(certificate.clone()).map_err(|e| {
-            error(format!(
-                "certificate {} is not one a CA can be read from: {e}",
-                index + 1
-            ))
-        })?;
-    }
-    Ok(certificates)
-}
-
-/// The fourth field of `--outbound-header` that lets a header go over plain http.
-pub const ALLOW_INSECURE: &str = "allow-insecure";
-
-/// `"<url> <Header-Name> <ENV_VAR> [allow-insecure]"` with the value taken from the
-/// environment. A header for an `http://` URL is refused without `allow-insecure`: its
-/// value is a credential, and plain http hands it to anyone on the path. Refused here,
-/// where every flag and pool entry is read, no header for http gets into an [`Outbound`]
-/// without the opt-in.
-pub fn parse_injected_header(
-    text: &str,
-    lookup: impl Fn(&str) -> Option<String>,
-) -> Result<(String, String, String), OutboundConfigError> {
-    let fields: Vec<&str> = text.split_whitespace().collect();
-    let (url, name, variable, allow_insecure) = match fields[..] {
-        [url, name, variable] => (url, name, variable, false),
-        [url, name, variable, ALLOW_INSECURE] => (url, name, variable, true),
-        _ => return Err(OutboundConfigError::HeaderSyntax(text.to_string())),
-    };
-    if !allow_insecure && is_plain_http(url) {
-        return Err(OutboundConfigError::HeaderInsecure {
-            url: url.into(),
-            name: name.into(),
-        });
-    }
-    let value = lookup(variable).ok_or_else(|| OutboundConfigError::HeaderMissing {
-        url: url.into(),
-        name: name.into(),
-        variable: variable.into(),
-    })?;
-    Ok((url.into(), name.into(), value))
-}
-
-fn is_plain_http(url: &str) -> bool {
-    url.get(..7)
-        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"))
-}
 
 /// A header the host adds to calls to one destination.
 struct InjectedHeader {
@@ -154,18 +43,7 @@ struct InjectedHeader {
     value: HeaderValue,
 }
 
-/// What an outgoing request's body is: the guest's pieces as they come.
-pub type ClientBody = UnsyncBoxBody<Bytes, BoxError>;
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
 type PooledClient = Client<hyper_rustls::HttpsConnector<GuardedConnector>, ClientBody>;
-
-/// An empty body: a request without one.
-pub fn empty_body() -> ClientBody {
-    http_body_util::Empty::new()
-        .map_err(|never| match never {})
-        .boxed_unsync()
-}
 
 /// One Function's outbound calls.
 pub struct Outbound {
@@ -585,190 +463,4 @@ fn record_call_failure(span: &tracing::Span, error: &OutboundError) {
     span.record("otel.status_code", "ERROR");
     span.record("otel.status_description", tracing::field::display(error));
     span.record("error.type", error.status_label());
-}
-
-/// A piece of a request body on its way from the guest to the client.
-pub enum Piece {
-    Data(Bytes),
-    /// The guest finished the body.
-    End,
-}
-
-/// A request body the guest writes piece by piece ([`body_channel`]): the channel holds
-/// one piece, so the guest waits while the upstream does not read (backpressure), and
-/// guest and host hold a piece at a time, whatever the body's size. A declared
-/// Content-Length is held to; a body the guest abandons without finishing it fails the
-/// request rather than end it short.
-pub struct ChannelBody {
-    pieces: mpsc::Receiver<Piece>,
-    remaining: Option<u64>,
-    done: bool,
-}
-
-/// The guest's end of a [`ChannelBody`] and the body; `length` is the declared one.
-pub fn body_channel(length: Option<u64>) -> (mpsc::Sender<Piece>, ClientBody) {
-    let (sender, pieces) = mpsc::channel(1);
-    let body = ChannelBody {
-        pieces,
-        remaining: length,
-        done: false,
-    };
-    (sender, body.boxed_unsync())
-}
-
-impl http_body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if self.done {
-            return Poll::Ready(None);
-        }
-        let piece = std::task::ready!(self.pieces.poll_recv(cx));
-        let outcome = match piece {
-            Some(Piece::Data(bytes)) => match self.remaining.map(|left| left.checked_sub(bytes.len() as u64)) {
-                Some(None) => Err("the request body is longer than its Content-Length"),
-                Some(Some(left)) => {
-                    self.remaining = Some(left);
-                    return Poll::Ready(Some(Ok(Frame::data(bytes))));
-                }
-                None => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
-            },
-            Some(Piece::End) if self.remaining.unwrap_or(0) > 0 => {
-                Err("the request body is shorter than its Content-Length")
-            }
-            Some(Piece::End) => Ok(()),
-            None => Err("the handler stopped sending the request body before its end"),
-        };
-        self.done = true;
-        match outcome {
-            Ok(()) => Poll::Ready(None),
-            Err(why) => Poll::Ready(Some(Err(why.into()))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.done
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.remaining.map_or_else(SizeHint::default, SizeHint::with_exact)
-    }
-}
-
-/// Which kind of failure a client error is, by what it was caused by.
-fn classify(authority: &str, error: &hyper_util::client::legacy::Error) -> OutboundError {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(current) = source {
-        if let Some(connect) = current.downcast_ref::<ConnectError>() {
-            return match connect {
-                ConnectError::Prohibited { .. } | ConnectError::OwnAdmin { .. } | ConnectError::NotAllowed(_) => {
-                    OutboundError::Prohibited {
-                        authority: authority.to_string(),
-                        why: connect.to_string(),
-                    }
-                }
-                ConnectError::Dns { .. } => OutboundError::Dns(connect.to_string()),
-                ConnectError::Connect { .. } => OutboundError::Connect(connect.to_string()),
-            };
-        }
-        if let Some(tls) = rustls_error(current) {
-            return OutboundError::Tls {
-                authority: authority.to_string(),
-                why: tls_reason(authority, tls),
-            };
-        }
-        source = current.source();
-    }
-    let why = error_chain(error);
-    if why.contains("certificate") || why.contains("tls") || why.contains("TLS") {
-        return OutboundError::Tls {
-            authority: authority.to_string(),
-            why,
-        };
-    }
-    OutboundError::Failed {
-        authority: authority.to_string(),
-        why,
-    }
-}
-
-/// rustls' error, where `error` is one or holds one inside io::Errors (the TLS stream
-/// wraps it in one, and hyper-rustls that in another; io::Error's source() skips both).
-fn rustls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
-    let mut current = error;
-    loop {
-        if let Some(tls) = current.downcast_ref::<rustls::Error>() {
-            return Some(tls);
-        }
-        current = current.downcast_ref::<std::io::Error>()?.get_ref()?;
-    }
-}
-
-/// What a TLS failure means for the one who can fix it.
-fn tls_reason(authority: &str, error: &rustls::Error) -> String {
-    use rustls::CertificateError;
-    match error {
-        rustls::Error::InvalidCertificate(
-            CertificateError::UnknownIssuer
-            | CertificateError::BadSignature
-            | CertificateError::UnhandledCriticalExtension,
-        ) => format!(
-            "the certificate of {authority} is not trusted: no certificate authority this runtime trusts signed it (Mozilla's roots, and those of spec.outbound.caBundle, runtime flag --outbound-ca); for a cluster's internal CA, add its certificate there ({error})"
-        ),
-        rustls::Error::InvalidCertificate(
-            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-        ) => {
-            format!("the certificate of {authority} is not valid for that name ({error})")
-        }
-        rustls::Error::InvalidCertificate(CertificateError::Expired | CertificateError::ExpiredContext { .. }) => {
-            format!("the certificate of {authority} has expired ({error})")
-        }
-        other => other.to_string(),
-    }
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(current) = source {
-        text.push_str(": ");
-        text.push_str(&current.to_string());
-        source = current.source();
-    }
-    text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(text: &str) -> Result<(String, String, String), OutboundConfigError> {
-        parse_injected_header(text, |variable| (variable == "TOKEN").then(|| "Bearer x".to_string()))
-    }
-
-    #[test]
-    fn a_credential_header_goes_over_plain_http_only_when_the_entry_says_so() {
-        let https = parse("https://api.example.com Authorization TOKEN").unwrap();
-        assert_eq!(
-            https,
-            (
-                "https://api.example.com".into(),
-                "Authorization".into(),
-                "Bearer x".into()
-            )
-        );
-        for text in ["http://b:8080 Authorization TOKEN", "HTTP://b:8080 Authorization TOKEN"] {
-            let error = parse(text).unwrap_err();
-            assert!(
-                matches!(error, OutboundConfigError::HeaderInsecure { .. }),
-                "{text}: {error}"
-            );
-            assert!(error.to_string().contains("allowInsecure"), "{error}");
-        }
-        let opted = parse("http://b:8080 Authorization TOKEN allow-insecure").unwrap();
-        assert_eq!(opted.0, "http://b:8080");
-        let error = parse("http://b:8080 Authorization TOKEN yes").unwrap_err();
-        assert!(error.to_string().contains("[allow-insecure]"), "{error}");
-    }
 }

@@ -102,25 +102,17 @@ pub(super) struct Caps {
 impl Caps {
     pub fn from_config(config: &Config) -> Self {
         Self {
-            slots: share_of(config.max_concurrency as usize, config.pool_share).max(1) as u32,
+            slots: config.pool_share_of(config.max_concurrency as usize).max(1) as u32,
             timeout: config.pool_max_timeout,
             max_request_body: usize::try_from(config.pool_max_request_body).unwrap_or(usize::MAX),
         }
     }
 }
 
-/// `percent` of `total`, rounded down.
-pub fn share_of(total: usize, percent: u8) -> usize {
-    (total as u128 * u128::from(percent.min(100)) / 100) as usize
-}
-
 /// Why the pool cannot start as configured: one Function's share of the request memory
 /// must hold one request of the largest memory limit, or such a Function never runs.
 pub fn check_shares(config: &Config) -> Result<(), String> {
-    let share = share_of(
-        usize::try_from(config.pool_request_memory).unwrap_or(usize::MAX),
-        config.pool_share,
-    );
+    let share = config.pool_share_of(usize::try_from(config.pool_request_memory).unwrap_or(usize::MAX));
     if (share as u64) < config.memory_limit {
         return Err(format!(
             "--pool-share {}% of --pool-request-memory ({} bytes) is {share} bytes, less than --memory-limit ({} bytes), the memory of one request of the largest Function: raise --pool-request-memory or --pool-share, or lower --memory-limit",

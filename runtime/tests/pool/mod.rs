@@ -170,7 +170,6 @@ fn rss_anon_bytes(pool: &Runtime) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn precompiled_code_an_eviction_unloads_is_given_back() {
     let module = std::fs::read(go_handler("goless-sample")).unwrap();
-    let module_digest = Digest::of(&module);
     let code = precompile_for(&portable_engine(), &module);
     let code_digest = Digest::of(&code);
     let dir = tempfile::tempdir().unwrap();
@@ -187,7 +186,6 @@ async fn precompiled_code_an_eviction_unloads_is_given_back() {
     for (name, port) in ["one", "two"].into_iter().zip(ports) {
         add_function(table.path(), name, port, &module_file, &pinned);
     }
-    assert_eq!(Digest::of(&std::fs::read(&module_file).unwrap()), module_digest);
     // Room for one Function's code at a time: every request below loads its Function.
     let pool = Runtime::start_pool(table.path(), &["--pool-memory-budget", "1Ki"]);
     let take_turns = async |rounds: usize| {

@@ -24,23 +24,23 @@ use crate::metrics::{Metrics, Refusal};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use bytes::Bytes;
 use http::{HeaderValue, Request, header};
-use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, Semaphore, mpsc, oneshot, watch};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tower::ServiceExt;
 
+mod activity;
+use activity::{Activity, State, Tracked, WatchedIo};
+
+/// The port a request's connection was accepted on, put in its extensions here.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LocalPort(pub u16);
 /// The limits of the edge, from the command line.
 #[derive(Debug, Clone)]
 pub struct EdgeLimits {
@@ -62,7 +62,7 @@ impl EdgeLimits {
             max_header_size: usize::try_from(config.max_header_size).unwrap_or(usize::MAX),
             max_connections: config.max_connections as usize,
             max_connections_per_listener: match config.pool {
-                Some(_) => crate::pool::share_of(config.max_connections as usize, config.pool_share).max(1),
+                Some(_) => config.pool_share_of(config.max_connections as usize).max(1),
                 None => config.max_connections as usize,
             },
         }
@@ -261,7 +261,7 @@ async fn accept(
         connections,
         ..
     } = &*edge;
-    let local_port = crate::server::LocalPort(listener.local_addr().map_or(0, |addr| addr.port()));
+    let local_port = LocalPort(listener.local_addr().map_or(0, |addr| addr.port()));
     let listener_connections = {
         let mut per_listener = edge.per_listener.lock().unwrap();
         // A listener whose every accept loop ended has no more use for its count.
@@ -336,7 +336,7 @@ struct Connection {
     metrics: Arc<Metrics>,
     phase: watch::Receiver<Phase>,
     remote: SocketAddr,
-    local_port: crate::server::LocalPort,
+    local_port: LocalPort,
     bound: Bound,
 }
 
@@ -370,7 +370,7 @@ impl Connection {
                             .headers_mut()
                             .insert(header::CONNECTION, HeaderValue::from_static("close"));
                     }
-                    Ok::<_, Infallible>(response.map(|body| Tracked { body, _done: done }))
+                    Ok::<_, Infallible>(response.map(|body| Tracked::new(body, done)))
                 }
             })
         };
@@ -389,7 +389,7 @@ impl Connection {
         let mut closing = false;
         loop {
             let changed = activity.changed.notified();
-            let deadline = activity.deadline(&self.limits);
+            let deadline = activity.deadline(self.limits.header_read_timeout, self.limits.idle_timeout);
             tokio::select! {
                 biased;
                 result = connection.as_mut() => {
@@ -417,12 +417,12 @@ impl Connection {
                 () = changed => {}
                 () = sleep_until(deadline) => {
                     match activity.state() {
-                        State::Head if activity.expired(&self.limits) => {
+                        State::Head if activity.expired(self.limits.header_read_timeout, self.limits.idle_timeout) => {
                             self.metrics.refuse(Refusal::HeaderTimeout);
                             tracing::debug!(remote = %self.remote, "closing a connection whose headers did not arrive in time");
                             return;
                         }
-                        State::Idle if activity.expired(&self.limits) => {
+                        State::Idle if activity.expired(self.limits.header_read_timeout, self.limits.idle_timeout) => {
                             tracing::debug!(remote = %self.remote, "closing an idle connection");
                             return;
                         }
@@ -452,168 +452,5 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
         None => std::future::pending().await,
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// Waiting for a request's head: since connecting, or since its first byte.
-    Head = 0,
-    /// Between requests on a keep-alive connection.
-    Idle = 1,
-    /// A request is being served.
-    Busy = 2,
-}
-
-/// A connection's state and since when, shared by the socket (reads), the service
-/// (requests start and end) and the watchdog.
-struct Activity {
-    state: AtomicU8,
-    /// Nanoseconds from `epoch` to the last change of state.
-    since: AtomicU64,
-    epoch: Instant,
-    changed: Notify,
-}
-
-impl Activity {
-    fn new() -> Self {
-        Self {
-            state: AtomicU8::new(State::Head as u8),
-            since: AtomicU64::new(0),
-            epoch: Instant::now(),
-            changed: Notify::new(),
-        }
-    }
-
-    fn state(&self) -> State {
-        match self.state.load(Ordering::Acquire) {
-            0 => State::Head,
-            1 => State::Idle,
-            _ => State::Busy,
-        }
-    }
-
-    fn set(&self, state: State) {
-        self.since.store(self.now(), Ordering::Release);
-        self.state.store(state as u8, Ordering::Release);
-    }
-
-    fn now(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    /// Bytes came in. After an idle gap they start the next request's head, and its clock.
-    fn read(&self) {
-        if self.state.load(Ordering::Relaxed) == State::Idle as u8 {
-            self.since.store(self.now(), Ordering::Release);
-            if self
-                .state
-                .compare_exchange(
-                    State::Idle as u8,
-                    State::Head as u8,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-            {
-                self.changed.notify_one();
-            }
-        }
-    }
-
-    /// A request's head is in; the returned guard marks the connection idle once the
-    /// response (or the request, if it was dropped) is finished with.
-    fn request_started(self: &Arc<Self>) -> RequestDone {
-        self.set(State::Busy);
-        RequestDone(self.clone())
-    }
-
-    fn deadline(&self, limits: &EdgeLimits) -> Option<Instant> {
-        let since = self.epoch + Duration::from_nanos(self.since.load(Ordering::Acquire));
-        match self.state() {
-            State::Head => Some(since + limits.header_read_timeout),
-            State::Idle => Some(since + limits.idle_timeout),
-            State::Busy => None,
-        }
-    }
-
-    fn expired(&self, limits: &EdgeLimits) -> bool {
-        self.deadline(limits).is_some_and(|deadline| Instant::now() >= deadline)
-    }
-}
-
-struct RequestDone(Arc<Activity>);
-
-impl Drop for RequestDone {
-    fn drop(&mut self) {
-        self.0.set(State::Idle);
-        self.0.changed.notify_one();
-    }
-}
-
-/// The socket, telling the connection's [`Activity`] when bytes arrive.
-struct WatchedIo {
-    inner: TcpStream,
-    activity: Arc<Activity>,
-}
-
-impl AsyncRead for WatchedIo {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.activity.read();
-        }
-        polled
-    }
-}
-
-impl AsyncWrite for WatchedIo {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
-
-/// A response body that marks its request done when hyper drops it (after the last byte).
-struct Tracked {
-    body: Body,
-    _done: RequestDone,
-}
-
-impl http_body::Body for Tracked {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }

@@ -1,17 +1,18 @@
 //! The two HTTP servers: the function's port and the admin port, their routers and
-//! layers, and graceful shutdown.
+//! layers, and graceful shutdown. A request's own steps are in [`function`].
 
-use crate::handler::Connection;
-use crate::metrics::{Metrics, Refusal};
+mod function;
+
+use crate::edge::LocalPort;
+use crate::metrics::Metrics;
 use crate::outbound::CallLog;
 use crate::tenant::Tenant;
 use crate::traces;
+use axum::Router;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Extension, Router};
-use bytes::Bytes;
 use http::{StatusCode, header};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -43,10 +44,6 @@ pub enum Routes {
 fn routed<B>(request: &http::Request<B>) -> Option<&Arc<Tenant>> {
     request.extensions().get::<Arc<Tenant>>()
 }
-
-/// The port a request's connection was accepted on (the edge puts it in the extensions).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct LocalPort(pub u16);
 
 fn local_port<B>(request: &http::Request<B>) -> LocalPort {
     request.extensions().get::<LocalPort>().copied().unwrap_or_default()
@@ -90,7 +87,7 @@ impl FunctionState {
 /// line per request, then the request metrics.
 pub fn function_router(state: FunctionState) -> Router {
     let router = Router::new()
-        .fallback(serve_function)
+        .fallback(function::serve_function)
         .layer(middleware::from_fn(record_metrics))
         .layer(
             TraceLayer::new_for_http()
@@ -265,208 +262,6 @@ async fn record_metrics(request: Request, next: Next) -> Response {
     let response = next.run(request).await;
     metrics.observe_request(&method, response.status().as_u16(), started.elapsed(), trace.as_ref());
     response
-}
-
-/// The body first (under the upload budget and its time limit), then a concurrency
-/// permit for the handler alone: a client that uploads slowly holds no permit.
-async fn serve_function(
-    State(state): State<FunctionState>,
-    ConnectInfo(remote): ConnectInfo<SocketAddr>,
-    Extension(tenant): Extension<Arc<Tenant>>,
-    request: Request,
-) -> Response {
-    let metrics = tenant.metrics();
-    // Every permit taken: say so before the client uploads anything.
-    if tenant.permits.available_permits() == 0 {
-        return busy(&tenant);
-    }
-    let limit = tenant.loader.limits().max_request_body;
-    let too_large = || {
-        refuse(metrics, Refusal::BodyTooLarge);
-        (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the request body is over this function's {limit}-byte limit\n"),
-        )
-            .into_response()
-    };
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > limit as u64) {
-        return too_large();
-    }
-    let local_port = local_port(&request).0;
-    let (parts, body) = request.into_parts();
-    let body = if http_body::Body::is_end_stream(&body) {
-        Bytes::new()
-    } else {
-        let uploads = &state.uploads;
-        let reserve = declared
-            .map_or(limit as u64, |length| length.max(1))
-            .min(u64::from(uploads.budget_bytes)) as u32;
-        let Ok(_reserved) = uploads.budget.clone().try_acquire_many_owned(reserve) else {
-            refuse(metrics, Refusal::UploadBudget);
-            return retry_later("too busy: too many request bodies are being received at once; retry\n".into());
-        };
-        let read = tracing::Instrument::instrument(
-            axum::body::to_bytes(body, limit),
-            tracing::info_span!(target: traces::TARGET, "read request body"),
-        );
-        match tokio::time::timeout(uploads.read_timeout, read).await {
-            Ok(Ok(body)) => body,
-            Ok(Err(error)) if is_length_limit(&error) => return too_large(),
-            Ok(Err(error)) => {
-                return (
-                    StatusCode::BAD_REQUEST,
-                    format!("cannot read the request body: {error}\n"),
-                )
-                    .into_response();
-            }
-            Err(_) => {
-                refuse(metrics, Refusal::BodyTimeout);
-                let seconds = uploads.read_timeout.as_secs_f64();
-                return (
-                    StatusCode::REQUEST_TIMEOUT,
-                    // The rest of the body is never read: the connection cannot be reused.
-                    [(header::CONNECTION, "close")],
-                    format!("the request body did not arrive within {seconds}s\n"),
-                )
-                    .into_response();
-            }
-        }
-    };
-    let Ok(permit) = tenant.permits.clone().try_acquire_owned() else {
-        return busy(&tenant);
-    };
-    let host_permit = match &tenant.host_permits {
-        Some(host) => match host.clone().try_acquire_owned() {
-            Ok(permit) => Some(permit),
-            Err(_) => {
-                refuse(metrics, Refusal::Busy);
-                return retry_later(
-                    "too busy: the pool serving this function is running as many requests as it can; retry\n".into(),
-                );
-            }
-        },
-        None => None,
-    };
-    let permit = crate::handler::Permit::new(permit, host_permit);
-    let share = match take_body_share(&tenant, body.len()) {
-        Ok(share) => share,
-        Err(refused) => {
-            return pool_memory_full(&tenant, &crate::handler::Failure::SharedMemoryFull(refused.to_string()));
-        }
-    };
-
-    // In the pool a Function's first request loads it: that is worth a span; the rest is not.
-    let load = tenant.handler();
-    let load = if tenant.handler.load().is_none() {
-        tracing::Instrument::instrument(load, tracing::info_span!(target: traces::TARGET, "load module")).await
-    } else {
-        load.await
-    };
-    let handler = match load {
-        Ok(handler) => handler,
-        Err(error) => {
-            tracing::error!(%error, "cannot load the function's module; this request fails, and the next one tries again");
-            return retry_later(
-                "the function's module cannot be loaded now; retry (the runtime's log says why)\n".into(),
-            );
-        }
-    };
-    let connection = Connection { remote, local_port };
-    let calls = Arc::new(CallLog::default());
-    let mut request = http::Request::from_parts(parts, body);
-    request.extensions_mut().insert(calls.clone());
-    if let Some(share) = share {
-        request.extensions_mut().insert(share);
-    }
-    let span = tracing::info_span!(
-        target: traces::TARGET,
-        "handler",
-        otel.status_code = tracing::field::Empty,
-        otel.status_description = tracing::field::Empty,
-        error.type = tracing::field::Empty,
-    );
-    let invoked = tracing::Instrument::instrument(handler.invoke(request, connection, permit), span.clone()).await;
-    let mut response = match invoked {
-        Ok(response) => response,
-        Err(failure @ crate::handler::Failure::SharedMemoryFull(_)) => {
-            traces::record_failure(&span, &failure);
-            pool_memory_full(&tenant, &failure)
-        }
-        Err(failure) => {
-            traces::record_failure(&span, &failure);
-            metrics.count_trap(failure.kind());
-            tracing::error!(kind = failure.kind(), failure = ?failure, "handler failed");
-            (failure.status(), failure.public_message()).into_response()
-        }
-    };
-    // For the log line: the calls made until the response's headers.
-    response.extensions_mut().insert(calls);
-    response
-}
-
-/// A refusal: counted, and an event on the request's trace.
-fn refuse(metrics: &Metrics, refusal: Refusal) {
-    metrics.refuse(refusal);
-    tracing::warn!(target: traces::TARGET, reason = refusal.reason(), "request refused");
-}
-
-/// In a pool, the body the handler is given is host memory held while it runs: it is
-/// taken from the request's share of the pool's memory before the handler starts, as its
-/// linear memory is while it runs, and given back with it when the request ends. `Err`:
-/// a body that does not fit.
-fn take_body_share(
-    tenant: &Tenant,
-    length: usize,
-) -> Result<Option<crate::request_memory::RequestShare>, crate::request_memory::Refused> {
-    let share = tenant.loader.limits().request_share();
-    if let Some(share) = &share
-        && !share.take(length)
-    {
-        return Err(crate::request_memory::Refused {
-            what: "request body",
-            bytes: length,
-        });
-    }
-    Ok(share)
-}
-
-/// The pool's doing, not the handler's: a refusal, and the client may retry.
-fn pool_memory_full(tenant: &Tenant, failure: &crate::handler::Failure) -> Response {
-    refuse(tenant.metrics(), Refusal::PoolMemory);
-    tracing::warn!(
-        function = %tenant.function,
-        failure = ?failure,
-        "the pool's memory for requests is taken (--pool-request-memory, or this function's share of it): this request gets a 503"
-    );
-    retry_later(failure.public_message())
-}
-
-fn busy(tenant: &Tenant) -> Response {
-    refuse(tenant.metrics(), Refusal::Busy);
-    let limit = tenant.loader.limits().max_concurrency;
-    retry_later(format!(
-        "too busy: this function serves at most {limit} requests at once; retry\n"
-    ))
-}
-
-/// A 503 that tells the client to come back in a second.
-fn retry_later(message: String) -> Response {
-    (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, "1")], message).into_response()
-}
-
-fn is_length_limit(error: &axum::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(current) = source {
-        if current.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
-        source = current.source();
-    }
-    false
 }
 
 /// The pool, once made (the admin port is up before it): its readiness and `/pool`.
