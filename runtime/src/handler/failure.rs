@@ -81,31 +81,29 @@ impl Failure {
     /// Marks `span` failed by this failure, with an event saying what happened (a trap's
     /// message and backtrace, cut to a few KiB).
     pub fn record(&self, span: &tracing::Span) {
-        let failure = self;
         const MAX_DETAIL: usize = 4 << 10;
         span.record("otel.status_code", "ERROR");
-        span.record("otel.status_description", failure.public_message().trim_end());
-        span.record("error.type", failure.kind());
-        let detail = match failure {
-            Failure::Trap(why)
-            | Failure::OutOfMemory(why)
-            | Failure::SharedMemoryFull(why)
-            | Failure::BadResponse(why) => why.clone(),
-            Failure::Exit(code) => format!("exit status {code}"),
-            Failure::Timeout => String::new(),
+        span.record("otel.status_description", self.public_message().trim_end());
+        span.record("error.type", self.kind());
+        let detail = match self {
+            Self::Trap(why) | Self::OutOfMemory(why) | Self::SharedMemoryFull(why) | Self::BadResponse(why) => {
+                why.clone()
+            }
+            Self::Exit(code) => format!("exit status {code}"),
+            Self::Timeout => String::new(),
         };
         let mut end = detail.len().min(MAX_DETAIL);
         while !detail.is_char_boundary(end) {
             end -= 1;
         }
         let detail = &detail[..end];
-        match failure {
-            Failure::Timeout => tracing::error!(target: TARGET, parent: span, "timeout"),
-            Failure::OutOfMemory(_) => tracing::error!(target: TARGET, parent: span, detail, "memory limit"),
-            Failure::SharedMemoryFull(_) => tracing::warn!(target: TARGET, parent: span, detail, "pool memory"),
-            Failure::Trap(_) => tracing::error!(target: TARGET, parent: span, detail, "trap"),
-            Failure::Exit(_) => tracing::error!(target: TARGET, parent: span, detail, "exit"),
-            Failure::BadResponse(_) => tracing::error!(target: TARGET, parent: span, detail, "bad response"),
+        match self {
+            Self::Timeout => tracing::error!(target: TARGET, parent: span, "timeout"),
+            Self::OutOfMemory(_) => tracing::error!(target: TARGET, parent: span, detail, "memory limit"),
+            Self::SharedMemoryFull(_) => tracing::warn!(target: TARGET, parent: span, detail, "pool memory"),
+            Self::Trap(_) => tracing::error!(target: TARGET, parent: span, detail, "trap"),
+            Self::Exit(_) => tracing::error!(target: TARGET, parent: span, detail, "exit"),
+            Self::BadResponse(_) => tracing::error!(target: TARGET, parent: span, detail, "bad response"),
         }
     }
 }
