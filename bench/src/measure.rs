@@ -127,15 +127,33 @@ fn milliseconds(text: &str) -> anyhow::Result<f64> {
 /// Resident memory of a process now, and its peak.
 pub fn rss_mib(pid: u32) -> (f64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<f64>().ok())
-            .map_or(0.0, |kb| kb / 1024.0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    (status_mib(&status, "VmRSS:"), status_mib(&status, "VmHWM:"))
+}
+
+/// A process's resident memory (MiB) and the part of it only it holds: anonymous and
+/// shared-memory pages (a copy of code, a memfd), not the file pages it maps, which the
+/// page cache holds once for every process mapping the same file.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Resident {
+    pub rss: f64,
+    pub private: f64,
+}
+
+pub fn resident_mib(pid: u32) -> Resident {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    Resident {
+        rss: status_mib(&status, "VmRSS:"),
+        private: status_mib(&status, "RssAnon:") + status_mib(&status, "RssShmem:"),
+    }
+}
+
+fn status_mib(status: &str, name: &str) -> f64 {
+    status
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 /// Runs `command` to completion; its wall time.

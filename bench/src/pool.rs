@@ -3,7 +3,7 @@
 //! port with its own module digest and compiled code; what each costs in memory once
 //! loaded, and the first request to a Function not yet loaded against one that is.
 
-use crate::measure::{Server, rss_mib};
+use crate::measure::{Resident, Server, resident_mib};
 use crate::scenarios::{Module, Settings, build_example};
 use anyhow::{Context, bail};
 use std::fmt::Write as _;
@@ -17,8 +17,8 @@ use wasmless_artifact::Digest;
 pub struct Density {
     pub functions: usize,
     pub rows: Vec<DensityRow>,
-    pub rss_empty_mib: f64,
-    pub rss_all_loaded_mib: f64,
+    pub empty: Resident,
+    pub all_loaded: Resident,
     pub loaded_reported: f64,
     pub code_identical: bool,
 }
@@ -28,7 +28,10 @@ pub struct DensityRow {
     pub functions: usize,
     /// Resident memory the pool grew by while loading them, per Function.
     pub rss_per_function_mib: f64,
-    /// The native code of one (what the pool decompresses into its memory to load it).
+    /// The part of it only the pool holds (anonymous and shared memory, not the mapped
+    /// code file's page-cache pages).
+    pub private_per_function_mib: f64,
+    /// The native code of one (what the pool decompresses and maps to load it).
     pub code_mib: f64,
     pub first_request_p50_ms: f64,
     pub first_request_p90_ms: f64,
@@ -73,22 +76,26 @@ pub fn density(settings: &Settings, functions: usize, go_functions: usize) -> an
             .arg(&table)
             .args(["--bind", "127.0.0.1", "--admin-port", &admin.to_string()])
             .args(["--pool-memory-budget", "64Gi", "--max-concurrency", "16"])
+            .args(["--pool-mapped-code-budget", "64Gi"])
+            // As the operator starts a pool: the code it maps is written there.
+            .arg("--cache-dir")
+            .arg(settings.work("pool-cache"))
             // The first request of a Function not loaded is what is measured.
             .args(["--pool-load-ahead", "false"])
             .env("RUST_LOG", "warn"),
     )?;
     wait_ready(admin, &mut pool)?;
-    let rss_empty_mib = rss_mib(pool.pid()).0;
+    let empty = resident_mib(pool.pid());
 
     let mut rows = Vec::new();
-    let mut rss_before = rss_empty_mib;
+    let mut before = empty;
     for (name, first, count, code_mib) in groups {
         eprintln!("first requests: {name}");
         let mut first_requests = Vec::with_capacity(count);
         for index in first..first + count {
             first_requests.push(timed_get(port(index))?);
         }
-        let rss_after = rss_mib(pool.pid()).0;
+        let after = resident_mib(pool.pid());
         let mut loaded = Vec::with_capacity(count);
         for index in first..first + count {
             loaded.push(timed_get(port(index))?);
@@ -96,14 +103,15 @@ pub fn density(settings: &Settings, functions: usize, go_functions: usize) -> an
         rows.push(DensityRow {
             name,
             functions: count,
-            rss_per_function_mib: (rss_after - rss_before) / count as f64,
+            rss_per_function_mib: (after.rss - before.rss) / count as f64,
+            private_per_function_mib: (after.private - before.private) / count as f64,
             code_mib,
             first_request_p50_ms: percentile(&mut first_requests, 0.5),
             first_request_p90_ms: percentile(&mut first_requests, 0.9),
             loaded_p50_ms: percentile(&mut loaded, 0.5),
             loaded_p90_ms: percentile(&mut loaded, 0.9),
         });
-        rss_before = rss_after;
+        before = after;
     }
     let metrics = admin_get(admin, "/metrics")?;
     let loaded_reported = metrics
@@ -114,8 +122,8 @@ pub fn density(settings: &Settings, functions: usize, go_functions: usize) -> an
     Ok(Density {
         functions,
         rows,
-        rss_empty_mib,
-        rss_all_loaded_mib: rss_before,
+        empty,
+        all_loaded: before,
         loaded_reported,
         code_identical,
     })
@@ -274,9 +282,14 @@ pub fn section(density: &Density) -> String {
     md.push_str(&density_table(&density.rows));
     let _ = writeln!(
         md,
-        "\n- the pool's RSS: {:.1} MiB with the table read and nothing loaded, {:.1} MiB with all {} loaded \
-         (`wasmless_pool_functions_loaded` said {})",
-        density.rss_empty_mib, density.rss_all_loaded_mib, density.functions, density.loaded_reported
+        "\n- the pool's RSS: {:.1} MiB with the table read and nothing loaded ({:.1} MiB of it private), {:.1} MiB \
+         with all {} loaded ({:.1} MiB private; `wasmless_pool_functions_loaded` said {})",
+        density.empty.rss,
+        density.empty.private,
+        density.all_loaded.rss,
+        density.functions,
+        density.all_loaded.private,
+        density.loaded_reported
     );
     let _ = writeln!(
         md,
@@ -297,16 +310,17 @@ pub fn section(density: &Density) -> String {
 /// The density table, one row per kind of Function: the process run's and the pool pod's.
 pub(crate) fn density_table(rows: &[DensityRow]) -> String {
     let mut md = String::from(
-        "| Functions | count | native code of one | RSS per loaded Function | first request (not loaded) p50 / p90 | loaded p50 / p90 |\n|---|---|---|---|---|---|\n",
+        "| Functions | count | native code of one | RSS per loaded Function | of it private | first request (not loaded) p50 / p90 | loaded p50 / p90 |\n|---|---|---|---|---|---|---|\n",
     );
     for row in rows {
         let _ = writeln!(
             md,
-            "| {} | {} | {:.2} MiB | {:.2} MiB | {:.2} / {:.2} ms | {:.2} / {:.2} ms |",
+            "| {} | {} | {:.2} MiB | {:.2} MiB | {:.2} MiB | {:.2} / {:.2} ms | {:.2} / {:.2} ms |",
             row.name,
             row.functions,
             row.code_mib,
             row.rss_per_function_mib,
+            row.private_per_function_mib,
             row.first_request_p50_ms,
             row.first_request_p90_ms,
             row.loaded_p50_ms,

@@ -18,7 +18,7 @@
 //! budget of loaded code above what a thousand Functions take, and no loading ahead (so
 //! a first request is what loads a Function); its settings are restored after.
 
-use crate::measure::rss_mib;
+use crate::measure::{Resident, resident_mib};
 use crate::pool::{DensityRow, density_table, percentile, with_custom_section};
 use crate::scenarios::{Settings, build_example, example_source};
 use anyhow::{Context, bail};
@@ -50,8 +50,8 @@ const CONCURRENT_PUBLISHES: usize = 8;
 pub struct PodDensity {
     pub functions: usize,
     pub rows: Vec<DensityRow>,
-    pub rss_empty_mib: f64,
-    pub rss_all_loaded_mib: f64,
+    pub empty: Resident,
+    pub all_loaded: Resident,
     pub loaded_reported: f64,
     /// From `kubectl apply` of the Functions to the pool pod listening for all of them.
     pub apply_to_listening_s: f64,
@@ -148,17 +148,17 @@ pub fn run(settings: &Settings, functions: usize, go_functions: usize) -> anyhow
     for index in 0..functions {
         wait_connectable(services[&function_name(index)])?;
     }
-    let rss_empty_mib = rss_mib(pid).0;
+    let empty = resident_mib(pid);
 
     let mut rows = Vec::new();
-    let mut rss_before = rss_empty_mib;
+    let mut before = empty;
     for group in &groups {
         eprintln!("first requests: {}", group.name);
         let mut first_requests = Vec::with_capacity(group.count);
         for index in group.first..group.first + group.count {
             first_requests.push(timed_get(services[&function_name(index)])?);
         }
-        let rss_after = rss_mib(pid).0;
+        let after = resident_mib(pid);
         let mut loaded = Vec::with_capacity(group.count);
         for index in group.first..group.first + group.count {
             loaded.push(timed_get(services[&function_name(index)])?);
@@ -166,14 +166,15 @@ pub fn run(settings: &Settings, functions: usize, go_functions: usize) -> anyhow
         rows.push(DensityRow {
             name: group.name,
             functions: group.count,
-            rss_per_function_mib: (rss_after - rss_before) / group.count.max(1) as f64,
+            rss_per_function_mib: (after.rss - before.rss) / group.count.max(1) as f64,
+            private_per_function_mib: (after.private - before.private) / group.count.max(1) as f64,
             code_mib: code_mib[group.name],
             first_request_p50_ms: percentile(&mut first_requests, 0.5),
             first_request_p90_ms: percentile(&mut first_requests, 0.9),
             loaded_p50_ms: percentile(&mut loaded, 0.5),
             loaded_p90_ms: percentile(&mut loaded, 0.9),
         });
-        rss_before = rss_after;
+        before = after;
     }
     let metrics = http_get(SocketAddr::new(pool_ip.parse()?, POOL_ADMIN_PORT), "/metrics")?;
     let loaded_reported = metrics
@@ -186,8 +187,8 @@ pub fn run(settings: &Settings, functions: usize, go_functions: usize) -> anyhow
     Ok(PodDensity {
         functions,
         rows,
-        rss_empty_mib,
-        rss_all_loaded_mib: rss_before,
+        empty,
+        all_loaded: before,
         loaded_reported,
         apply_to_listening_s,
         published_mib: published as f64 / (1 << 20) as f64,
@@ -497,10 +498,12 @@ pub fn section(density: &PodDensity) -> String {
     out.push_str(&density_table(&density.rows));
     let _ = writeln!(
         out,
-        "\n- the pool pod's process: {:.1} MiB of RSS listening for all {} and nothing loaded, {:.1} MiB with all loaded (`wasmless_pool_functions_loaded` said {})\n- `kubectl create` of the {} Functions to the pool pod listening for every one: {:.1} s (the operator's reconciles, entries, the pool's table)\n- against one pool process on loopback (the section above), a loaded Function costs the same memory; a first request costs more, the pool reading the module and its code through the API server (6 MB of code for the Goless sample) where the process read files\n\n`bench/cluster.sh density` (rewrites this section).",
-        density.rss_empty_mib,
+        "\n- the pool pod's process: {:.1} MiB of RSS ({:.1} MiB private) listening for all {} and nothing loaded, {:.1} MiB ({:.1} MiB private) with all loaded (`wasmless_pool_functions_loaded` said {})\n- `kubectl create` of the {} Functions to the pool pod listening for every one: {:.1} s (the operator's reconciles, entries, the pool's table)\n- against one pool process on loopback (the section above), a loaded Function costs the same memory; a first request costs more, the pool reading the module and its code through the API server (6 MB of code for the Goless sample) where the process read files\n\n`bench/cluster.sh density` (rewrites this section).",
+        density.empty.rss,
+        density.empty.private,
         density.functions,
-        density.rss_all_loaded_mib,
+        density.all_loaded.rss,
+        density.all_loaded.private,
         density.loaded_reported,
         density.functions,
         density.apply_to_listening_s

@@ -233,10 +233,19 @@ pub struct Config {
     #[arg(long, env = "WASMLESS_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
 
-    /// Bytes of loaded code (and data images) the pool keeps before unloading the least
-    /// recently used Function (e.g. `1Gi`).
+    /// Bytes of the pool's own memory the loaded Functions' code may hold (code copied
+    /// into memory, and what wasmtime builds from any code) before the least recently used
+    /// Function is unloaded (e.g. `1Gi`). Code mapped from files counts against
+    /// `--pool-mapped-code-budget` instead.
     #[arg(long, env = "WASMLESS_POOL_MEMORY_BUDGET", default_value = "1Gi", value_parser = parse_bytes)]
     pub pool_memory_budget: u64,
+
+    /// Bytes of code files the pool maps (with `--cache-dir`, the builder's code is written
+    /// there and mapped, not copied: page cache, shared and paged in where touched) before
+    /// the least recently used Function is unloaded. The files are on the cache
+    /// directory's disk, so its volume needs this much room.
+    #[arg(long, env = "WASMLESS_POOL_MAPPED_CODE_BUDGET", default_value = "4Gi", value_parser = parse_bytes)]
+    pub pool_mapped_code_budget: u64,
 
     /// Load Functions new to the pool's table before their first request, while the loaded
     /// code is under three quarters of `--pool-memory-budget` (false: on the first request).

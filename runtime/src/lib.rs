@@ -299,7 +299,8 @@ async fn serve_many(
 ) -> Result<Serving, ServeError> {
     pool::check_shares(config).map_err(ServeError::PoolShares)?;
     precompiled::run_nothing_in_place();
-    let engine = loader::EngineHost::new(&limits::RequestLimits::from_config(config), config.cache_dir.clone())?;
+    let engine =
+        loader::EngineHost::new(&limits::RequestLimits::from_config(config), config.cache_dir.clone())?.mapping_code();
     let (pool, listeners) = pool::Pool::new(engine, metrics.clone(), config, admin_port);
     let _ = slot.set(pool.clone());
     let interval = if config.watch_interval.is_zero() {

@@ -10,7 +10,7 @@ use crate::limits::{Isolation, RequestLimits};
 use crate::metrics::Metrics;
 use crate::module_source::VerifiedModule;
 use crate::outbound::Outbound;
-use crate::precompiled::{self, CodeRefused, CodeSource, Fallback, Opened, VerifiedCode};
+use crate::precompiled::{self, CodeRefused, CodeSource, Fallback, Opened, Residence, VerifiedCode};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -38,6 +38,7 @@ pub struct EngineHost {
     engine: Engine,
     target: CompileTarget,
     cache_dir: Option<PathBuf>,
+    mapped_dir: Option<PathBuf>,
 }
 
 impl EngineHost {
@@ -57,7 +58,22 @@ impl EngineHost {
             engine,
             target,
             cache_dir,
+            mapped_dir: None,
         })
+    }
+
+    /// Loads the builder's code by mapping a file written in the cache directory, not as a
+    /// copy in memory: for the pool, where many Functions' code is loaded at once and
+    /// what each holds alone is what its budget counts. Without a cache directory,
+    /// nothing changes.
+    pub fn mapping_code(mut self) -> Self {
+        self.mapped_dir = self.cache_dir.as_deref().map(precompiled::mapped::dir_in);
+        if let Some(dir) = &self.mapped_dir {
+            // Files are unlinked as soon as they are made; one is left only by a process
+            // that died in between, and only this process writes here.
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        self
     }
 }
 
@@ -66,6 +82,7 @@ pub struct Loader {
     target: CompileTarget,
     shared: Arc<Shared>,
     cache_dir: Option<PathBuf>,
+    mapped_dir: Option<PathBuf>,
 }
 
 impl Loader {
@@ -104,6 +121,7 @@ impl Loader {
             target: host.target.clone(),
             shared,
             cache_dir: host.cache_dir.clone(),
+            mapped_dir: host.mapped_dir.clone(),
         }
     }
 
@@ -127,7 +145,12 @@ impl Loader {
         })
         .await
         .map_err(|e| ModuleError::Engine(e.to_string()))??;
-        self.link(compiled, abi, digest, cache, started)
+        // A hit is mapped from the cache's file; the code just compiled is a copy.
+        let residence = match cache {
+            CacheOutcome::Hit => Residence::Mapped,
+            _ => Residence::Copied,
+        };
+        self.link(compiled, abi, residence, digest, cache, started)
     }
 
     /// Links the code the compiled-code cache holds for `digest`, if it holds any,
@@ -140,7 +163,7 @@ impl Loader {
         let (compiled, abi) = tokio::task::spawn_blocking(move || compile::load_cached(&engine, &digest, &cache_dir))
             .await
             .ok()??;
-        match self.link(compiled, abi, digest, CacheOutcome::Hit, started) {
+        match self.link(compiled, abi, Residence::Mapped, digest, CacheOutcome::Hit, started) {
             Ok(handler) => Some(handler),
             Err(error) => {
                 tracing::warn!(%error, "compiled-code cache entry does not link; loading the module instead");
@@ -167,8 +190,9 @@ impl Loader {
                 let engine = self.engine.clone();
                 let target = self.target.clone();
                 let source = source.clone();
+                let mapped_dir = self.mapped_dir.clone();
                 let opened = tokio::task::spawn_blocking(move || {
-                    precompiled::open(&engine, &target, &source, verified, &module)
+                    precompiled::open(&engine, &target, &source, verified, &module, mapped_dir.as_deref())
                 })
                 .await
                 .map_err(|e| ModuleError::Engine(e.to_string()))??;
@@ -182,8 +206,8 @@ impl Loader {
             Err(fallback) => Opened::Fallback(fallback),
         };
         match opened {
-            Opened::Loaded(compiled, abi) => self
-                .link(compiled, abi, module, CacheOutcome::Precompiled, started)
+            Opened::Loaded(compiled, abi, residence) => self
+                .link(compiled, abi, residence, module, CacheOutcome::Precompiled, started)
                 .map(Some),
             Opened::Fallback(reason) => {
                 self.shared.metrics.compile_fallback(reason.reason());
@@ -197,11 +221,12 @@ impl Loader {
         &self,
         compiled: Compiled,
         abi: Abi,
+        residence: Residence,
         digest: Digest,
         cache: CacheOutcome,
         started: Instant,
     ) -> Result<LoadedHandler, ModuleError> {
-        let handler = LoadedHandler::new(&self.engine, compiled, abi, digest, self.shared.clone())
+        let handler = LoadedHandler::new(&self.engine, compiled, abi, residence, digest, self.shared.clone())
             .map_err(|e| ModuleError::Link(format!("{e:#}")))?;
         let elapsed = started.elapsed();
         self.shared
@@ -217,6 +242,7 @@ impl Loader {
             abi = abi.name(),
             isolation = isolation.name(),
             compiled_code = cache.name(),
+            code = residence.name(),
             load_ms = elapsed.as_secs_f64() * 1000.0,
             "module loaded"
         );

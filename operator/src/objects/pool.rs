@@ -44,6 +44,13 @@ pub const POOL_PORTS: std::ops::Range<u16> = 20000..32000;
 /// Loaded code the pool keeps before unloading the least recently used Function, unless
 /// the operator's `--pool-memory-budget` says otherwise.
 pub const DEFAULT_POOL_MEMORY_BUDGET: u64 = 1 << 30;
+/// Code files the pool maps (`--pool-mapped-code-budget`): the builder's code is written to
+/// the pool's cache volume and mapped, not copied into its memory, so it is disk (and page
+/// cache the kernel may drop), not the container's own memory. ~290 Goless samples.
+pub const POOL_MAPPED_CODE_BUDGET: u64 = 4 << 30;
+/// The cache volume beside the mapped code: what the pool compiles itself when it cannot
+/// use the builder's code.
+const POOL_COMPILE_CACHE: u64 = 1 << 30;
 /// Linear memory the pool's requests in flight may hold together (`--pool-request-memory`):
 /// growth past it fails that request with a 503, so the container never goes over its
 /// limit for them. Three requests of the largest pooled Function (`POOL_MEMORY_LIMIT`).
@@ -138,6 +145,7 @@ pub fn pool_deployment(namespace: &str, settings: &Settings) -> Deployment {
         ("--admin-port", ports::ADMIN.to_string()),
         ("--memory-limit", POOL_MEMORY_LIMIT.into()),
         ("--pool-memory-budget", quantity(settings.pool_memory_budget).0),
+        ("--pool-mapped-code-budget", quantity(POOL_MAPPED_CODE_BUDGET).0),
         ("--pool-request-memory", quantity(POOL_REQUEST_MEMORY).0),
         ("--pool-share", POOL_SHARE_PERCENT.to_string()),
         ("--pool-max-timeout", POOL_MAX_TIMEOUT.into()),
@@ -213,7 +221,10 @@ pub fn pool_deployment(namespace: &str, settings: &Settings) -> Deployment {
                     security_context: Some(restricted_pod_security()),
                     containers: vec![container],
                     termination_grace_period_seconds: Some(TERMINATION_GRACE_PERIOD_SECONDS),
-                    volumes: Some(vec![empty_dir("cache", "1Gi")]),
+                    volumes: Some(vec![empty_dir(
+                        "cache",
+                        &quantity(POOL_MAPPED_CODE_BUDGET + POOL_COMPILE_CACHE).0,
+                    )]),
                     ..Default::default()
                 }),
             },

@@ -2,6 +2,7 @@
 //! one invocation returns.
 
 mod cgi;
+mod code_cost;
 mod failure;
 mod http;
 mod output;
@@ -9,6 +10,7 @@ mod reactor;
 mod store;
 
 // The parsers of a guest's response: bytes we did not write, fuzzed in their own crate.
+pub use code_cost::CodeCost;
 pub use failure::Failure;
 pub use wasmless_formats::{cgi_response, reactor_response};
 
@@ -17,6 +19,7 @@ use crate::compile::Compiled;
 use crate::limits::{Isolation, RequestLimits};
 use crate::metrics::Metrics;
 use crate::outbound::{CallLog, Outbound};
+use crate::precompiled::Residence;
 use crate::request_memory::RequestShare;
 use axum::body::Body;
 use bytes::Bytes;
@@ -88,9 +91,8 @@ pub struct Connection {
 pub struct LoadedHandler {
     pub digest: Digest,
     pub abi: Abi,
-    /// Bytes of native code and data images this module holds mapped: what the pool
-    /// counts against its memory budget.
-    pub code_bytes: usize,
+    /// What holding this module's code costs, which the pool's budgets count.
+    pub code: CodeCost,
     kind: Kind,
 }
 
@@ -105,6 +107,7 @@ impl LoadedHandler {
         engine: &Engine,
         compiled: Compiled,
         abi: Abi,
+        residence: Residence,
         digest: Digest,
         shared: Arc<Shared>,
     ) -> wasmtime::Result<Self> {
@@ -120,7 +123,7 @@ impl LoadedHandler {
             Compiled::Component(component) => component.image_range(),
             Compiled::Module(module) => module.image_range(),
         };
-        let code_bytes = image.end.addr() - image.start.addr();
+        let code = CodeCost::of(image.end.addr() - image.start.addr(), residence);
         let kind = match compiled {
             Compiled::Component(component) => Kind::Http(http::HttpHandler::new(engine, &component, shared)?),
             Compiled::Module(module) if abi == Abi::GoReactor => {
@@ -131,7 +134,7 @@ impl LoadedHandler {
         Ok(Self {
             digest,
             abi,
-            code_bytes,
+            code,
             kind,
         })
     }

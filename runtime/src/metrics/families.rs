@@ -226,6 +226,14 @@ pub(super) struct PoolFamilies {
     pub(super) loaded: Gauge,
     pub(super) load_seconds: Histogram,
     pub(super) evictions: Counter,
+    pub(super) code_bytes: Family<CodeMemoryLabels, Gauge>,
+}
+
+/// `memory`: `private` (the process's own: code copied into it, what wasmtime builds from
+/// code) or `mapped` (code files mapped from the pod's disk, page cache).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct CodeMemoryLabels {
+    pub(super) memory: &'static str,
 }
 
 impl PoolFamilies {
@@ -236,6 +244,7 @@ impl PoolFamilies {
             // compiled here seconds.
             load_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             evictions: Counter::default(),
+            code_bytes: Family::default(),
         };
         registry.register(
             "wasmless_pool_functions_loaded",
@@ -249,8 +258,13 @@ impl PoolFamilies {
         );
         registry.register(
             "wasmless_pool_evictions",
-            "Functions unloaded to stay within the pool's memory budget",
+            "Functions unloaded to stay within the pool's budgets",
             families.evictions.clone(),
+        );
+        registry.register(
+            "wasmless_pool_code_bytes",
+            "Bytes the loaded Functions' code holds: private (counted against --pool-memory-budget) or mapped from files (--pool-mapped-code-budget)",
+            families.code_bytes.clone(),
         );
         families
     }

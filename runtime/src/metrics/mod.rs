@@ -4,6 +4,7 @@
 
 mod families;
 
+use crate::handler::CodeCost;
 use families::{
     FallbackLabels, Families, Function, FunctionLabels, ModuleLabels, OutboundHostLabels, OutboundLabels, PoolFamilies,
     RefusedLabels, RequestLabels, TraceExemplar, TrapLabels, method_label,
@@ -170,22 +171,35 @@ impl Metrics {
         }
     }
 
-    /// The pool loaded a Function in `elapsed`; `loaded` Functions are held now.
-    pub fn pool_loaded(&self, elapsed: Duration, loaded: usize) {
+    /// The pool loaded a Function in `elapsed`; `loaded` Functions are held now, their
+    /// code costing `code`.
+    pub fn pool_loaded(&self, elapsed: Duration, loaded: usize, code: CodeCost) {
         if let Some(pool) = &self.pool {
             pool.load_seconds.observe(elapsed.as_secs_f64());
             pool.loaded.set(i64::try_from(loaded).unwrap_or(i64::MAX));
+            self.pool_code(code);
         }
     }
 
-    /// The pool unloaded a Function; `loaded` are held now. `evicted`: for the budget
-    /// (not because the Function was removed).
-    pub fn pool_unloaded(&self, loaded: usize, evicted: bool) {
+    /// The pool unloaded a Function; `loaded` are held now, costing `code`. `evicted`: for
+    /// the budgets (not because the Function was removed).
+    pub fn pool_unloaded(&self, loaded: usize, evicted: bool, code: CodeCost) {
         if let Some(pool) = &self.pool {
             if evicted {
                 pool.evictions.inc();
             }
             pool.loaded.set(i64::try_from(loaded).unwrap_or(i64::MAX));
+            self.pool_code(code);
+        }
+    }
+
+    fn pool_code(&self, code: CodeCost) {
+        if let Some(pool) = &self.pool {
+            for (memory, bytes) in [("private", code.private), ("mapped", code.mapped)] {
+                pool.code_bytes
+                    .get_or_create(&families::CodeMemoryLabels { memory })
+                    .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            }
         }
     }
 

@@ -8,6 +8,7 @@
 //! pool with nothing but a target port.
 
 pub mod api;
+mod budget;
 pub mod quarantine;
 pub mod references;
 mod shares;
@@ -17,11 +18,13 @@ pub mod trust;
 
 use crate::config::Config;
 use crate::edge::Listeners;
+use crate::handler::CodeCost;
 use crate::limits::RequestLimits;
 use crate::loader::EngineHost;
 use crate::metrics::Metrics;
 use crate::request_memory::SharedMemory;
 use crate::tenant::Tenant;
+use budget::Budget;
 pub use shares::check_shares;
 use shares::{Account, Caps, Slots};
 use std::collections::BTreeMap;
@@ -55,7 +58,7 @@ pub struct Pool {
     limits: RequestLimits,
     bind: IpAddr,
     admin_port: u16,
-    budget: u64,
+    budget: Budget,
     load_ahead: bool,
     by_port: RwLock<HashMap<u16, Arc<Tenant>>>,
     /// By the address of the listener that serves it: what a connection is bound to when
@@ -107,7 +110,10 @@ impl Pool {
             limits: RequestLimits::from_config(config),
             bind: config.bind,
             admin_port,
-            budget: config.pool_memory_budget,
+            budget: Budget {
+                memory: config.pool_memory_budget,
+                mapped: config.pool_mapped_code_budget,
+            },
             load_ahead: config.pool_load_ahead,
             by_port: Default::default(),
             by_listener: Default::default(),
@@ -374,7 +380,7 @@ impl Pool {
         runtime.spawn(async move {
             for tenant in added {
                 let Some(pool) = Weak::upgrade(&pool) else { return };
-                if pool.loaded_bytes() >= pool.budget / 4 * 3 {
+                if !pool.budget.has_room_ahead(pool.loaded_cost()) {
                     return;
                 }
                 // Gone from the table meanwhile: nothing to warm.
@@ -389,13 +395,13 @@ impl Pool {
         });
     }
 
-    /// Bytes of code the pool holds loaded.
-    fn loaded_bytes(&self) -> u64 {
+    /// What the code the pool holds loaded costs.
+    fn loaded_cost(&self) -> CodeCost {
         self.by_port
             .read()
             .unwrap()
             .values()
-            .filter_map(|tenant| Some(tenant.handler.load().as_ref()?.code_bytes as u64))
+            .filter_map(|tenant| Some(tenant.handler.load().as_ref()?.code))
             .sum()
     }
 
@@ -442,7 +448,7 @@ impl Pool {
     fn forget(&self, held: &Held) {
         if held.tenant.unload() {
             self.metrics
-                .pool_unloaded(self.loaded_count_except(&held.tenant), false);
+                .pool_unloaded(self.loaded_count_except(&held.tenant), false, self.loaded_cost());
         }
         held.tenant.metrics().forget_module();
     }
@@ -534,33 +540,38 @@ impl Pool {
     /// others until the loaded code fits the budget again.
     fn loaded(&self, port: u16, elapsed: Duration) {
         let tenants: Vec<Arc<Tenant>> = self.by_port.read().unwrap().values().cloned().collect();
-        let mut loaded: Vec<(Arc<Tenant>, u64)> = tenants
+        let mut loaded: Vec<(Arc<Tenant>, CodeCost)> = tenants
             .into_iter()
             .filter_map(|tenant| {
-                let bytes = tenant.handler.load().as_ref()?.code_bytes as u64;
-                Some((tenant, bytes))
+                let cost = tenant.handler.load().as_ref()?.code;
+                Some((tenant, cost))
             })
             .collect();
-        let mut total: u64 = loaded.iter().map(|(_, bytes)| bytes).sum();
-        self.metrics.pool_loaded(elapsed, loaded.len());
-        if total <= self.budget {
+        let mut total: CodeCost = loaded.iter().map(|(_, cost)| *cost).sum();
+        self.metrics.pool_loaded(elapsed, loaded.len(), total);
+        if self.budget.fits(total) {
             return;
         }
         let just_loaded = self.tenant(port);
         loaded.sort_by_key(|(tenant, _)| tenant.last_used());
         let mut count = loaded.len();
-        for (tenant, bytes) in loaded {
-            if total <= self.budget {
+        for (tenant, cost) in loaded {
+            if self.budget.fits(total) {
                 break;
             }
             if just_loaded.as_ref().is_some_and(|just| Arc::ptr_eq(just, &tenant)) {
                 continue;
             }
             if tenant.unload() {
-                total -= bytes;
+                total = total - cost;
                 count -= 1;
-                self.metrics.pool_unloaded(count, true);
-                tracing::info!(function = %tenant.function, code_bytes = bytes, "unloaded for the pool's memory budget (it loads again on its next request)");
+                self.metrics.pool_unloaded(count, true, total);
+                tracing::info!(
+                    function = %tenant.function,
+                    private_bytes = cost.private,
+                    mapped_bytes = cost.mapped,
+                    "unloaded for the pool's budgets (it loads again on its next request)"
+                );
             }
         }
     }

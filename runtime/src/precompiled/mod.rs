@@ -21,6 +21,7 @@ use wasmless_artifact::{
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+pub mod mapped;
 mod pages;
 mod streaming;
 
@@ -130,10 +131,29 @@ impl Fallback {
     }
 }
 
-/// The outcome of trying the code: refused (nothing runs), fall back, or loaded.
+/// The outcome of trying the code: refused (nothing runs), fall back, or loaded (mapped
+/// from a file, or in the process's own memory).
 pub enum Opened {
-    Loaded(Compiled, Abi),
+    Loaded(Compiled, Abi, Residence),
     Fallback(Fallback),
+}
+
+/// Where loaded code lives, which decides what of it the process pays for alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residence {
+    /// In the process's own memory: all of it is private.
+    Copied,
+    /// Mapped from a file: clean page-cache pages, paged in where touched.
+    Mapped,
+}
+
+impl Residence {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Copied => "in memory",
+            Self::Mapped => "mapped from a file",
+        }
+    }
 }
 
 /// Where the compiled code comes from, parsed from `--code` as `--module` is: a file, a
@@ -273,13 +293,15 @@ pub fn run_nothing_in_place() {
 }
 
 /// Checks that verified code was made from `module` for this engine, and loads it into
-/// `engine`. Runs on a blocking thread: it maps megabytes.
+/// `engine`: mapped from a file written in `mapped_dir` when there is one (the pool),
+/// else in memory. Runs on a blocking thread: it maps megabytes.
 pub fn open(
     engine: &Engine,
     target: &CompileTarget,
     source: &CodeSource,
     code: VerifiedCode,
     module: &Digest,
+    mapped_dir: Option<&std::path::Path>,
 ) -> Result<Opened, CodeRefused> {
     let image = code.0;
     let header = match code_header(image.decompressed()) {
@@ -306,6 +328,21 @@ pub fn open(
             runtime,
         }));
     }
+    if let Some(dir) = mapped_dir {
+        match mapped::write_unlinked(dir, image.code()) {
+            Ok(file) => {
+                drop(image);
+                // SAFETY: the file holds the bytes checked above, and its writer is gone.
+                let loaded = unsafe { mapped::load(engine, header.kind, file) };
+                return Ok(loaded_or_fallback(loaded, Residence::Mapped));
+            }
+            Err(error) => tracing::warn!(
+                dir = %dir.display(),
+                %error,
+                "cannot write the code to a file to map it: loading a copy into memory"
+            ),
+        }
+    }
     let in_place = engine::CODE_RUNS_IN_PLACE && !IN_PLACE_TAKEN.swap(true, Ordering::AcqRel);
     // SAFETY: the bytes are the pinned artifact (digest checked by `verify_and_decode`), made
     // by the builder from the pinned module for an engine whose compatibility hash equals
@@ -316,16 +353,14 @@ pub fn open(
     // unmapped after.
     let loaded = unsafe {
         match (header.kind, in_place) {
-            (CodeKind::Component, true) => Component::deserialize_raw(engine, image.code_in_place())
-                .map(|c| (Compiled::Component(c), Abi::HttpComponent)),
-            (CodeKind::Module, true) => wasmtime::Module::deserialize_raw(engine, image.code_in_place())
-                .map(|m| (Compiled::Module(m), Abi::CgiCommand)),
-            (CodeKind::Component, false) => {
-                Component::deserialize(engine, image.code()).map(|c| (Compiled::Component(c), Abi::HttpComponent))
+            (CodeKind::Component, true) => {
+                Component::deserialize_raw(engine, image.code_in_place()).map(Compiled::Component)
             }
-            (CodeKind::Module, false) => {
-                wasmtime::Module::deserialize(engine, image.code()).map(|m| (Compiled::Module(m), Abi::CgiCommand))
+            (CodeKind::Module, true) => {
+                wasmtime::Module::deserialize_raw(engine, image.code_in_place()).map(Compiled::Module)
             }
+            (CodeKind::Component, false) => Component::deserialize(engine, image.code()).map(Compiled::Component),
+            (CodeKind::Module, false) => wasmtime::Module::deserialize(engine, image.code()).map(Compiled::Module),
         }
     };
     match (in_place, loaded.is_ok()) {
@@ -336,14 +371,18 @@ pub fn open(
         (true, false) => IN_PLACE_TAKEN.store(false, Ordering::Release),
         (false, _) => {}
     }
-    Ok(match loaded {
+    Ok(loaded_or_fallback(loaded, Residence::Copied))
+}
+
+fn loaded_or_fallback(loaded: wasmtime::Result<Compiled>, residence: Residence) -> Opened {
+    match loaded {
         // A core module's ABI is read from its exports: the reactor is a core module too.
-        Ok((compiled, _)) => {
+        Ok(compiled) => {
             let abi = compiled.abi();
-            Opened::Loaded(compiled, abi)
+            Opened::Loaded(compiled, abi, residence)
         }
         Err(error) => Opened::Fallback(Fallback::Deserialize(format!("{error:#}"))),
-    })
+    }
 }
 
 /// The decompressed artifact in a [`PageBuffer`]. The code (after the 64 KiB header

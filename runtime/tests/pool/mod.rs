@@ -144,7 +144,7 @@ async fn over_the_memory_budget_the_least_recently_used_function_is_unloaded_and
         Some(1.0),
         "{text}"
     );
-    pool.wait_for_log(&["\"function\":\"first\"", "unloaded for the pool's memory budget"]);
+    pool.wait_for_log(&["\"function\":\"first\"", "unloaded for the pool's budgets"]);
 
     // The evicted one loads again, and the other makes room.
     assert_eq!(get(at(first, "/hello")).await.0, 200);
@@ -830,4 +830,111 @@ async fn an_entry_on_a_port_another_function_holds_is_refused_and_the_holder_ans
     }
     let thief = pool_functions(&pool).await["a-thief"].clone();
     assert_eq!(thief["listening"], false, "{thief}");
+}
+
+/// With a cache directory (as the operator starts every pool), the builder's code is
+/// mapped from a file there rather than copied into the pool's memory: a loaded Go
+/// Function then holds a fraction of a MiB of its own, not its 14 MiB of code, so a memory
+/// budget that fits two copies keeps every one of them loaded, and the mapped bytes are
+/// what the other budget counts.
+#[tokio::test(flavor = "multi_thread")]
+async fn builder_code_is_mapped_so_go_functions_hold_little_memory_of_their_own() {
+    const FUNCTIONS: usize = 6;
+    let module = std::fs::read(go_handler("goless-sample")).unwrap();
+    let code = precompile_for(&portable_engine(), &module);
+    let code_digest = Digest::of(&code);
+    let dir = tempfile::tempdir().unwrap();
+    let (code_file, _) = write_module(dir.path(), "module.cwasm.lz4", &code);
+    let (module_file, _) = write_module(dir.path(), "module.wasm", &module);
+    let table = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let ports: Vec<u16> = (0..FUNCTIONS).map(|_| free_port()).collect();
+    let pinned = [
+        "--code",
+        code_file.to_str().unwrap(),
+        "--code-digest",
+        &code_digest.to_string(),
+    ];
+    for (index, port) in ports.iter().enumerate() {
+        add_function(table.path(), &format!("go-{index}"), *port, &module_file, &pinned);
+    }
+    let pool = Runtime::start_pool(
+        table.path(),
+        &[
+            "--cache-dir",
+            cache.path().to_str().unwrap(),
+            "--pool-memory-budget",
+            "32Mi",
+        ],
+    );
+    assert_eq!(get(at(ports[0], "/")).await.1, "This works!");
+    let settled = rss_anon_bytes(&pool);
+    for port in &ports[1..] {
+        assert_eq!(get(at(*port, "/")).await.1, "This works!");
+    }
+    let grown = rss_anon_bytes(&pool).saturating_sub(settled);
+    let per_function = grown / (FUNCTIONS as u64 - 1);
+    assert!(
+        per_function < 4 << 20,
+        "each loaded Go Function grew the pool's own memory by {} KiB",
+        per_function >> 10
+    );
+    let text = metrics(&pool).await;
+    assert_eq!(sample(&text, "wasmless_pool_evictions_total", &[]), Some(0.0), "{text}");
+    assert_eq!(
+        sample(&text, "wasmless_pool_functions_loaded", &[]),
+        Some(FUNCTIONS as f64),
+        "{text}"
+    );
+    let mapped = sample(&text, "wasmless_pool_code_bytes", &[("memory", "mapped")]).unwrap();
+    let private = sample(&text, "wasmless_pool_code_bytes", &[("memory", "private")]).unwrap();
+    assert!(mapped > (FUNCTIONS * (10 << 20)) as f64, "{text}");
+    assert!(private < mapped / 8.0, "{text}");
+    pool.wait_for_log(&["\"function\":\"go-1\"", "\"code\":\"mapped from a file\""]);
+    // Nothing else can open the code by name: the files were unlinked once opened.
+    let left: Vec<_> = std::fs::read_dir(cache.path().join("mapped-code")).unwrap().collect();
+    assert!(left.is_empty(), "code files left by name: {left:?}");
+}
+
+/// Mapped code is on the pod's disk: past `--pool-mapped-code-budget`, the least recently
+/// used Function is unloaded (its file goes with it) and loads again when called.
+#[tokio::test]
+async fn over_the_mapped_code_budget_the_least_recently_used_function_is_unloaded() {
+    let module = std::fs::read(rust_echo()).unwrap();
+    let code = precompile_for(&portable_engine(), &module);
+    let code_digest = Digest::of(&code);
+    let dir = tempfile::tempdir().unwrap();
+    let (code_file, _) = write_module(dir.path(), "module.cwasm.lz4", &code);
+    let (module_file, _) = write_module(dir.path(), "module.wasm", &module);
+    let table = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let (first, second) = (free_port(), free_port());
+    let pinned = [
+        "--code",
+        code_file.to_str().unwrap(),
+        "--code-digest",
+        &code_digest.to_string(),
+    ];
+    add_function(table.path(), "first", first, &module_file, &pinned);
+    add_function(table.path(), "second", second, &module_file, &pinned);
+    let pool = Runtime::start_pool(
+        table.path(),
+        &[
+            "--cache-dir",
+            cache.path().to_str().unwrap(),
+            "--pool-mapped-code-budget",
+            "1Ki",
+        ],
+    );
+    assert_eq!(get(at(first, "/hello")).await.0, 200);
+    assert_eq!(get(at(second, "/hello")).await.0, 200);
+    assert_eq!(get(at(first, "/hello")).await.0, 200);
+    let text = metrics(&pool).await;
+    assert_eq!(sample(&text, "wasmless_pool_evictions_total", &[]), Some(2.0), "{text}");
+    assert_eq!(
+        sample(&text, "wasmless_pool_functions_loaded", &[]),
+        Some(1.0),
+        "{text}"
+    );
+    pool.wait_for_log(&["\"function\":\"second\"", "unloaded for the pool's budgets"]);
 }
