@@ -10,6 +10,7 @@
 
 pub mod abi;
 pub mod clocks;
+pub mod code_cost;
 pub mod compile;
 pub mod config;
 pub mod configmap_chunks;
@@ -299,6 +300,12 @@ async fn serve_many(
 ) -> Result<Serving, ServeError> {
     pool::check_shares(config).map_err(ServeError::PoolShares)?;
     precompiled::run_nothing_in_place();
+    // The pool maps its Functions' code from files it alone holds open: as its process
+    // is not dumpable, no other process of its user reaches them (or its memory) through
+    // /proc.
+    if let Err(error) = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable) {
+        tracing::warn!(%error, "cannot make the pool's process undumpable");
+    }
     let engine =
         loader::EngineHost::new(&limits::RequestLimits::from_config(config), config.cache_dir.clone())?.mapping_code();
     let (pool, listeners) = pool::Pool::new(engine, metrics.clone(), config, admin_port);

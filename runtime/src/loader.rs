@@ -145,12 +145,10 @@ impl Loader {
         })
         .await
         .map_err(|e| ModuleError::Engine(e.to_string()))??;
-        // A hit is mapped from the cache's file; the code just compiled is a copy.
-        let residence = match cache {
-            CacheOutcome::Hit => Residence::Mapped,
-            _ => Residence::Copied,
-        };
-        self.link(compiled, abi, residence, digest, cache, started)
+        // A hit is mapped from the cache's file, but its metadata is not measured here:
+        // counted whole as private, as a copy is (the pool compiles only when the builder's
+        // code cannot be used).
+        self.link(compiled, abi, Residence::Copied, digest, cache, started)
     }
 
     /// Links the code the compiled-code cache holds for `digest`, if it holds any,
@@ -163,7 +161,7 @@ impl Loader {
         let (compiled, abi) = tokio::task::spawn_blocking(move || compile::load_cached(&engine, &digest, &cache_dir))
             .await
             .ok()??;
-        match self.link(compiled, abi, Residence::Mapped, digest, CacheOutcome::Hit, started) {
+        match self.link(compiled, abi, Residence::Copied, digest, CacheOutcome::Hit, started) {
             Ok(handler) => Some(handler),
             Err(error) => {
                 tracing::warn!(%error, "compiled-code cache entry does not link; loading the module instead");

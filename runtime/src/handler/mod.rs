@@ -2,7 +2,6 @@
 //! one invocation returns.
 
 mod cgi;
-mod code_cost;
 mod failure;
 mod http;
 mod output;
@@ -10,11 +9,11 @@ mod reactor;
 mod store;
 
 // The parsers of a guest's response: bytes we did not write, fuzzed in their own crate.
-pub use code_cost::CodeCost;
 pub use failure::Failure;
 pub use wasmless_formats::{cgi_response, reactor_response};
 
 use crate::abi::Abi;
+use crate::code_cost::CodeCost;
 use crate::compile::Compiled;
 use crate::limits::{Isolation, RequestLimits};
 use crate::metrics::Metrics;

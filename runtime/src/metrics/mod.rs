@@ -4,7 +4,7 @@
 
 mod families;
 
-use crate::handler::CodeCost;
+use crate::code_cost::CodeCost;
 use families::{
     FallbackLabels, Families, Function, FunctionLabels, ModuleLabels, OutboundHostLabels, OutboundLabels, PoolFamilies,
     RefusedLabels, RequestLabels, TraceExemplar, TrapLabels, method_label,

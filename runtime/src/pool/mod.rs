@@ -16,9 +16,9 @@ pub mod source;
 pub mod table;
 pub mod trust;
 
+use crate::code_cost::CodeCost;
 use crate::config::Config;
 use crate::edge::Listeners;
-use crate::handler::CodeCost;
 use crate::limits::RequestLimits;
 use crate::loader::EngineHost;
 use crate::metrics::Metrics;

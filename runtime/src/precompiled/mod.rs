@@ -143,15 +143,16 @@ pub enum Opened {
 pub enum Residence {
     /// In the process's own memory: all of it is private.
     Copied,
-    /// Mapped from a file: clean page-cache pages, paged in where touched.
-    Mapped,
+    /// Mapped from a file: clean page-cache pages, paged in where touched. `metadata`:
+    /// bytes of what wasmtime decodes into the process's own memory as it loads the code.
+    Mapped { metadata: u64 },
 }
 
 impl Residence {
     pub fn name(self) -> &'static str {
         match self {
             Self::Copied => "in memory",
-            Self::Mapped => "mapped from a file",
+            Self::Mapped { .. } => "mapped from a file",
         }
     }
 }
@@ -329,17 +330,17 @@ pub fn open(
         }));
     }
     if let Some(dir) = mapped_dir {
-        match mapped::write_unlinked(dir, image.code()) {
-            Ok(file) => {
-                drop(image);
-                // SAFETY: the file holds the bytes checked above, and its writer is gone.
-                let loaded = unsafe { mapped::load(engine, header.kind, file) };
-                return Ok(loaded_or_fallback(loaded, Residence::Mapped));
-            }
+        let metadata = mapped::metadata_bytes(image.code());
+        // SAFETY: the file holds the bytes checked above, and its writer is gone.
+        let loaded = mapped::write_unlinked(dir, image.code())
+            .map_err(wasmtime::Error::from)
+            .and_then(|file| unsafe { mapped::load(engine, header.kind, file) });
+        match loaded {
+            Ok(compiled) => return Ok(loaded_or_fallback(Ok(compiled), Residence::Mapped { metadata })),
             Err(error) => tracing::warn!(
                 dir = %dir.display(),
-                %error,
-                "cannot write the code to a file to map it: loading a copy into memory"
+                error = %format!("{error:#}"),
+                "cannot map the code from a file: loading a copy into memory"
             ),
         }
     }
