@@ -293,12 +293,14 @@ pub fn section(density: &Density) -> String {
     );
     let _ = writeln!(
         md,
-        "- what a loaded Function costs is mostly its native code, decompressed into the pool's memory (the code \
-         column): for Go that is Go's runtime and net/http compiled, once per Function, since code is per module. \
-         So a thousand Go Functions cost a thousand copies of it; `--pool-memory-budget` (1 GiB by default) keeps \
-         the most recently used and unloads the rest, which load again on their next request (the first-request \
-         column). Sharing the Go runtime's code between Functions would need it compiled apart from the handler, \
-         which wasmtime's per-module code does not offer."
+        "- the pool runs as the operator starts it, with a cache directory: it writes each Function's verified \
+         code to a file there and maps it (docs/architecture.md, \"Mapped code, and two budgets\"). So the code \
+         column is not the pool's own memory: a loaded Function's RSS is mostly the code file's pages its first \
+         request touched (page cache, which the kernel can drop), and what it holds alone is the private column \
+         (anonymous and shared memory: what wasmtime decodes from the code, the instance template). The file itself \
+         stays in the page cache after it is written until the kernel reclaims it; one copy per Function per \
+         process, since each pool process maps a file of its own. `--pool-memory-budget` counts the private part, \
+         `--pool-mapped-code-budget` the files."
     );
     let _ = writeln!(
         md,

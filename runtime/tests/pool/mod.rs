@@ -137,14 +137,7 @@ async fn over_the_memory_budget_the_least_recently_used_function_is_unloaded_and
 
     assert_eq!(get(at(first, "/hello")).await.0, 200);
     assert_eq!(get(at(second, "/echo")).await.0, 200);
-    let text = metrics(&pool).await;
-    assert_eq!(sample(&text, "wasmless_pool_evictions_total", &[]), Some(1.0), "{text}");
-    assert_eq!(
-        sample(&text, "wasmless_pool_functions_loaded", &[]),
-        Some(1.0),
-        "{text}"
-    );
-    pool.wait_for_log(&["\"function\":\"first\"", "unloaded for the pool's budgets"]);
+    assert_one_loaded_after_evictions(&pool, 1, "first").await;
 
     // The evicted one loads again, and the other makes room.
     assert_eq!(get(at(first, "/hello")).await.0, 200);
@@ -169,22 +162,12 @@ fn rss_anon_bytes(pool: &Runtime) -> u64 {
 /// per load (it kept every copy until the process ended).
 #[tokio::test(flavor = "multi_thread")]
 async fn precompiled_code_an_eviction_unloads_is_given_back() {
-    let module = std::fs::read(go_handler("goless-sample")).unwrap();
-    let code = precompile_for(&portable_engine(), &module);
-    let code_digest = Digest::of(&code);
-    let dir = tempfile::tempdir().unwrap();
-    let (code_file, _) = write_module(dir.path(), "module.cwasm.lz4", &code);
-    let (module_file, _) = write_module(dir.path(), "module.wasm", &module);
+    let built = BuilderCode::of(&go_handler("goless-sample"));
     let table = tempfile::tempdir().unwrap();
     let ports = [free_port(), free_port()];
-    let pinned = [
-        "--code",
-        code_file.to_str().unwrap(),
-        "--code-digest",
-        &code_digest.to_string(),
-    ];
+    let pinned = built.pinned();
     for (name, port) in ["one", "two"].into_iter().zip(ports) {
-        add_function(table.path(), name, port, &module_file, &pinned);
+        add_function(table.path(), name, port, &built.module_file, &pinned);
     }
     // Room for one Function's code at a time: every request below loads its Function.
     let pool = Runtime::start_pool(table.path(), &["--pool-memory-budget", "1Ki"]);
@@ -840,23 +823,13 @@ async fn an_entry_on_a_port_another_function_holds_is_refused_and_the_holder_ans
 #[tokio::test(flavor = "multi_thread")]
 async fn builder_code_is_mapped_so_go_functions_hold_little_memory_of_their_own() {
     const FUNCTIONS: usize = 6;
-    let module = std::fs::read(go_handler("goless-sample")).unwrap();
-    let code = precompile_for(&portable_engine(), &module);
-    let code_digest = Digest::of(&code);
-    let dir = tempfile::tempdir().unwrap();
-    let (code_file, _) = write_module(dir.path(), "module.cwasm.lz4", &code);
-    let (module_file, _) = write_module(dir.path(), "module.wasm", &module);
+    let built = BuilderCode::of(&go_handler("goless-sample"));
     let table = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
     let ports: Vec<u16> = (0..FUNCTIONS).map(|_| free_port()).collect();
-    let pinned = [
-        "--code",
-        code_file.to_str().unwrap(),
-        "--code-digest",
-        &code_digest.to_string(),
-    ];
+    let pinned = built.pinned();
     for (index, port) in ports.iter().enumerate() {
-        add_function(table.path(), &format!("go-{index}"), *port, &module_file, &pinned);
+        add_function(table.path(), &format!("go-{index}"), *port, &built.module_file, &pinned);
     }
     let pool = Runtime::start_pool(
         table.path(),
@@ -900,23 +873,13 @@ async fn builder_code_is_mapped_so_go_functions_hold_little_memory_of_their_own(
 /// used Function is unloaded (its file goes with it) and loads again when called.
 #[tokio::test]
 async fn over_the_mapped_code_budget_the_least_recently_used_function_is_unloaded() {
-    let module = std::fs::read(rust_echo()).unwrap();
-    let code = precompile_for(&portable_engine(), &module);
-    let code_digest = Digest::of(&code);
-    let dir = tempfile::tempdir().unwrap();
-    let (code_file, _) = write_module(dir.path(), "module.cwasm.lz4", &code);
-    let (module_file, _) = write_module(dir.path(), "module.wasm", &module);
+    let built = BuilderCode::of(&rust_echo());
     let table = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
     let (first, second) = (free_port(), free_port());
-    let pinned = [
-        "--code",
-        code_file.to_str().unwrap(),
-        "--code-digest",
-        &code_digest.to_string(),
-    ];
-    add_function(table.path(), "first", first, &module_file, &pinned);
-    add_function(table.path(), "second", second, &module_file, &pinned);
+    let pinned = built.pinned();
+    add_function(table.path(), "first", first, &built.module_file, &pinned);
+    add_function(table.path(), "second", second, &built.module_file, &pinned);
     let pool = Runtime::start_pool(
         table.path(),
         &[
@@ -929,12 +892,54 @@ async fn over_the_mapped_code_budget_the_least_recently_used_function_is_unloade
     assert_eq!(get(at(first, "/hello")).await.0, 200);
     assert_eq!(get(at(second, "/hello")).await.0, 200);
     assert_eq!(get(at(first, "/hello")).await.0, 200);
-    let text = metrics(&pool).await;
-    assert_eq!(sample(&text, "wasmless_pool_evictions_total", &[]), Some(2.0), "{text}");
+    assert_one_loaded_after_evictions(&pool, 2, "second").await;
+}
+
+/// The pool holds one Function loaded after `evictions` for its budgets, the last of
+/// `unloaded`.
+async fn assert_one_loaded_after_evictions(pool: &Runtime, evictions: u32, unloaded: &str) {
+    let text = metrics(pool).await;
+    assert_eq!(
+        sample(&text, "wasmless_pool_evictions_total", &[]),
+        Some(f64::from(evictions)),
+        "{text}"
+    );
     assert_eq!(
         sample(&text, "wasmless_pool_functions_loaded", &[]),
         Some(1.0),
         "{text}"
     );
-    pool.wait_for_log(&["\"function\":\"second\"", "unloaded for the pool's budgets"]);
+    pool.wait_for_log(&[
+        &format!("\"function\":\"{unloaded}\""),
+        "unloaded for the pool's budgets",
+    ]);
+}
+
+/// A module and the code the builder makes of it, in files, as a pool entry pins them.
+struct BuilderCode {
+    _dir: tempfile::TempDir,
+    module_file: std::path::PathBuf,
+    code_file: String,
+    code_digest: String,
+}
+
+impl BuilderCode {
+    fn of(module: &Path) -> Self {
+        let module = std::fs::read(module).unwrap();
+        let code = precompile_for(&portable_engine(), &module);
+        let dir = tempfile::tempdir().unwrap();
+        let (code_file, _) = write_module(dir.path(), "module.cwasm.lz4", &code);
+        let (module_file, _) = write_module(dir.path(), "module.wasm", &module);
+        Self {
+            _dir: dir,
+            module_file,
+            code_file: code_file.display().to_string(),
+            code_digest: Digest::of(&code).to_string(),
+        }
+    }
+
+    /// The entry's flags pinning the code.
+    fn pinned(&self) -> [&str; 4] {
+        ["--code", &self.code_file, "--code-digest", &self.code_digest]
+    }
 }
