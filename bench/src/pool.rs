@@ -16,15 +16,15 @@ use wasmless_artifact::Digest;
 
 pub struct Density {
     pub functions: usize,
-    pub rows: Vec<DensityRow>,
-    pub empty: Resident,
-    pub all_loaded: Resident,
-    pub loaded_reported: f64,
     pub code_identical: bool,
+    /// The pool as the operator starts it: the builder's code mapped from files.
+    pub mapped: PoolRun,
+    /// The same without a cache directory: the code copied into the pool's memory.
+    pub copied: PoolRun,
 }
 
 pub struct DensityRow {
-    pub name: &'static str,
+    pub name: String,
     pub functions: usize,
     /// Resident memory the pool grew by while loading them, per Function.
     pub rss_per_function_mib: f64,
@@ -69,28 +69,60 @@ pub fn density(settings: &Settings, functions: usize, go_functions: usize) -> an
         groups.push((name, first, count, code_bytes as f64 / (1 << 20) as f64));
     }
 
+    // As the operator starts a pool (code mapped from files in its cache directory), then,
+    // in the same run, without a cache directory: every load a copy in the pool's memory,
+    // the way all pools loaded code before.
+    let mapped = measure_pool(settings, &table, &groups, Some(settings.work("pool-cache")))?;
+    let copied = measure_pool(settings, &table, &groups, None)?;
+    Ok(Density {
+        functions,
+        code_identical,
+        mapped,
+        copied,
+    })
+}
+
+/// What one run of the pool saw: a row per group, its memory empty and with all loaded,
+/// and how many Functions it said it held.
+pub struct PoolRun {
+    pub rows: Vec<DensityRow>,
+    pub empty: Resident,
+    pub all_loaded: Resident,
+    pub loaded_reported: f64,
+}
+
+fn measure_pool(
+    settings: &Settings,
+    table: &Path,
+    groups: &[(&'static str, usize, usize, f64)],
+    cache: Option<std::path::PathBuf>,
+) -> anyhow::Result<PoolRun> {
     let admin = wasmless_testkit::free_port();
-    let mut pool = Server::spawn(
-        Command::new(settings.bin("wasmless-runtime"))
-            .arg("--pool")
-            .arg(&table)
-            .args(["--bind", "127.0.0.1", "--admin-port", &admin.to_string()])
-            .args(["--pool-memory-budget", "64Gi", "--max-concurrency", "16"])
-            .args(["--pool-mapped-code-budget", "64Gi"])
-            // As the operator starts a pool: the code it maps is written there.
-            .arg("--cache-dir")
-            .arg(settings.work("pool-cache"))
-            // The first request of a Function not loaded is what is measured.
-            .args(["--pool-load-ahead", "false"])
-            .env("RUST_LOG", "warn"),
-    )?;
+    let mut command = Command::new(settings.bin("wasmless-runtime"));
+    command
+        .arg("--pool")
+        .arg(table)
+        .args(["--bind", "127.0.0.1", "--admin-port", &admin.to_string()])
+        .args(["--pool-memory-budget", "64Gi", "--max-concurrency", "16"])
+        .args(["--pool-mapped-code-budget", "64Gi"])
+        // The first request of a Function not loaded is what is measured.
+        .args(["--pool-load-ahead", "false"])
+        .env("RUST_LOG", "warn");
+    let mode = match &cache {
+        Some(cache) => {
+            command.arg("--cache-dir").arg(cache);
+            "mapped"
+        }
+        None => "copied",
+    };
+    let mut pool = Server::spawn(&mut command)?;
     wait_ready(admin, &mut pool)?;
     let empty = resident_mib(pool.pid());
 
     let mut rows = Vec::new();
     let mut before = empty;
-    for (name, first, count, code_mib) in groups {
-        eprintln!("first requests: {name}");
+    for &(name, first, count, code_mib) in groups {
+        eprintln!("first requests ({mode}): {name}");
         let mut first_requests = Vec::with_capacity(count);
         for index in first..first + count {
             first_requests.push(timed_get(port(index))?);
@@ -101,7 +133,7 @@ pub fn density(settings: &Settings, functions: usize, go_functions: usize) -> an
             loaded.push(timed_get(port(index))?);
         }
         rows.push(DensityRow {
-            name,
+            name: format!("{name}, {mode}"),
             functions: count,
             rss_per_function_mib: (after.rss - before.rss) / count as f64,
             private_per_function_mib: (after.private - before.private) / count as f64,
@@ -119,13 +151,11 @@ pub fn density(settings: &Settings, functions: usize, go_functions: usize) -> an
         .find_map(|line| line.strip_prefix("wasmless_pool_functions_loaded "))
         .and_then(|value| value.trim().parse().ok())
         .context("the pool exports no wasmless_pool_functions_loaded")?;
-    Ok(Density {
-        functions,
+    Ok(PoolRun {
         rows,
         empty,
         all_loaded: before,
         loaded_reported,
-        code_identical,
     })
 }
 
@@ -279,28 +309,37 @@ pub fn section(density: &Density) -> String {
         },
         crate::report::chrono_free_now()
     );
-    md.push_str(&density_table(&density.rows));
+    let rows: Vec<&DensityRow> = density.mapped.rows.iter().chain(&density.copied.rows).collect();
+    md.push_str(&density_table(&rows));
     let _ = writeln!(
         md,
-        "\n- the pool's RSS: {:.1} MiB with the table read and nothing loaded ({:.1} MiB of it private), {:.1} MiB \
-         with all {} loaded ({:.1} MiB private; `wasmless_pool_functions_loaded` said {})",
-        density.empty.rss,
-        density.empty.private,
-        density.all_loaded.rss,
-        density.functions,
-        density.all_loaded.private,
-        density.loaded_reported
+        "\n- the pool was run twice in this run: *mapped*, as the operator starts it (`--cache-dir`: the \
+         builder's code written to a file there and mapped), and *copied*, without a cache directory (every load \
+         a copy of the code in the pool's memory, as every pool loaded it before)"
     );
+    for (mode, run) in [("mapped", &density.mapped), ("copied", &density.copied)] {
+        let _ = writeln!(
+            md,
+            "- the pool's RSS, {mode}: {:.1} MiB with the table read and nothing loaded ({:.1} MiB of it private), \
+             {:.1} MiB with all {} loaded ({:.1} MiB private; `wasmless_pool_functions_loaded` said {})",
+            run.empty.rss,
+            run.empty.private,
+            run.all_loaded.rss,
+            density.functions,
+            run.all_loaded.private,
+            run.loaded_reported
+        );
+    }
     let _ = writeln!(
         md,
-        "- the pool runs as the operator starts it, with a cache directory: it writes each Function's verified \
-         code to a file there and maps it (docs/architecture.md, \"Mapped code, and two budgets\"). So the code \
-         column is not the pool's own memory: a loaded Function's RSS is mostly the code file's pages its first \
+        "- mapped (docs/architecture.md, \"Mapped code, and two budgets\"), the code column is not the pool's own \
+         memory: a loaded Function's RSS is mostly the code file's pages its first \
          request touched (page cache, which the kernel can drop), and what it holds alone is the private column \
          (anonymous and shared memory: what wasmtime decodes from the code, the instance template). The file itself \
          stays in the page cache after it is written until the kernel reclaims it; one copy per Function per \
          process, since each pool process maps a file of its own. `--pool-memory-budget` counts the private part, \
-         `--pool-mapped-code-budget` the files."
+         `--pool-mapped-code-budget` the files. Writing the file is what a first request from nothing pays for \
+         it: compare the first-request column of the two."
     );
     let _ = writeln!(
         md,
@@ -310,7 +349,7 @@ pub fn section(density: &Density) -> String {
 }
 
 /// The density table, one row per kind of Function: the process run's and the pool pod's.
-pub(crate) fn density_table(rows: &[DensityRow]) -> String {
+pub(crate) fn density_table(rows: &[&DensityRow]) -> String {
     let mut md = String::from(
         "| Functions | count | native code of one | RSS per loaded Function | of it private | first request (not loaded) p50 / p90 | loaded p50 / p90 |\n|---|---|---|---|---|---|---|\n",
     );

@@ -164,7 +164,7 @@ pub fn run(settings: &Settings, functions: usize, go_functions: usize) -> anyhow
             loaded.push(timed_get(services[&function_name(index)])?);
         }
         rows.push(DensityRow {
-            name: group.name,
+            name: group.name.to_string(),
             functions: group.count,
             rss_per_function_mib: (after.rss - before.rss) / group.count.max(1) as f64,
             private_per_function_mib: (after.private - before.private) / group.count.max(1) as f64,
@@ -495,7 +495,7 @@ pub fn section(density: &PodDensity) -> String {
         "{HEADING}\n\nOne pool pod on the test cluster serving {} Functions with `scale.min: 0` in one namespace, each reached through its own Service (ClusterIP, kube-proxy) from the node, as the pod-density run above but through everything a cluster adds: the Functions' entries, the pool reading each module and its code from ConfigMaps through the API server, digests checked. The operator ran with `--pool-replicas 1`, `--pool-memory-budget 6Gi` and `--pool-load-ahead false` (a first request is what loads a Function). The builds were published by the bench as build Jobs publish them ({:.0} MiB of modules and compiled code before the modules' compression, in ConfigMaps): each Function's source is the example's with a comment naming it, its module the example's build with a custom section naming it, so each digest is its own and its code is the example's (bench/src/pool_pod.rs says why). Requests are sequential GET / on a new connection, from the node, with the cluster on the same 2 cores ({}).\n",
         density.functions, density.published_mib, density.started
     );
-    out.push_str(&density_table(&density.rows));
+    out.push_str(&density_table(&density.rows.iter().collect::<Vec<_>>()));
     let _ = writeln!(
         out,
         "\n- the pool pod's process: {:.1} MiB of RSS ({:.1} MiB private) listening for all {} and nothing loaded, {:.1} MiB ({:.1} MiB private) with all loaded (`wasmless_pool_functions_loaded` said {})\n- `kubectl create` of the {} Functions to the pool pod listening for every one: {:.1} s (the operator's reconciles, entries, the pool's table)\n- against one pool process on loopback (the section above), a loaded Function costs the same memory; a first request costs more, the pool reading the module and its code through the API server (6 MB of code for the Goless sample) where the process read files\n\n`bench/cluster.sh density` (rewrites this section).",
