@@ -47,6 +47,7 @@ steps=(
   prometheus_scrapes dashboard_queries                         # steps/prometheus.sh
   port_clash                                                   # steps/lifecycle.sh
   rolling_update build_cache_hit rollback traffic_split compile_error oci_storage failover  # steps/updates.sh
+  zero_failed_requests                                         # steps/load.sh
   build_deadline delete_during_build                           # steps/lifecycle.sh
   apply_traced                                                 # steps/traces.sh
   namespaced_install                                           # steps/security.sh
