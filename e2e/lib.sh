@@ -56,6 +56,8 @@ finish() {
   local pid
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  # A load loop stopped by the failure above reports what it saw up to it.
+  if [[ $status != 0 && -s $WORK/load.txt ]]; then sed 's/^/    wasmless-load: /' "$WORK/load.txt"; fi
   rm -rf "$WORK"
   if [[ $status == 0 ]]; then echo "$passed passed, 0 failed"; else echo "$passed passed, 1 failed"; fi
   exit "$status"

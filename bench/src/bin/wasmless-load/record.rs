@@ -115,6 +115,9 @@ pub fn report(records: &[Record], phases: &[Phase], retried: u64) -> Value {
     })
 }
 
+/// How many failures are printed one by one before they are counted by cause and phase.
+const FAILURES_LISTED: usize = 30;
+
 /// The report as a person reads it: a row per phase, then each failure.
 pub fn render(report: &Value) -> String {
     let mut out = String::new();
@@ -141,13 +144,34 @@ pub fn render(report: &Value) -> String {
             answers.join(", ")
         ));
     }
-    for failure in report["failures"].as_array().into_iter().flatten() {
+    let failures = report["failures"].as_array().map_or(&[][..], Vec::as_slice);
+    for failure in failures.iter().take(FAILURES_LISTED) {
         out.push_str(&format!(
             "FAILED at {:.3} s [{}]: {}\n",
             failure["after_start"].as_f64().unwrap_or(0.0),
             failure["phase"].as_str().unwrap_or(""),
             failure["cause"].as_str().unwrap_or("")
         ));
+    }
+    if failures.len() > FAILURES_LISTED {
+        out.push_str(&format!(
+            "... {} more failures (each in the JSON report); all of them by cause and phase:\n",
+            failures.len() - FAILURES_LISTED
+        ));
+        let mut counts: Vec<((&str, &str), usize)> = Vec::new();
+        for failure in failures {
+            let key = (
+                failure["cause"].as_str().unwrap_or(""),
+                failure["phase"].as_str().unwrap_or(""),
+            );
+            match counts.iter_mut().find(|(seen, _)| *seen == key) {
+                Some((_, count)) => *count += 1,
+                None => counts.push((key, 1)),
+            }
+        }
+        for ((cause, phase), count) in counts {
+            out.push_str(&format!("{count:>7} x [{phase}]: {cause}\n"));
+        }
     }
     out.push_str(&format!(
         "{} requests in {:.1} s ({:.0}/s), {} failed, {} retried on a new connection after the server closed an idle one\n",
@@ -222,6 +246,26 @@ mod tests {
         assert_eq!(rate_set_by(&phases), Some(20));
         let phases = parse_phases("1 little (rate=20)\n2 pod deleted\n3 again rate=1000\n");
         assert_eq!(rate_set_by(&phases), Some(1000));
+    }
+
+    #[test]
+    fn many_failures_are_listed_up_to_a_point_then_counted_by_cause_and_phase() {
+        let phases = parse_phases("10 edit\n");
+        let mut records: Vec<Record> = (0..40)
+            .map(|i| Record {
+                at: 11.0 + f64::from(i),
+                outcome: Outcome::Failed("connect: refused".into()),
+            })
+            .collect();
+        records.push(Record {
+            at: 60.0,
+            outcome: Outcome::Failed("HTTP 503".into()),
+        });
+        let text = render(&report(&records, &phases, 0));
+        assert_eq!(text.matches("FAILED at").count(), FAILURES_LISTED, "{text}");
+        assert!(text.contains("... 11 more failures"), "{text}");
+        assert!(text.contains("     40 x [edit]: connect: refused\n"), "{text}");
+        assert!(text.contains("      1 x [edit]: HTTP 503\n"), "{text}");
     }
 
     #[test]
