@@ -64,7 +64,8 @@ async fn failures_are_counted_with_their_cause_and_phase_and_closed_connections_
     mark(&phases, "a");
     let mut load = tokio::process::Command::new(env!("CARGO_BIN_EXE_wasmless-load"))
         .arg(format!("http://{address}/"))
-        .args(["--rate", "400", "--clients", "4", "--fresh-clients", "2", "--duration", "3"])
+        .args(["--rate", "400", "--duration", "3"])
+        .args(["--clients", "4", "--fresh-clients", "2"])
         .arg("--phases")
         .arg(&phases)
         .arg("--output")
