@@ -64,7 +64,8 @@ pub fn report(records: &[Record], phases: &[Phase], retried: u64) -> Value {
     sorted.sort_by(|a, b| a.at.total_cmp(&b.at));
     let first = sorted.first().map_or(0.0, |record| record.at);
     let last = sorted.last().map_or(0.0, |record| record.at);
-    let phase_of = |at: f64| phases.iter().rposition(|phase| phase.start <= at);
+    // Sorted by time, each phase's requests are one run: from its start to the next one's.
+    let from = |start: f64| sorted.partition_point(|record| record.at < start);
 
     let mut rows: Vec<Value> = Vec::new();
     let mut failures: Vec<Value> = Vec::new();
@@ -73,13 +74,15 @@ pub fn report(records: &[Record], phases: &[Phase], retried: u64) -> Value {
     for (index, (name, start)) in names.enumerate() {
         let phase = index.checked_sub(1);
         let end = phases.get(index).map_or(last, |next| next.start);
-        let inside: Vec<&&Record> = sorted.iter().filter(|record| phase_of(record.at) == phase).collect();
+        let begin = if phase.is_some() { from(start) } else { 0 };
+        let finish = phases.get(index).map_or(sorted.len(), |next| from(next.start));
+        let inside = &sorted[begin..finish.max(begin)];
         if phase.is_none() && inside.is_empty() {
             continue;
         }
         let mut first_answers: Vec<(String, f64)> = Vec::new();
         let mut failed = 0;
-        for record in &inside {
+        for record in inside {
             match &record.outcome {
                 Outcome::Answered(body) => {
                     if first_answers.len() < FIRST_ANSWERS_SHOWN && first_answers.iter().all(|(seen, _)| seen != body) {
