@@ -151,15 +151,16 @@ set_source() { # FUNCTION SOURCE
 }
 
 # built_and_rolled FUNCTION [NAMESPACE]: waits until FUNCTION's Deployment carries the built
-# template (its routes name a revision) and has rolled to it. A new Function is Ready on the
-# pod that waited for its build, switched in place; its Deployment then rolls to the built
-# template, and requests sent before that went to a pod the rollout replaces.
+# template (not the one its pods wait for the first build with) and has rolled to it. A new
+# Function is Ready on the pod that waited for its build, switched in place; its Deployment
+# then rolls to the built template, and requests sent before that went to a pod the rollout
+# replaces.
 built_and_rolled() {
   local function=$1 namespace=${2:-$NS}
   template_built() {
-    local routes
-    routes=$(kubectl get deploy "$function" -n "$namespace" -o 'jsonpath={.spec.template.metadata.annotations.wasmless\.io/routes}')
-    [[ -n $routes && $routes != "[]" ]]
+    local waiting
+    waiting=$(kubectl get deploy "$function" -n "$namespace" -o 'jsonpath={.spec.template.metadata.annotations.wasmless\.io/waiting-for-first-build}') || return 1
+    [[ -z $waiting ]]
   }
   wait_until 60 "$function's Deployment to carry the built template" template_built
   kubectl rollout status "deploy/$function" -n "$namespace" --timeout=180s >/dev/null

@@ -39,12 +39,44 @@ fn, wanted = json.load(sys.stdin), sys.argv[1]
 print(next(r["name"] for r in fn["status"]["revisions"] if r.get("sourceDigest") == wanted))' "$2"
 }
 
-# load_rollback_to URL ANSWER WHAT [REVISION]: `wasmless rollback`, as a phase, until only ANSWER comes.
+# load_rollout_revision FUNCTION: its Deployment's rollout revision (a new ReplicaSet is a new one).
+load_rollout_revision() {
+  kubectl get deploy "$1" -n "$NS" -o 'jsonpath={.metadata.annotations.deployment\.kubernetes\.io/revision}'
+}
+
+# load_running_pods FUNCTION: its runtime pods that are not going away.
+load_running_pods() {
+  kubectl get pods -n "$NS" -l "wasmless.io/function=$1,wasmless.io/component=runtime" -o json |
+    python3 -c 'import json, sys; print(" ".join(sorted(p["metadata"]["name"] for p in json.load(sys.stdin)["items"] if not p["metadata"].get("deletionTimestamp"))))'
+}
+
+# load_rollback_to URL ANSWER WHAT [REVISION]: `wasmless rollback`, as a phase, until only
+# ANSWER comes: how long after the command ANSWER first came, and that no pod rolled.
 load_rollback_to() {
   local bin=${CARGO_TARGET_DIR:-$HOME/.cache/wasmless/target}/release
+  local revision pods started first cli pod
+  revision=$(load_rollout_revision steady)
+  pods=$(load_running_pods steady)
   load_mark "wasmless rollback $3"
-  "$bin/wasmless" rollback steady ${4:+"$4"} -n "$NS" | sed 's/^/    /'
+  started=$(date +%s.%N)
+  "$bin/wasmless" rollback steady ${4:+"$4"} -n "$NS" >"$WORK/load-rollback.txt" 2>&1 &
+  cli=$!
+  until [[ $(get "$1" 2>/dev/null) == "$2" ]]; do
+    python3 -c 'import sys, time; sys.exit(time.time() - float(sys.argv[1]) > 60)' "$started" ||
+      fail "$2 did not answer within 60 s of wasmless rollback"
+  done
+  first=$(python3 -c 'import sys, time; print(f"{time.time() - float(sys.argv[1]):.2f}")' "$started")
+  wait "$cli" || fail "wasmless rollback failed: $(cat "$WORK/load-rollback.txt")"
+  sed 's/^/    /' "$WORK/load-rollback.txt"
   wait_until 60 "$2 alone to answer" load_answers_only "$1" "$2"
+  echo "    $2 answered $first s after wasmless rollback started"
+  echo "rollback $3: $first s" >>"$WORK/load-rollbacks"
+  # No pod rolled: the same ReplicaSet, and every pod that served before serves on (the
+  # autoscaler may have added one meanwhile).
+  expect_eq "$(load_rollout_revision steady)" "$revision" "steady's rollout revision after the rollback (none rolled)"
+  for pod in $pods; do
+    [[ " $(load_running_pods steady) " == *" $pod "* ]] || fail "pod $pod went away in the rollback: a rollback rolls no pod"
+  done
   load_hold
 }
 
@@ -59,7 +91,7 @@ zero_failed_requests() {
   url=$(service_url steady)
   wait_until 30 "steady to answer s1 through its Service" load_answers_only "$url" s1
   s1=$(fn_field steady .status.sourceDigest)
-  rm -f "$WORK/load-phases"
+  rm -f "$WORK/load-phases" "$WORK/load-rollbacks"
   "$bin/wasmless-load" "$url" --rate 1000 --clients 8 --fresh-clients 4 --phases "$WORK/load-phases" \
     --output "$WORK/load.json" >"$WORK/load.txt" 2>&1 &
   PIDS+=($!)
@@ -139,6 +171,8 @@ full = [p for p in r["phases"] if p["phase"] != "(before)"]
 full = full[:next(i for i, p in enumerate(full) if p["phase"].startswith("edit to s5"))]
 print(r["requests"], r["failed"], round(sum(p["requests"] for p in full) / sum(p["seconds"] for p in full)))' "$WORK/load.json")
   ((rate >= 500)) || fail "the load loop sent $rate requests/s before the slow handler, too few to show anything (the machine is too busy?)"
+  echo "    from wasmless rollback to the first answer of the revision asked for, no pod rolled:"
+  sed 's/^/      /' "$WORK/load-rollbacks"
   expect_eq "$failed" 0 "failed requests of $requests"
   kubectl delete fn steady -n "$NS" --wait=false >/dev/null
   ok

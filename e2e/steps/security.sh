@@ -148,6 +148,10 @@ tenant_doors() {
   pod=$(kubectl get pods -n "$NS" -l wasmless.io/function=hello,wasmless.io/component=runtime -o 'jsonpath={.items[0].metadata.name}')
   refused=$(kubectl annotate pod "$pod" -n "$NS" --as="$editor" --overwrite 'wasmless.io/routes=[]' 2>&1 || true)
   expect_contains "$refused" "only the Wasmless operator changes it" "the editor rewriting a pod's routes"
+  # What every pod of hello started from now on serves: a generation above any pod's own.
+  refused=$(kubectl patch cm hello-routes -n "$NS" --as="$editor" --type merge \
+    -p '{"data": {"traffic.json": "{\"generation\": 999999, \"routes\": []}"}}' 2>&1 || true)
+  expect_contains "$refused" "only the Wasmless operator writes or deletes it" "the editor rewriting hello's routes ConfigMap"
   kubectl delete cm innocent -n "$NS" >/dev/null
   sleep 2
   expect_service_answer victim "body of victim"

@@ -76,7 +76,7 @@ rollback() {
   expect_contains "$out" "all traffic on $previous (was $newest)" "wasmless rollback's answer"
   wait_until 60 "hello to answer v2 again" answers v2
   # In place: the pods that served v2b serve v2 now, by their routes annotation (the
-  # revision before the one serving is mounted in every pod), while new ones roll out.
+  # revision before the one serving is mounted in every pod); no new pod rolls out.
   local switched
   switched=$(pods_whose_routes_name "$serving_pods" "\"$previous\"")
   echo "pods switched in place: $switched of $(wc -w <<<"$serving_pods") ($serving_pods)"
@@ -199,7 +199,7 @@ oci_storage() {
   phase_is hello-rust Ready || fail "hello-rust: $(fn_field hello-rust .status.buildMessage)"
   expect_service_answer hello-rust "Hello from Rust!"
   local routes
-  routes=$(kubectl get deploy hello-rust -n "$NS" -o 'jsonpath={.spec.template.metadata.annotations.wasmless\.io/routes}')
+  routes=$(kubectl get cm hello-rust-routes -n "$NS" -o 'jsonpath={.data.traffic\.json}')
   expect_contains "$routes" "oci://$REGISTRY/$NS/hello-rust@sha256:" "the module the runtime's routes name"
   local first_tag
   first_tag=$(fn_field hello-rust .status.sourceDigest)

@@ -42,15 +42,19 @@ pub struct Config {
 
     /// `--traffic` read from a file, and read again whenever it changes: a new list is
     /// served once each revision it names is loaded, its digests checked (until then, and
-    /// if any fails, the last one serves on). The operator's pods read it from their own
-    /// `wasmless.io/routes` annotation (a downward API volume), so the operator moves a
-    /// pod's traffic between the revisions it has mounted by annotating it.
+    /// if any fails, the last one serves on). Given more than once (or comma-separated in
+    /// the environment), each file holds `{"generation": n, "routes": [...]}` (or a bare
+    /// list, generation 0, or nothing yet) and the highest generation serves, the first
+    /// file on a tie. The operator's pods follow their own `wasmless.io/routes` annotation
+    /// (a downward API volume: the operator moves one pod by annotating it), then their
+    /// Function's `<function>-routes` ConfigMap (what a pod started later serves).
     #[arg(
         long,
         env = "WASMLESS_TRAFFIC_FILE",
+        value_delimiter = ',',
         conflicts_with_all = ["module", "module_digest", "code", "code_digest", "pool", "traffic"]
     )]
-    pub traffic_file: Option<PathBuf>,
+    pub traffic_file: Vec<PathBuf>,
 
     /// The module's `sha256:<hex>`; nothing runs unless the bytes match. When absent,
     /// the digest is read from `<module>.sha256` (or `module.sha256` in a chunk

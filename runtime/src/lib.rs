@@ -34,6 +34,7 @@ pub mod split;
 pub mod tenant;
 pub mod traces;
 pub mod traffic;
+pub mod traffic_files;
 
 pub use config::Config;
 
@@ -138,7 +139,7 @@ pub async fn serve(
     let starting = async {
         match &config.pool {
             Some(source) => serve_many(&config, &metrics, source, admin_addr.port(), &pool_slot).await,
-            None if config.traffic.is_some() || config.traffic_file.is_some() => {
+            None if config.traffic.is_some() || !config.traffic_file.is_empty() => {
                 serve_revisions(&config, &metrics, admin_addr.port()).await
             }
             None => serve_one(&config, &metrics, admin_addr.port()).await,
@@ -219,24 +220,24 @@ async fn serve_one(config: &Config, metrics: &Arc<Metrics>, admin_port: u16) -> 
 }
 
 /// A dedicated runtime serving revisions of its Function side by side (`--traffic`, or
-/// `--traffic-file`, which is then followed), each a tenant of its own on one engine, all
-/// loaded before the port opens.
+/// the `--traffic-file`s, which are then followed), each a tenant of its own on one engine,
+/// all loaded before the port opens.
 async fn serve_revisions(config: &Config, metrics: &Arc<Metrics>, admin_port: u16) -> Result<Serving, ServeError> {
     let engine = loader::EngineHost::new(&limits::RequestLimits::from_config(config), config.cache_dir.clone())?;
-    let (revisions, file) = match (&config.traffic, &config.traffic_file) {
-        (Some(traffic), _) => (
+    let (revisions, applied) = match &config.traffic {
+        Some(traffic) => (
             split::Revisions::load(engine, config, metrics.clone(), admin_port, traffic).await?,
             None,
         ),
-        (None, Some(file)) => {
-            let (revisions, applied) = first_revisions(file, engine, config, metrics, admin_port).await?;
-            (revisions, Some((file.clone(), applied)))
+        None => {
+            let (revisions, applied) =
+                first_revisions(&config.traffic_file, engine, config, metrics, admin_port).await?;
+            (revisions, Some(applied))
         }
-        (None, None) => return Err(ServeError::NoModule),
     };
     let revisions = Arc::new(revisions);
-    if let Some((file, applied)) = file {
-        tokio::spawn(revisions.clone().follow(file, applied));
+    if let Some(applied) = applied {
+        tokio::spawn(revisions.clone().follow(config.traffic_file.clone(), applied));
     }
 
     let listener = bind(config.listen_addr()).await?;
@@ -246,45 +247,83 @@ async fn serve_revisions(config: &Config, metrics: &Arc<Metrics>, admin_port: u1
     Ok((server::Routes::Split(revisions), listeners, function_addr))
 }
 
-/// The revisions `file` names first, loaded, and the bytes they were read from. An empty
-/// list (`[]`: the pod of a new Function, started while its first build runs) is waited
-/// on, the port closed and the pod not ready, until the operator names a revision; the
-/// first one named after such a wait is tried as `split::Revisions::follow` tries a new
-/// list (a Role just widened may refuse a read for a moment).
+/// The revisions `files` name first (the highest generation among them), loaded, and the
+/// routes they were read from. No routes yet, or an empty list (`[]`: the pod of a new
+/// Function, started while its first build runs), is waited on, the port closed and the
+/// pod not ready, until the operator names a revision. Routes whose revisions do not load
+/// are tried again every [`split::FOLLOW_INTERVAL`] for [`split::LOAD_RETRIES`] times (a
+/// Role just widened may refuse a read for a moment), then every
+/// [`split::SLOW_RETRY_INTERVAL`] and whenever the files change: a pod given routes for
+/// another pod template's mounts (its Function's routes ConfigMap is written for the newest
+/// one) waits, not ready, for the operator to write its own.
 async fn first_revisions(
-    file: &std::path::Path,
+    files: &[std::path::PathBuf],
     engine: loader::EngineHost,
     config: &Config,
     metrics: &Arc<Metrics>,
     admin_port: u16,
-) -> Result<(split::Revisions, Vec<u8>), ServeError> {
-    let problem = |problem: String| ServeError::TrafficFile {
-        file: file.to_path_buf(),
-        problem,
-    };
+) -> Result<(split::Revisions, String), ServeError> {
     let mut waited = false;
-    let mut attempts = 0;
+    let mut failed: Option<(String, u32, std::time::Instant)> = None;
     loop {
-        let bytes = tokio::fs::read(file)
+        let read = traffic_files::read_all(files)
             .await
-            .map_err(|error| problem(error.to_string()))?;
-        let text = String::from_utf8_lossy(&bytes);
-        if serde_json::from_str::<Vec<serde_json::Value>>(text.trim()).is_ok_and(|list| list.is_empty()) {
-            if !std::mem::replace(&mut waited, true) {
-                tracing::info!(file = %file.display(), "no revision to serve yet: waiting for the first build");
+            .map_err(|(file, error)| ServeError::TrafficFile {
+                file,
+                problem: error.to_string(),
+            })?;
+        let (chosen, problems) = traffic_files::choose(&read);
+        let chosen = match chosen {
+            Some(chosen) if !chosen.names_no_revision() => chosen,
+            None if !problems.is_empty() => {
+                return Err(ServeError::TrafficFile {
+                    file: files.first().cloned().unwrap_or_default(),
+                    problem: problems.join("; "),
+                });
             }
+            _ => {
+                if !std::mem::replace(&mut waited, true) {
+                    tracing::info!(files = %traffic_files::describe(files), "no revision to serve yet: waiting for the first build");
+                }
+                tokio::time::sleep(split::FOLLOW_INTERVAL).await;
+                continue;
+            }
+        };
+        if let Some((routes, attempts, at)) = &failed
+            && *routes == chosen.routes
+            && (*attempts < split::LOAD_RETRIES && at.elapsed() < split::FOLLOW_INTERVAL
+                || *attempts >= split::LOAD_RETRIES && at.elapsed() < split::SLOW_RETRY_INTERVAL)
+        {
             tokio::time::sleep(split::FOLLOW_INTERVAL).await;
             continue;
         }
-        let traffic = traffic::Traffic::parse(text.trim()).map_err(problem)?;
+        for problem in &problems {
+            tracing::warn!(%problem, "a traffic file passed over");
+        }
+        let traffic = traffic::Traffic::parse(chosen.routes.trim()).map_err(|problem| ServeError::TrafficFile {
+            file: chosen.file.clone(),
+            problem,
+        })?;
         match split::Revisions::load(engine.clone(), config, metrics.clone(), admin_port, &traffic).await {
-            Ok(revisions) => return Ok((revisions, bytes)),
-            Err(error) if waited && attempts < split::LOAD_RETRIES => {
-                attempts += 1;
-                tracing::warn!(%error, attempts, "the first revisions cannot be loaded yet; trying again");
-                tokio::time::sleep(split::FOLLOW_INTERVAL).await;
+            Ok(revisions) => {
+                tracing::info!(file = %chosen.file.display(), generation = chosen.generation, "serving the routes of this traffic file");
+                return Ok((revisions, chosen.routes));
             }
-            Err(error) => return Err(error),
+            Err(error) => {
+                let attempts = match &failed {
+                    Some((routes, attempts, _)) if *routes == chosen.routes => attempts + 1,
+                    _ => 1,
+                };
+                match attempts == split::LOAD_RETRIES {
+                    true => {
+                        tracing::error!(file = %chosen.file.display(), %error, "the first revisions cannot be loaded: not ready, trying again now and then and whenever the routes change")
+                    }
+                    false => {
+                        tracing::warn!(file = %chosen.file.display(), %error, attempts, "the first revisions cannot be loaded yet; trying again")
+                    }
+                }
+                failed = Some((chosen.routes, attempts, std::time::Instant::now()));
+            }
         }
     }
 }

@@ -15,6 +15,7 @@ use crate::loader::EngineHost;
 use crate::metrics::Metrics;
 use crate::tenant::Tenant;
 use crate::traffic::{Target, Traffic};
+use crate::traffic_files;
 use arc_swap::ArcSwap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,11 +24,15 @@ use std::time::Duration;
 
 /// How often `--traffic-file` is read for a change: a few hundred bytes, and the kubelet
 /// rewrites a downward API file within a few hundred milliseconds of the annotation.
-pub(crate) const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
+pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
 /// How many more times a list whose revisions did not load is tried, one
 /// [`FOLLOW_INTERVAL`] apart: a revision read through the API may be refused for a moment
 /// after the operator widened the pod's Role, until the API server's authorizer sees it.
 pub(crate) const LOAD_RETRIES: u32 = 20;
+/// How often routes that still did not load after [`LOAD_RETRIES`] are tried again: a pod
+/// switched in place to them must not stay behind for good because the API refused it a
+/// read for a while.
+pub(crate) const SLOW_RETRY_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The request header that asks for a tagged revision.
 pub const TAG_HEADER: &str = "wasmless-tag";
@@ -153,7 +158,7 @@ impl Revisions {
     ) -> Result<Self, ServeError> {
         let config = Config {
             traffic: None,
-            traffic_file: None,
+            traffic_file: Vec::new(),
             ..config.clone()
         };
         let split = make_split(&engine, &config, &metrics, admin_port, traffic, None).await?;
@@ -193,20 +198,23 @@ impl Revisions {
         Ok(())
     }
 
-    /// Reads `file` every [`FOLLOW_INTERVAL`] and switches to what it says whenever it
-    /// changes from `applied` (the bytes served now). A list that does not parse is logged
-    /// once; one whose revisions do not load is tried again [`LOAD_RETRIES`] times, then
-    /// logged; meanwhile the last one serves on.
-    pub async fn follow(self: Arc<Self>, file: PathBuf, mut applied: Vec<u8>) {
+    /// Reads `files` every [`FOLLOW_INTERVAL`] and switches to the routes that serve
+    /// among them ([`traffic_files::choose`]) whenever those change from `applied` (the
+    /// routes served now). A list that does not parse is logged once; one whose revisions
+    /// do not load is tried again [`LOAD_RETRIES`] times, then logged; meanwhile the last
+    /// one serves on.
+    pub async fn follow(self: Arc<Self>, files: Vec<PathBuf>, mut applied: String) {
         let mut tick = tokio::time::interval(FOLLOW_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut unreadable = false;
+        let mut reported: Vec<String> = Vec::new();
         let mut retries_left = 0;
+        let mut given_up_at: Option<std::time::Instant> = None;
         loop {
             tick.tick().await;
-            let bytes = match tokio::fs::read(&file).await {
-                Ok(bytes) => bytes,
-                Err(error) => {
+            let read = match traffic_files::read_all(&files).await {
+                Ok(read) => read,
+                Err((file, error)) => {
                     if !std::mem::replace(&mut unreadable, true) {
                         tracing::error!(file = %file.display(), %error, "cannot read the traffic file; the last traffic serves on");
                     }
@@ -214,44 +222,67 @@ impl Revisions {
                 }
             };
             unreadable = false;
-            if bytes != applied {
-                applied = bytes;
+            let (chosen, problems) = traffic_files::choose(&read);
+            if problems != reported {
+                for problem in &problems {
+                    tracing::error!(%problem, serving = %self.summary(), "the traffic file's new list cannot be served; the last one serves on");
+                }
+                reported = problems;
+            }
+            let Some(chosen) = chosen else { continue };
+            if chosen.routes != applied {
+                applied = chosen.routes.clone();
                 retries_left = LOAD_RETRIES;
+                given_up_at = None;
+            } else if let Some(at) = given_up_at {
+                // Routes that never loaded: tried again now and then, not given up on.
+                if at.elapsed() < SLOW_RETRY_INTERVAL {
+                    continue;
+                }
+                given_up_at = Some(std::time::Instant::now());
             } else if retries_left == 0 {
                 continue;
             } else {
                 retries_left -= 1;
             }
+            let file = chosen.file.display();
             let started = std::time::Instant::now();
-            let traffic = match Traffic::parse(String::from_utf8_lossy(&applied).trim()) {
+            let traffic = match Traffic::parse(applied.trim()) {
                 Ok(traffic) => traffic,
                 Err(error) => {
                     retries_left = 0;
-                    tracing::error!(file = %file.display(), %error, serving = %self.summary(), "the traffic file's new list cannot be served; the last one serves on");
+                    tracing::error!(%file, %error, serving = %self.summary(), "the traffic file's new list cannot be served; the last one serves on");
                     continue;
                 }
             };
             match self.switch(&traffic).await {
                 Ok(()) => {
                     retries_left = 0;
+                    given_up_at = None;
                     tracing::info!(
                         traffic = %self.summary(),
+                        %file,
+                        generation = chosen.generation,
                         switch_ms = started.elapsed().as_secs_f64() * 1000.0,
                         "serving the traffic file's revisions"
                     )
                 }
                 Err(error) if retries_left > 0 => tracing::warn!(
-                    file = %file.display(),
+                    %file,
                     %error,
                     retries_left,
                     "the traffic file's new list cannot be served yet; trying again"
                 ),
-                Err(error) => tracing::error!(
-                    file = %file.display(),
-                    %error,
-                    serving = %self.summary(),
-                    "the traffic file's new list cannot be served; the last one serves on"
-                ),
+                Err(error) => {
+                    if given_up_at.replace(std::time::Instant::now()).is_none() {
+                        tracing::error!(
+                            %file,
+                            %error,
+                            serving = %self.summary(),
+                            "the traffic file's new list cannot be served; the last one serves on, and it is tried again every few seconds"
+                        );
+                    }
+                }
             }
         }
     }

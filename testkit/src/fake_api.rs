@@ -98,6 +98,9 @@ struct Fault {
 #[derive(Default)]
 struct State {
     objects: BTreeMap<String, Value>,
+    /// The last server-side apply of each object: a field it set that the next one leaves
+    /// out is removed, as the API server removes the fields a manager no longer applies.
+    applied: BTreeMap<String, Value>,
     log: Vec<Recorded>,
     faults: Vec<Fault>,
     version: u64,
@@ -219,6 +222,27 @@ fn deep_merge(base: &mut Value, patch: &Value) {
             }
         }
         (base, patch) => *base = patch.clone(),
+    }
+}
+
+/// Removes from `object` each map key that `before` (the last apply) set and `now` (this
+/// one) leaves out: server-side apply's removal of the fields its manager no longer owns,
+/// for objects one manager applies. Lists are replaced whole by the merge anyway.
+fn remove_unapplied(object: &mut Value, before: &Value, now: &Value) {
+    let (Value::Object(object), Value::Object(before)) = (object, before) else {
+        return;
+    };
+    for (key, old) in before {
+        match now.get(key) {
+            None => {
+                object.remove(key);
+            }
+            Some(new) => {
+                if let Some(field) = object.get_mut(key) {
+                    remove_unapplied(field, old, new);
+                }
+            }
+        }
     }
 }
 
@@ -517,6 +541,7 @@ impl FakeApiServer {
                 let key = format!("{}/{name}", parsed.collection);
                 let patch = body.unwrap_or_default();
                 let apply = content_type.contains("apply-patch");
+                let applied = (apply && parsed.subresource.is_none()).then(|| patch.clone());
                 let existing = state.objects.get(&key).cloned();
                 let version = Self::next_version(state);
                 let object = match (existing, parsed.subresource) {
@@ -549,6 +574,9 @@ impl FakeApiServer {
                             map.remove("status");
                         }
                         if apply {
+                            if let Some(before) = state.applied.get(&key) {
+                                remove_unapplied(&mut object, before, &patch);
+                            }
                             deep_merge(&mut object, &patch);
                         } else {
                             merge_patch(&mut object, &patch);
@@ -564,13 +592,20 @@ impl FakeApiServer {
                         object
                     }
                 };
+                if let Some(applied) = applied {
+                    state.applied.insert(key.clone(), applied);
+                }
                 state.objects.insert(key, object.clone());
                 respond(StatusCode::OK, &object)
             }
-            (Method::DELETE, Some(name)) => match state.objects.remove(&format!("{}/{name}", parsed.collection)) {
-                Some(object) => respond(StatusCode::OK, &object),
-                None => not_found(name),
-            },
+            (Method::DELETE, Some(name)) => {
+                let key = format!("{}/{name}", parsed.collection);
+                state.applied.remove(&key);
+                match state.objects.remove(&key) {
+                    Some(object) => respond(StatusCode::OK, &object),
+                    None => not_found(name),
+                }
+            }
             _ => respond(
                 StatusCode::METHOD_NOT_ALLOWED,
                 &status_body(

@@ -157,8 +157,8 @@ async fn settle_rollout(client: &kube::Client, namespace: &str, name: &str, spin
     }
 }
 
-/// Whether `name`'s Deployment has rolled to its built template (its routes name a
-/// revision) and no pod of an older template is left, terminating or not. A Function
+/// Whether `name`'s Deployment has rolled to its built template (not the one its pods
+/// wait for the first build with) and no pod of an older template is left, terminating or not. A Function
 /// served by the pool has no pods to wait for.
 async fn rolled_out(client: &kube::Client, namespace: &str, name: &str) -> kube::Result<bool> {
     use k8s_openapi::api::apps::v1::Deployment;
@@ -169,12 +169,12 @@ async fn rolled_out(client: &kube::Client, namespace: &str, name: &str) -> kube:
     else {
         return Ok(true);
     };
-    let routes = deployment
+    let waiting = deployment
         .spec
         .as_ref()
         .and_then(|spec| spec.template.metadata.as_ref()?.annotations.as_ref())
-        .and_then(|annotations| annotations.get(wasmless_operator::objects::ROUTES_ANNOTATION));
-    if routes.is_none_or(|routes| routes == "[]") {
+        .is_none_or(|annotations| annotations.contains_key(wasmless_operator::objects::WAITING_ANNOTATION));
+    if waiting {
         return Ok(false);
     }
     let wanted = deployment.spec.as_ref().and_then(|spec| spec.replicas).unwrap_or(1);

@@ -222,8 +222,9 @@ fn the_runtime_parses_what_the_operator_writes_for_a_traffic_split() {
 }
 
 /// The operator's pods name no module on their command line: the runtime follows the
-/// pod's `wasmless.io/routes` annotation through the file `--traffic-file` names, and that
-/// annotation is the same list `--traffic` takes, each revision's directory mounted.
+/// pod's `wasmless.io/routes` annotation through the first file `--traffic-file` names, and
+/// its Function's routes ConfigMap through the second, whose routes document holds the same
+/// list `--traffic` takes, each revision's directory mounted.
 #[test]
 fn the_runtime_follows_the_routes_the_operator_annotates() {
     use wasmless_operator::objects::{self, Serving, Share};
@@ -255,11 +256,13 @@ fn the_runtime_follows_the_routes_the_operator_annotates() {
     let template = deployment.spec.unwrap().template;
     let pod = template.spec.unwrap();
     let config = parse(pod.containers[0].args.clone().unwrap());
-    let file = config.traffic_file.expect("--traffic-file");
+    let [file, function_file] = <[std::path::PathBuf; 2]>::try_from(config.traffic_file)
+        .expect("two --traffic-files: the pod's own routes, then its Function's");
     assert_eq!(config.module, None);
     // The file is the downward API volume's item of the routes annotation.
     let volume = pod
         .volumes
+        .clone()
         .unwrap()
         .into_iter()
         .find(|v| v.name == objects::ROUTES_VOLUME)
@@ -276,9 +279,36 @@ fn the_runtime_follows_the_routes_the_operator_annotates() {
         item.field_ref.as_ref().unwrap().field_path,
         format!("metadata.annotations['{}']", objects::ROUTES_ANNOTATION)
     );
-    let annotations = template.metadata.unwrap().annotations.unwrap();
-    let traffic = wasmless_runtime::traffic::Traffic::parse(&annotations[objects::ROUTES_ANNOTATION])
-        .expect("the runtime parses the routes annotation")
+    // The second is the Function's routes ConfigMap, which holds a routes document.
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| {
+            v.config_map
+                .as_ref()
+                .is_some_and(|c| c.name == objects::routes_configmap_name("hello"))
+        })
+        .expect("the routes ConfigMap's volume");
+    let mount = pod.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == volume.name)
+        .unwrap();
+    assert!(function_file.starts_with(&mount.mount_path), "{function_file:?}");
+    let configmap = objects::routes_configmap(
+        &func,
+        objects::routes_document(3, &deployment.metadata.annotations.unwrap()[objects::ROUTES_ANNOTATION]),
+    );
+    let key = function_file.file_name().unwrap().to_str().unwrap();
+    let document = &configmap.data.unwrap()[key];
+    let (chosen, problems) = wasmless_runtime::traffic_files::choose(&[(function_file.clone(), document.clone())]);
+    assert!(problems.is_empty(), "{problems:?}");
+    let chosen = chosen.expect("the runtime reads the routes document");
+    assert_eq!(chosen.generation, 3);
+    let traffic = wasmless_runtime::traffic::Traffic::parse(&chosen.routes)
+        .expect("the runtime parses the routes")
         .0;
     assert_eq!(traffic.len(), 1);
     assert_eq!((traffic[0].revision.as_str(), traffic[0].percent), ("hello-2", 100));

@@ -5,12 +5,13 @@ use super::Context;
 use crate::Error;
 use crate::crd::{Function, ModuleImage, Revision};
 use crate::module::{Code, Module, ModuleLocation};
-use crate::objects::MANAGER;
+use crate::objects::{self, MANAGER, ROUTES_ANNOTATION};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ListParams, PartialObjectMeta, Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
+use std::collections::BTreeMap;
 use wasmless_artifact::{Digest, Part, annotations, labels};
 
 /// A prebuilt module (`spec.module`): nothing to build, the runtime pulls it by digest.
@@ -31,17 +32,52 @@ pub(super) fn prebuilt_module(image: &ModuleImage) -> Result<Module, String> {
     })
 }
 
-/// The module a Deployment serves, from the annotations its pod template was written with.
-pub(super) fn serving_module(deployment: &Deployment) -> Option<Module> {
+/// The annotations that say what a Deployment serves: its own, or (written by an operator
+/// before routes moved out of the pod template) its pod template's.
+fn serving_annotations(deployment: &Deployment) -> Option<&BTreeMap<String, String>> {
+    let own = deployment.metadata.annotations.as_ref();
+    match own.filter(|annotations| annotations.contains_key(ROUTES_ANNOTATION)) {
+        Some(own) => Some(own),
+        None => deployment
+            .spec
+            .as_ref()?
+            .template
+            .metadata
+            .as_ref()?
+            .annotations
+            .as_ref(),
+    }
+}
+
+/// Whether a Deployment's pod template is the one a new Function's pods wait for its first
+/// build with (an older operator's named no revision in its routes).
+pub(super) fn waiting_for_first_build(deployment: &Deployment) -> bool {
     let annotations = deployment
         .spec
-        .as_ref()?
-        .template
-        .metadata
-        .as_ref()?
-        .annotations
-        .as_ref()?;
-    Module::from_pod_annotations(annotations)
+        .as_ref()
+        .and_then(|spec| spec.template.metadata.as_ref()?.annotations.as_ref());
+    annotations.is_some_and(|annotations| {
+        annotations.contains_key(objects::WAITING_ANNOTATION)
+            || annotations.get(ROUTES_ANNOTATION).is_some_and(|routes| routes == "[]")
+    })
+}
+
+/// The module a Deployment serves (its primary revision's), as its annotations record it.
+pub(super) fn serving_module(deployment: &Deployment) -> Option<Module> {
+    Module::from_pod_annotations(serving_annotations(deployment)?)
+}
+
+/// The revisions a Deployment serves, as its routes annotation records them.
+pub(super) fn served_revisions(deployment: &Deployment) -> Vec<String> {
+    let routes = serving_annotations(deployment)
+        .and_then(|annotations| annotations.get(ROUTES_ANNOTATION))
+        .and_then(|routes| objects::routes_of_document(routes))
+        .and_then(|routes| serde_json::from_str::<Vec<serde_json::Value>>(&routes).ok())
+        .unwrap_or_default();
+    routes
+        .iter()
+        .filter_map(|route| Some(route.get("revision")?.as_str()?.to_string()))
+        .collect()
 }
 
 /// The OCI module built from `digest`, as an earlier reconcile recorded it on status: a

@@ -15,6 +15,7 @@ mod find;
 mod oci_gc;
 mod pool;
 mod revisions;
+mod routes;
 mod scale;
 mod serve;
 mod status;

@@ -8,7 +8,7 @@
 use super::build::Build;
 use super::config::Config;
 use super::revisions::{self, TrafficProblem};
-use super::{Context, Doing, READY, StepError, apply, cleanup, find, pool, scale, switch};
+use super::{Context, Doing, READY, StepError, apply, cleanup, find, pool, routes, scale, switch};
 use crate::crd::{Function, ServedBy, Storage};
 use crate::module::Module;
 use crate::objects::{self, Route};
@@ -81,7 +81,8 @@ pub(super) async fn serve(
         return Ok(served);
     };
     let serving_set = serving_set(ctx, func, ns, build, module, &served.shares).await?;
-    let Some(desired) = desired_deployment(func, ctx, config, existing.as_ref(), &serving_set, choice.keep_template)
+    let Some((desired, template)) =
+        desired_deployment(func, ctx, config, existing.as_ref(), &serving_set, choice.keep_template)
     else {
         // Nothing serves yet, and nothing could start.
         return Ok(served);
@@ -96,7 +97,7 @@ pub(super) async fn serve(
         func,
         ns,
         existing.as_ref(),
-        desired,
+        (desired, template),
         &serving_set,
         route,
         &mut served,
@@ -200,8 +201,20 @@ async fn serving_set(
     })
 }
 
-/// The Deployment that serves `serving_set`, or keeps the live pod template while the
-/// template cannot change (a split's revision unreadable, a Secret or ConfigMap missing).
+/// Where the pod template of the Deployment written comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Template {
+    /// Made for what serves now: the pods roll to it where it differs.
+    New,
+    /// The live one, whose pods serve the new routes as they are (`routes::serves_in_place`):
+    /// nothing rolls, the routes change in place.
+    LiveServesTheRoutes,
+    /// The live one, and what it served serves on: the new one could not serve (a split's
+    /// revision unreadable, a Secret or ConfigMap missing).
+    LiveAsItWas,
+}
+
+/// The Deployment that serves `serving_set`, and where its pod template comes from.
 /// `None`: nothing serves yet and nothing could start.
 fn desired_deployment(
     func: &Function,
@@ -210,26 +223,85 @@ fn desired_deployment(
     existing: Option<&Deployment>,
     serving_set: &objects::Serving,
     keep_template: bool,
-) -> Option<Deployment> {
+) -> Option<(Deployment, Template)> {
     match (config, existing) {
-        (Some(Config::Complete(hash)), Some(existing)) if keep_template => Some(with_live_template(
-            objects::deployment(func, &ctx.settings, serving_set, hash.as_ref()),
-            existing,
+        (Some(Config::Complete(hash)), Some(existing)) if keep_template => Some((
+            as_it_was(
+                objects::deployment(func, &ctx.settings, serving_set, hash.as_ref()),
+                existing,
+            ),
+            Template::LiveAsItWas,
         )),
-        (Some(Config::Complete(hash)), _) => Some(objects::deployment(func, &ctx.settings, serving_set, hash.as_ref())),
-        (Some(Config::Missing(_)), Some(existing)) => Some(with_live_template(
-            objects::deployment(func, &ctx.settings, serving_set, None),
-            existing,
+        (Some(Config::Complete(hash)), existing) => {
+            let desired = objects::deployment(func, &ctx.settings, serving_set, hash.as_ref());
+            match existing.filter(|existing| live_serves_the_routes(func, existing, &desired, serving_set)) {
+                Some(existing) => Some((with_live_template(desired, existing), Template::LiveServesTheRoutes)),
+                None => Some((desired, Template::New)),
+            }
+        }
+        (Some(Config::Missing(_)), Some(existing)) => Some((
+            as_it_was(objects::deployment(func, &ctx.settings, serving_set, None), existing),
+            Template::LiveAsItWas,
         )),
         (Some(Config::Missing(_)), None) | (None, _) => None,
     }
 }
 
-/// `desired` with the pod template the live Deployment has.
+/// Whether the pods of `existing`'s template can serve `serving_set`'s routes as they are
+/// while `desired` differs from it in the revisions it mounts only.
+fn live_serves_the_routes(
+    func: &Function,
+    existing: &Deployment,
+    desired: &Deployment,
+    serving_set: &objects::Serving,
+) -> bool {
+    let kept: Vec<&str> = func
+        .status
+        .iter()
+        .flat_map(|status| &status.revisions)
+        .map(|revision| revision.name.as_str())
+        .collect();
+    routes::serves_in_place(
+        existing,
+        desired,
+        &serving_set.routes,
+        &kept,
+        &find::served_revisions(existing),
+        &func.name_any(),
+    )
+}
+
+/// `desired` with the pod template the live Deployment has, and that template's digest
+/// (what a later reconcile compares its own with: `routes::serves_in_place`).
 fn with_live_template(mut desired: Deployment, live: &Deployment) -> Deployment {
     if let (Some(spec), Some(live)) = (desired.spec.as_mut(), live.spec.as_ref()) {
         spec.template = live.template.clone();
     }
+    let live_digest = live
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(objects::TEMPLATE_DIGEST_ANNOTATION));
+    if let Some(annotations) = desired.metadata.annotations.as_mut() {
+        match live_digest {
+            Some(digest) => annotations.insert(objects::TEMPLATE_DIGEST_ANNOTATION.into(), digest.clone()),
+            None => annotations.remove(objects::TEMPLATE_DIGEST_ANNOTATION),
+        };
+    }
+    desired
+}
+
+/// `desired` with the live Deployment's pod template and its record of what serves (its
+/// `wasmless.io/` annotations: the others are the Deployment controller's and kubectl's).
+fn as_it_was(desired: Deployment, live: &Deployment) -> Deployment {
+    let mut desired = with_live_template(desired, live);
+    let recorded = live.metadata.annotations.iter().flatten();
+    desired.metadata.annotations = Some(
+        recorded
+            .filter(|(key, _)| key.starts_with("wasmless.io/"))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect(),
+    );
     desired
 }
 
@@ -299,16 +371,17 @@ async fn route(
     Ok((wanted, Route::Pods))
 }
 
-/// The Deployment and the Service written. A first build's pods are switched to it where
-/// they wait, before anything rolls; otherwise the pods that have every revision the
-/// template serves mounted move to it now, and the rollout replaces them meanwhile.
+/// The routes ConfigMap, the Deployment and the Service written. A first build's pods are
+/// switched to it where they wait, before anything rolls; otherwise the running pods that
+/// can serve the new routes move to them now, and a rollout (where the template changed)
+/// replaces them meanwhile.
 #[allow(clippy::too_many_arguments)] // the step's inputs, each named where it is read
 async fn apply_deployment_and_service(
     ctx: &Context,
     func: &Function,
     ns: &str,
     existing: Option<&Deployment>,
-    mut desired: Deployment,
+    (mut desired, template): (Deployment, Template),
     serving_set: &objects::Serving,
     route: Route,
     served: &mut Served,
@@ -321,17 +394,32 @@ async fn apply_deployment_and_service(
         .await
         .doing(READY, || format!("reading the Service {service_name}"))?;
     let holding = route == Route::Pods && switch::holding_for_first_switch(func, existing, live_service.as_ref());
-    let serves = desired.spec.as_ref().map(|spec| spec.template.clone());
     if holding && let Some(live) = existing {
         desired = with_live_template(desired, live);
     }
+    // Before the Deployment: a pod it starts reads them.
+    let switch_to = match template {
+        Template::LiveAsItWas => None,
+        Template::New | Template::LiveServesTheRoutes => {
+            let spec = desired.spec.as_ref().and_then(|spec| spec.template.spec.as_ref());
+            let routes = spec
+                .and_then(|spec| objects::routes_json_for(spec, &serving_set.routes, &name))
+                .unwrap_or_else(|| objects::routes_json(&serving_set.routes));
+            // The Deployment records them as its pods read them.
+            if let Some(annotations) = desired.metadata.annotations.as_mut() {
+                annotations.insert(objects::ROUTES_ANNOTATION.into(), routes.clone());
+            }
+            Some(routes::write(ctx, func, ns, &routes).await?)
+        }
+    };
     let rolled = apply::apply_if_changed_with(&deployments, existing, &desired)
         .await
         .doing(READY, || format!("applying the Deployment {name}"))?;
-    if (holding || rolled || switch::rolling(existing))
-        && let Some(template) = serves.as_ref()
-    {
-        switch::in_place(ctx, func, ns, template, serving_set).await?;
+    // Every time, not only when something changed: a switch cut short (an operator that
+    // stopped, a patch refused) is finished by the next reconcile, not by the kubelet's
+    // next sync of the ConfigMap a minute on. Pods switched already are passed over.
+    if let Some(generation) = switch_to {
+        switch::in_place(ctx, func, ns, serving_set, generation).await?;
     }
     let service = match holding {
         true => objects::waiting_service(func),
@@ -342,7 +430,9 @@ async fn apply_deployment_and_service(
         .doing(READY, || format!("applying the Service {}", service.name_any()))?;
     served.pending |= holding;
     cleanup::remove_renamed_services(&services, func, &service.name_any()).await?;
-    if rolled {
+    // A Deployment whose template is the live one has not started rolling: its status
+    // still says how the pods stand.
+    if rolled && template == Template::New {
         served.deployment = None;
     }
     Ok(())
@@ -390,6 +480,8 @@ async fn wait_for_first_build(
     if let Some(spec) = desired.spec.as_mut() {
         spec.replicas = Some(replicas);
     }
+    // The pods mount it: none names a revision yet.
+    routes::write(ctx, func, ns, &objects::routes_json(&[])).await?;
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
     apply::apply_if_changed_with(&deployments, existing, &desired)
         .await

@@ -1,27 +1,27 @@
-//! Step 4, in place: the Function's running pods move to what a new pod template serves
-//! without waiting for new pods: a rollback to the standby revision, a split's shares
-//! changed or promoted, a new build. A revision in ConfigMaps is read from its directory
-//! where the pod has it mounted, else through the API with the Function's chunk reader
-//! (a ServiceAccount whose Role may `get` only the chunks of the revisions it serves and
-//! stands by with); a revision in a registry needs neither. Their
-//! `wasmless.io/routes` annotation is rewritten, which the runtime reads through its
-//! downward API file within a few hundred milliseconds and switches to once the revisions
-//! are loaded. The rollout replaces them with pods of the new template meanwhile, so what
-//! the Deployment says and what each pod's annotations say is what serves.
+//! Step 4, in place: the Function's running pods move to new routes without waiting for
+//! new pods: a rollback, a split's shares changed or promoted, a new build. A revision in
+//! ConfigMaps is read from its directory where the pod has it mounted, else through the API
+//! with the Function's chunk reader (a ServiceAccount whose Role may `get` only the chunks
+//! of the revisions it serves and stands by with); a revision in a registry needs neither.
+//! Their `wasmless.io/routes` annotation is rewritten with the routes' generation, which
+//! the runtime reads through its downward API file within a few hundred milliseconds and
+//! switches to once the revisions are loaded. Pods started later read the same routes from
+//! the Function's routes ConfigMap (`routes.rs`); where the template changed, the rollout
+//! replaces the running pods meanwhile.
 
 use super::status::CONDITION_BUILT;
 use super::{Context, Doing, READY, StepError, apply, find};
 use crate::crd::Function;
 use crate::module::{ModuleLocation, POD_ANNOTATIONS};
-use crate::objects::{self, REVISIONS_DIR, ROUTES_ANNOTATION, ROUTES_VOLUME, TRAFFIC_ANNOTATION};
+use crate::objects::{self, ROUTES_ANNOTATION, ROUTES_VOLUME, TRAFFIC_ANNOTATION};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Map, Value};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The revision mounted beside the ones that serve: the kept revision built before the
 /// one with the most requests (the newest kept one while that one is not recorded yet),
@@ -58,20 +58,6 @@ pub(super) async fn standby(
         }))
 }
 
-/// Whether the Deployment's rollout has not finished: its pods may still differ from its
-/// template, and a switch that failed before may be tried again.
-pub(super) fn rolling(deployment: Option<&Deployment>) -> bool {
-    let Some(deployment) = deployment else {
-        return false;
-    };
-    let generation = deployment.metadata.generation.unwrap_or_default();
-    let Some(status) = deployment.status.as_ref() else {
-        return true;
-    };
-    status.observed_generation.unwrap_or_default() < generation
-        || status.updated_replicas.unwrap_or_default() != status.replicas.unwrap_or_default()
-}
-
 /// How long after its first build a new Function's Service waits for one of its switched
 /// pods to be ready before it leaves them and rolls out as any build does.
 const FIRST_SWITCH_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
@@ -90,7 +76,7 @@ pub(super) fn holding_for_first_switch(
     let Some(deployment) = deployment else {
         return false;
     };
-    let waiting = find::serving_module(deployment).is_none();
+    let waiting = find::waiting_for_first_build(deployment);
     let publishing_not_ready = service
         .and_then(|service| service.spec.as_ref()?.publish_not_ready_addresses)
         .unwrap_or(false);
@@ -172,30 +158,30 @@ pub(super) async fn chunk_reader(
 }
 
 /// Rewrites the routes (and module) annotations of each running pod of `func` that can
-/// serve what `template` serves and serves something else: a revision in ConfigMaps from
-/// its directory where the pod has it mounted, else through the API where the pod runs as
-/// the Function's chunk reader; one in a registry by its reference. Returns how many.
+/// serve `serving` and serves something else, with routes `generation`: a revision in
+/// ConfigMaps from its directory where the pod has it mounted, else through the API where
+/// the pod runs as the Function's chunk reader; one in a registry by its reference.
+/// Returns how many.
 pub(super) async fn in_place(
     ctx: &Context,
     func: &Function,
     ns: &str,
-    template: &PodTemplateSpec,
     serving: &objects::Serving,
+    generation: u64,
 ) -> Result<usize, StepError> {
-    let Some(wanted) = template.metadata.as_ref().and_then(|meta| meta.annotations.as_ref()) else {
-        return Ok(0);
-    };
-    // A template kept as it was (a Secret the new one needs is missing) serves something
-    // else than `serving`: the pods stay with what it says.
-    if wanted.get(ROUTES_ANNOTATION) != Some(&objects::routes_json(&serving.routes)) {
-        return Ok(0);
-    }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let name = func.name_any();
     let listed = pods
         .list(&ListParams::default().labels(&objects::runtime_selector(func)))
         .await
         .doing(READY, || format!("listing the pods of {name}"))?;
+    let mut wanted = BTreeMap::new();
+    if let Some(primary) = objects::primary(&serving.routes) {
+        primary.module.write_pod_annotations(&mut wanted);
+    }
+    if serving.is_split() {
+        wanted.insert(TRAFFIC_ANNOTATION.into(), objects::traffic_summary(&serving.routes));
+    }
     let annotations: Map<String, Value> = POD_ANNOTATIONS
         .iter()
         .chain([&TRAFFIC_ANNOTATION])
@@ -213,11 +199,16 @@ pub(super) async fn in_place(
         let Some(routes) = routes_for(pod, serving, &name) else {
             continue;
         };
-        if pod.annotations().get(ROUTES_ANNOTATION) == Some(&routes) {
+        // A pod of an older operator's template reads a bare list.
+        let document = match pod.spec.as_ref().is_some_and(objects::reads_routes_documents) {
+            true => objects::routes_document(generation, &routes),
+            false => routes,
+        };
+        if pod.annotations().get(ROUTES_ANNOTATION) == Some(&document) {
             continue;
         }
         let mut annotations = annotations.clone();
-        annotations.insert(ROUTES_ANNOTATION.into(), Value::from(routes));
+        annotations.insert(ROUTES_ANNOTATION.into(), Value::from(document));
         let patch = serde_json::json!({ "metadata": { "annotations": annotations } });
         let pod_name = pod.name_any();
         match pods
@@ -231,7 +222,7 @@ pub(super) async fn in_place(
         }
     }
     if switched > 0 {
-        tracing::info!(function = %name, namespace = ns, pods = switched, "switched running pods in place");
+        tracing::info!(function = %name, namespace = ns, pods = switched, generation, "switched running pods in place");
     }
     Ok(switched)
 }
@@ -252,18 +243,5 @@ fn routes_for(pod: &Pod, serving: &objects::Serving, function: &str) -> Option<S
     if !follows {
         return None;
     }
-    let mounted: BTreeSet<&str> = spec
-        .containers
-        .iter()
-        .flat_map(|container| container.volume_mounts.iter().flatten())
-        .filter_map(|mount| mount.mount_path.strip_prefix(REVISIONS_DIR)?.strip_prefix('/'))
-        .collect();
-    let reader = objects::chunk_reader_name(function);
-    let reads_api = spec.service_account_name.as_deref() == Some(reader.as_str())
-        && spec.automount_service_account_token == Some(true);
-    objects::routes_json_reading(
-        &serving.routes,
-        |revision| mounted.contains(revision),
-        if reads_api { function } else { "" },
-    )
+    objects::routes_json_for(spec, &serving.routes, function)
 }

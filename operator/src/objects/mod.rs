@@ -20,11 +20,14 @@ pub use pool::{
     pool_entry_port, pool_entry_selector, pool_pod_selector, pool_rbac,
 };
 pub use runtime::{
-    DRAIN_DELAY_SECONDS, HANDLER_ENV_PREFIX, POD_IP_ENV, REVISIONS_DIR, ROUTES_ANNOTATION, ROUTES_VOLUME,
-    SHUTDOWN_GRACE_SECONDS, Serving, Share, TERMINATION_GRACE_PERIOD_SECONDS, TRAFFIC_ANNOTATION,
-    chunk_configmap_names, chunk_reader_name, chunk_reader_rbac, deployment, outbound_header_env, primary, routes_json,
-    routes_json_reading, runtime_args, split_args, traffic_summary,
+    DRAIN_DELAY_SECONDS, HANDLER_ENV_PREFIX, POD_IP_ENV, REVISIONS_DIR, ROUTES_ANNOTATION, ROUTES_COMPONENT,
+    ROUTES_VOLUME, SHUTDOWN_GRACE_SECONDS, Serving, Share, TERMINATION_GRACE_PERIOD_SECONDS, TRAFFIC_ANNOTATION,
+    chunk_configmap_names, chunk_reader_name, chunk_reader_rbac, deployment, mounted_revisions, outbound_header_env,
+    primary, reads_chunks_through_api, reads_routes_documents, routes_configmap, routes_configmap_document,
+    routes_configmap_name, routes_document, routes_generation, routes_json, routes_json_for, routes_json_reading,
+    routes_of_document, runtime_args, split_args, traffic_summary,
 };
+pub use runtime::{TEMPLATE_DIGEST_ANNOTATION, WAITING_ANNOTATION};
 
 use crate::crd::{Function, Language};
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServicePort, ServiceSpec};

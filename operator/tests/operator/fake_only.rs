@@ -218,7 +218,7 @@ async fn prebuilt_module_is_served_without_a_build() {
     h.reconcile("pre").await.unwrap();
     assert!(h.jobs("pre").await.is_empty());
     let deployment = h.deployment("pre").await.unwrap();
-    let served = served_alone(&deployment.spec.unwrap().template);
+    let served = served_alone(&deployment);
     assert_eq!(served["module"], "oci://registry.local/fns/pre", "{served}");
     assert_eq!(served["moduleDigest"], digest.to_string());
 }
@@ -266,7 +266,7 @@ async fn oci_storage_publishes_to_the_registry_and_serves_by_reference() {
     assert_eq!(status(&func).module_digest, Some(module.to_string()));
     assert_eq!(status(&func).module_ref, Some(format!("oci://{reference}")));
     let deployment = h.deployment("hello").await.unwrap();
-    let served = served_alone(&deployment.spec.unwrap().template);
+    let served = served_alone(&deployment);
     assert_eq!(served["module"], format!("oci://{reference}"), "{served}");
     assert_eq!(served["code"], format!("oci://{reference}"), "{served}");
     assert_eq!(served["codeDigest"], code.to_string(), "{served}");
@@ -281,7 +281,7 @@ async fn oci_storage_publishes_to_the_registry_and_serves_by_reference() {
     let func = h.reconciled("hello").await;
     assert_eq!(status(&func).module_digest, Some(module.to_string()));
     assert_eq!(status(&func).code_digest, Some(code.to_string()));
-    let served = served_alone(&h.deployment("hello").await.unwrap().spec.unwrap().template);
+    let served = served_alone(&h.deployment("hello").await.unwrap());
     assert_eq!(served["codeDigest"], code.to_string(), "{served}");
 
     // An edit: while its build runs, status names the new source but what serves is still
@@ -292,7 +292,7 @@ async fn oci_storage_publishes_to_the_registry_and_serves_by_reference() {
     let func = h.reconciled("hello").await;
     assert_eq!(status(&func).phase, Some(Phase::Building), "{:?}", status(&func));
     assert_eq!(status(&func).revisions.len(), 1, "{:?}", status(&func).revisions);
-    let served = served_alone(&h.deployment("hello").await.unwrap().spec.unwrap().template);
+    let served = served_alone(&h.deployment("hello").await.unwrap());
     assert_eq!(served["moduleDigest"], module.to_string(), "{served}");
     // Its builder exits with its result: its own module serves, as a second revision, from
     // that reconcile on, before the Job has counted the pod and completed.
@@ -306,7 +306,7 @@ async fn oci_storage_publishes_to_the_registry_and_serves_by_reference() {
     h.build_pod_ended(&objects::job_name("hello", &edited), "Succeeded", terminated)
         .await;
     let func = h.reconciled("hello").await;
-    let served = served_alone(&h.deployment("hello").await.unwrap().spec.unwrap().template);
+    let served = served_alone(&h.deployment("hello").await.unwrap());
     assert_eq!(served["module"], format!("oci://{reference_v2}"), "{served}");
     let revisions: Vec<(String, String)> = status(&func)
         .revisions
@@ -331,12 +331,8 @@ async fn a_first_build_whose_pods_never_get_ready_rolls_out_after_a_while() {
     h.pods_started_not_ready("hello").await;
     h.publish_build("hello", &wasm("hello")).await;
     h.reconcile("hello").await.unwrap();
-    let template_routes = |deployment: k8s_openapi::api::apps::v1::Deployment| {
-        deployment.spec.unwrap().template.metadata.unwrap().annotations.unwrap()[objects::ROUTES_ANNOTATION].clone()
-    };
-    assert_eq!(
-        template_routes(h.deployment("hello").await.unwrap()),
-        "[]",
+    assert!(
+        waits_for_first_build(&h.deployment("hello").await.unwrap()),
         "held while its pods switch"
     );
     // The build ended a minute ago, and still no pod is ready (one that cannot read what
@@ -357,7 +353,7 @@ async fn a_first_build_whose_pods_never_get_ready_rolls_out_after_a_while() {
         .await
         .unwrap();
     h.reconcile("hello").await.unwrap();
-    assert_ne!(template_routes(h.deployment("hello").await.unwrap()), "[]");
+    assert!(!waits_for_first_build(&h.deployment("hello").await.unwrap()));
     let service: Service = h.api().get("hello").await.unwrap();
     assert_eq!(service.spec.unwrap().publish_not_ready_addresses, Some(false));
 }

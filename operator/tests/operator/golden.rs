@@ -57,6 +57,14 @@ fn render(func: &Function, settings: &Settings, module: &Module, storage: Storag
         "Deployment",
         &objects::deployment(func, settings, &serving(module), config_hash.as_ref()),
     );
+    doc(
+        &mut out,
+        "routes ConfigMap",
+        &objects::routes_configmap(
+            func,
+            objects::routes_document(1, &objects::routes_json(&serving(module).routes)),
+        ),
+    );
     doc(&mut out, "Service", &objects::service(func, objects::Route::Pods));
     let (account, role, binding) = objects::builder_rbac("shop");
     doc(&mut out, "builder ServiceAccount", &account);

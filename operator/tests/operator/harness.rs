@@ -241,18 +241,7 @@ impl Harness {
         let Some(deployment) = self.deployment(name).await.filter(|_| self.fake.is_none()) else {
             return;
         };
-        let waiting = deployment
-            .spec
-            .as_ref()
-            .and_then(|spec| {
-                spec.template
-                    .metadata
-                    .as_ref()?
-                    .annotations
-                    .as_ref()?
-                    .get(objects::ROUTES_ANNOTATION)
-            })
-            .is_some_and(|routes| routes == "[]");
+        let waiting = waits_for_first_build(&deployment);
         if !waiting || deployment.spec.as_ref().and_then(|spec| spec.replicas) == Some(0) {
             return;
         }
@@ -648,32 +637,56 @@ pub(crate) fn first_container_args(template: k8s_openapi::api::core::v1::PodTemp
     template.spec.unwrap().containers[0].args.clone().unwrap()
 }
 
-/// The revisions a pod template's runtime serves: its `wasmless.io/routes` annotation,
-/// which the runtime reads as `--traffic-file` (`revision`, `percent`, `tag`, `module`,
-/// `moduleDigest`, `code`, `codeDigest` each).
-pub(crate) fn routes(template: &k8s_openapi::api::core::v1::PodTemplateSpec) -> Vec<serde_json::Value> {
-    let annotations = template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.annotations.clone())
-        .unwrap_or_default();
+/// The revisions a Deployment's pods serve, as it records them in its own
+/// `wasmless.io/routes` annotation (the routes its `<function>-routes` ConfigMap holds for
+/// pods of its template, which the runtime follows as a `--traffic-file`: `revision`,
+/// `percent`, `tag`, `module`, `moduleDigest`, `code`, `codeDigest` each).
+pub(crate) fn routes(deployment: &Deployment) -> Vec<serde_json::Value> {
+    let template = &deployment.spec.as_ref().unwrap().template;
     let args = template.spec.as_ref().unwrap().containers[0]
         .args
         .clone()
         .unwrap_or_default();
     assert!(
-        has_flag(&args, "--traffic-file", "/etc/wasmless/routes/traffic.json"),
-        "the runtime follows its routes annotation: {args:?}"
+        has_flag(&args, "--traffic-file", "/etc/wasmless/routes/traffic.json")
+            && has_flag(&args, "--traffic-file", "/etc/wasmless/function-routes/traffic.json"),
+        "the runtime follows its routes annotation and its Function's routes: {args:?}"
     );
-    serde_json::from_str(&annotations[wasmless_operator::objects::ROUTES_ANNOTATION]).unwrap()
+    serde_json::from_str(&serving_annotation(
+        deployment,
+        wasmless_operator::objects::ROUTES_ANNOTATION,
+    ))
+    .unwrap()
 }
 
-/// The one revision a pod template serves.
-pub(crate) fn served_alone(template: &k8s_openapi::api::core::v1::PodTemplateSpec) -> serde_json::Value {
-    let mut routes = routes(template);
+/// The revisions a pod serves after it was switched in place: the routes of the routes
+/// document in its own `wasmless.io/routes` annotation.
+pub(crate) fn pod_routes(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<serde_json::Value> {
+    let document = &pod.metadata.annotations.as_ref().unwrap()[wasmless_operator::objects::ROUTES_ANNOTATION];
+    serde_json::from_str(&wasmless_operator::objects::routes_of_document(document).unwrap()).unwrap()
+}
+
+/// The one revision a Deployment's pods serve.
+pub(crate) fn served_alone(deployment: &Deployment) -> serde_json::Value {
+    let mut routes = routes(deployment);
     assert_eq!(routes.len(), 1, "one revision serves: {routes:?}");
     assert_eq!(routes[0]["percent"], 100);
     routes.remove(0)
+}
+
+/// What a Deployment records of what it serves (the primary revision's module, the routes,
+/// a split's summary), on itself rather than its pod template.
+pub(crate) fn serving_annotation(deployment: &Deployment, key: &str) -> String {
+    deployment.metadata.annotations.as_ref().unwrap()[key].clone()
+}
+
+/// Whether a Deployment's pods wait for its Function's first build.
+pub(crate) fn waits_for_first_build(deployment: &Deployment) -> bool {
+    deployment
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.template.metadata.as_ref()?.annotations.as_ref())
+        .is_some_and(|annotations| annotations.contains_key(wasmless_operator::objects::WAITING_ANNOTATION))
 }
 
 /// Whether `flag` is followed by `value` in `args`.

@@ -179,7 +179,7 @@ async fn new_function_starts_one_content_addressed_build(h: &Harness) {
         .await
         .expect("a Deployment whose pods wait for the build");
     assert_eq!(waiting.spec.as_ref().unwrap().replicas, Some(1));
-    assert_eq!(template_annotation(&waiting, objects::ROUTES_ANNOTATION), "[]");
+    assert!(waits_for_first_build(&waiting), "its pods wait for the first build");
     let pod = waiting.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
     assert_eq!(pod.service_account_name.as_deref(), Some("hello-chunk-reader"));
     assert!(
@@ -238,7 +238,7 @@ async fn finished_build_rolls_out_and_becomes_ready(h: &Harness) {
 
     let deployment = h.deployment("hello").await.expect("the Deployment");
     assert_eq!(
-        template_annotation(&deployment, annotations::MODULE_DIGEST),
+        serving_annotation(&deployment, annotations::MODULE_DIGEST),
         module.to_string()
     );
     let pod = deployment.spec.as_ref().unwrap().template.spec.clone().unwrap();
@@ -270,7 +270,7 @@ async fn finished_build_rolls_out_and_becomes_ready(h: &Harness) {
     let runtime = &pod.containers[0];
     let args = runtime.args.clone().unwrap();
     let flag = |name: &str| args[args.iter().position(|a| a == name).unwrap() + 1].clone();
-    let served = served_alone(&deployment.spec.as_ref().unwrap().template);
+    let served = served_alone(&deployment);
     assert_eq!(served["revision"], "hello-1");
     assert_eq!(served["module"], "/revisions/hello-1");
     assert_eq!(served["moduleDigest"], module.to_string());
@@ -388,11 +388,11 @@ async fn compiled_code_is_mounted_beside_the_module_and_pinned(h: &Harness) {
     assert_eq!(status(&func).code_digest, Some(code.to_string()));
     let deployment = h.deployment("hello").await.expect("the Deployment");
     assert_eq!(
-        template_annotation(&deployment, annotations::CODE_DIGEST),
+        serving_annotation(&deployment, annotations::CODE_DIGEST),
         code.to_string()
     );
     let template = deployment.spec.clone().unwrap().template;
-    let served = served_alone(&template);
+    let served = served_alone(&deployment);
     assert_eq!(served["code"], "/revisions/hello-1", "{served}");
     assert_eq!(served["codeDigest"], code.to_string(), "{served}");
     let source_digest = Harness::status_source_digest(&func);
@@ -427,7 +427,7 @@ async fn compiled_code_is_mounted_beside_the_module_and_pinned(h: &Harness) {
     let func = h.reconciled("hello").await;
     assert_eq!(status(&func).module_digest, Some(v2.to_string()));
     assert_eq!(status(&func).code_digest, None);
-    let served = served_alone(&h.deployment("hello").await.unwrap().spec.unwrap().template);
+    let served = served_alone(&h.deployment("hello").await.unwrap());
     assert!(served["code"].is_null(), "{served}");
 }
 
@@ -467,7 +467,7 @@ async fn source_change_builds_once_and_rolls_out(h: &Harness) {
     let func = h.reconciled("hello").await;
     let deployment = h.deployment("hello").await.unwrap();
     assert_eq!(
-        template_annotation(&deployment, annotations::MODULE_DIGEST),
+        serving_annotation(&deployment, annotations::MODULE_DIGEST),
         new_module.to_string()
     );
     assert_eq!(status(&func).module_digest, Some(new_module.to_string()));
@@ -496,7 +496,7 @@ async fn traffic_rolls_back_to_a_kept_revision_without_a_build(h: &Harness) {
     h.make_available("hello").await;
     let func = h.reconciled("hello").await;
     assert_eq!(status(&func).latest_ready_revision.as_deref(), Some("hello-2"));
-    let serving = |d: &Deployment| template_annotation(d, annotations::MODULE_DIGEST);
+    let serving = |d: &Deployment| serving_annotation(d, annotations::MODULE_DIGEST);
     let traffic = |func: &Function| -> Vec<(String, i32)> {
         status(func)
             .traffic
@@ -548,7 +548,7 @@ async fn traffic_rolls_back_to_a_kept_revision_without_a_build(h: &Harness) {
 
 /// `--traffic`'s revisions, shares, tags and module digests, as the pods are given them.
 fn split_of(deployment: &Deployment) -> Vec<(String, u64, Option<String>, String)> {
-    let targets = routes(&deployment.spec.as_ref().unwrap().template);
+    let targets = routes(deployment);
     if targets.len() < 2 {
         return Vec::new();
     }
@@ -591,6 +591,7 @@ async fn traffic_splits_between_revisions_in_the_pods(h: &Harness) {
         ("hello-2".to_string(), 10, Some("canary".to_string()), v2.to_string()),
     ];
     assert_eq!(split_of(&deployment), expected);
+    let split_template = deployment.spec.as_ref().unwrap().template.clone();
     let pod = deployment.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
     let mounts: Vec<&str> = pod.containers[0]
         .volume_mounts
@@ -603,7 +604,7 @@ async fn traffic_splits_between_revisions_in_the_pods(h: &Harness) {
         "{mounts:?}"
     );
     assert_eq!(
-        template_annotation(&deployment, objects::TRAFFIC_ANNOTATION),
+        serving_annotation(&deployment, objects::TRAFFIC_ANNOTATION),
         "hello-1 90%, hello-2 10% (canary)"
     );
     h.make_available("hello").await;
@@ -644,25 +645,16 @@ async fn traffic_splits_between_revisions_in_the_pods(h: &Harness) {
     let deployment = h.deployment("hello").await.unwrap();
     assert_eq!(split_of(&deployment), [], "promoted: one revision");
     assert_eq!(
-        template_annotation(&deployment, annotations::MODULE_DIGEST),
+        serving_annotation(&deployment, annotations::MODULE_DIGEST),
         v2.to_string()
     );
     // The running pod has both revisions mounted: it serves the promoted one now, by its
-    // routes annotation, while the rollout replaces it.
+    // routes annotation, and the pod template stays as it is (nothing rolls), since its
+    // pods can serve it.
     let pod = h.api::<Pod>().get(&running).await.unwrap();
     let template = deployment.spec.as_ref().unwrap().template.clone();
-    assert_eq!(
-        pod.annotations().get(objects::ROUTES_ANNOTATION),
-        template
-            .metadata
-            .as_ref()
-            .unwrap()
-            .annotations
-            .as_ref()
-            .unwrap()
-            .get(objects::ROUTES_ANNOTATION),
-        "switched in place"
-    );
+    assert_eq!(pod_routes(&pod), routes(&deployment), "switched in place");
+    assert_eq!(template, split_template, "a promotion rolls no pod");
     assert_eq!(pod.annotations()[annotations::MODULE_DIGEST], v2.to_string());
     assert!(
         !pod.annotations().contains_key(objects::TRAFFIC_ANNOTATION),
@@ -679,9 +671,12 @@ async fn traffic_splits_between_revisions_in_the_pods(h: &Harness) {
     h.update_spec("hello", json!({"traffic": [{"revision": "hello-1", "percent": 100}]}))
         .await;
     h.reconcile("hello").await.unwrap();
-    let routes_now = |pod: &Pod| -> Vec<serde_json::Value> {
-        serde_json::from_str(&pod.annotations()[objects::ROUTES_ANNOTATION]).unwrap()
-    };
+    let routes_now = pod_routes;
+    assert_eq!(
+        h.deployment("hello").await.unwrap().spec.unwrap().template,
+        split_template,
+        "a rollback rolls no pod"
+    );
     let pod = h.api::<Pod>().get(&running).await.unwrap();
     let served: Vec<_> = routes_now(&pod)
         .iter()
@@ -719,7 +714,7 @@ async fn traffic_splits_between_revisions_in_the_pods(h: &Harness) {
     h.reconcile("hello").await.unwrap();
     let deployment = h.deployment("hello").await.unwrap();
     assert_eq!(
-        template_annotation(&deployment, annotations::MODULE_DIGEST),
+        serving_annotation(&deployment, annotations::MODULE_DIGEST),
         v3.to_string()
     );
     let v3_source = status(&h.function("hello").await).source_digest.unwrap();
@@ -892,7 +887,7 @@ async fn failed_build_keeps_serving_previous_module(h: &Harness) {
     let after = h.deployment("hello").await.unwrap();
     assert!(h.same_spec(&before, &after));
     assert_eq!(
-        template_annotation(&after, annotations::MODULE_DIGEST),
+        serving_annotation(&after, annotations::MODULE_DIGEST),
         old_module.to_string()
     );
     assert_eq!(st.module_digest, Some(old_module.to_string()));
@@ -910,7 +905,7 @@ async fn replicas_zero_scales_to_zero(h: &Harness) {
     let deployment = h.deployment("hello").await.unwrap();
     assert_eq!(deployment.spec.as_ref().unwrap().replicas, Some(0));
     assert_eq!(
-        template_annotation(&deployment, annotations::MODULE_DIGEST),
+        serving_annotation(&deployment, annotations::MODULE_DIGEST),
         module.to_string()
     );
     assert_eq!(condition(&func, "Ready").reason, "ScaledToZero");
@@ -925,7 +920,7 @@ async fn scaling_a_function_scales_its_deployment(h: &Harness) {
     let deployment = h.deployment("hello").await.unwrap();
     assert_eq!(deployment.spec.as_ref().unwrap().replicas, Some(3));
     assert_eq!(
-        template_annotation(&deployment, annotations::MODULE_DIGEST),
+        serving_annotation(&deployment, annotations::MODULE_DIGEST),
         module.to_string()
     );
     // What an autoscaler reads to find the pods it measures: exactly the Deployment's.
@@ -1200,7 +1195,7 @@ async fn a_new_functions_pods_start_during_its_build_and_switch_to_it(h: &Harnes
     let func = h.reconciled("hello").await;
     let source = status(&func).source_digest.unwrap();
     let pod = h.api::<Pod>().get(&waiting).await.unwrap();
-    let routes: Vec<serde_json::Value> = serde_json::from_str(&pod.annotations()[objects::ROUTES_ANNOTATION]).unwrap();
+    let routes = pod_routes(&pod);
     assert_eq!(routes.len(), 1, "{routes:?}");
     assert_eq!(routes[0]["revision"], "hello-1");
     assert_eq!(routes[0]["moduleDigest"], module.to_string());
@@ -1230,17 +1225,14 @@ async fn a_new_functions_pods_start_during_its_build_and_switch_to_it(h: &Harnes
     let publishes_not_ready = |service: Service| service.spec.unwrap().publish_not_ready_addresses.unwrap_or(false);
     assert!(publishes_not_ready(h.api().get("hello").await.unwrap()));
     let deployment = h.deployment("hello").await.unwrap();
-    assert_eq!(template_annotation(&deployment, objects::ROUTES_ANNOTATION), "[]");
+    assert!(waits_for_first_build(&deployment), "its pods wait for the first build");
     // Once one is: to ready pods only, and the template mounts the build, for the pods the
     // rollout makes.
     h.make_available("hello").await;
     h.reconcile("hello").await.unwrap();
     assert!(!publishes_not_ready(h.api().get("hello").await.unwrap()));
     let deployment = h.deployment("hello").await.unwrap();
-    assert_eq!(
-        served_alone(&deployment.spec.as_ref().unwrap().template)["module"],
-        "/revisions/hello-1"
-    );
+    assert_eq!(served_alone(&deployment)["module"], "/revisions/hello-1");
 }
 
 async fn build_past_its_deadline_says_so(h: &Harness) {

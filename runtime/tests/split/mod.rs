@@ -293,3 +293,54 @@ fn runtime_command_without_module() -> std::process::Command {
     command.args(["--bind", "127.0.0.1", "--port", "0", "--admin-port", "0"]);
     command
 }
+
+/// An operator's pod: its own routes annotation (empty until the operator switches it) and
+/// its Function's routes ConfigMap, each `{"generation", "routes"}`: the highest generation
+/// serves, the pod's own on a tie, and a pod started after a switch serves what the
+/// Function's file says without its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn of_two_traffic_files_the_higher_generation_serves_and_the_pods_own_wins_a_tie() {
+    let dir = tempfile::tempdir().unwrap();
+    let own = dir.path().join("own.json");
+    let function = dir.path().join("function.json");
+    let (one, two) = (
+        revision(dir.path(), "hello-1", 100, None),
+        revision(dir.path(), "hello-2", 100, None),
+    );
+    let document = |generation: u64, target: &serde_json::Value| serde_json::json!({ "generation": generation, "routes": [target] });
+    write_traffic_text(&own, "");
+    write_traffic(&function, &document(1, &two));
+    let runtime = Runtime::start_revisions(
+        [
+            "--traffic-file".into(),
+            format!("{},{}", own.display(), function.display()),
+        ],
+        &["--function", "hello"],
+    );
+    let client = client();
+    let url = runtime.url("/");
+    assert_eq!(
+        get(url.clone()).await.1.trim(),
+        "hello-2",
+        "the Function's file, the pod's own empty"
+    );
+
+    // A switch in place: the pod's own file, a generation up.
+    write_traffic(&own, &document(2, &one));
+    until_answer(&client, &url, "hello-1").await;
+    // The Function's file catches up, the same generation with other locations: the pod's own serves on.
+    write_traffic(&function, &document(2, &two));
+    tokio::time::sleep(wasmless_runtime::split::FOLLOW_INTERVAL * 5).await;
+    assert_eq!(
+        get(url.clone()).await.1.trim(),
+        "hello-1",
+        "a tie goes to the pod's own file"
+    );
+    // A later generation in the Function's file (its pod was not switched in time) serves.
+    write_traffic(&function, &document(3, &two));
+    until_answer(&client, &url, "hello-2").await;
+    // A broken file is passed over with a clear error, and the good one serves on.
+    write_traffic_text(&own, "{\"generation\": 9}");
+    runtime.wait_for_log(&["the traffic file's new list cannot be served", "own.json", "routes"]);
+    assert_eq!(get(url).await.1.trim(), "hello-2");
+}

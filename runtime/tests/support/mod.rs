@@ -268,7 +268,7 @@ impl Runtime {
         Self::start_revisions(["--traffic-file".into(), file.display().to_string()], args)
     }
 
-    fn start_revisions(flag: [String; 2], args: &[&str]) -> Self {
+    pub fn start_revisions(flag: [String; 2], args: &[&str]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_wasmless-runtime"));
         command
             .args(flag)

@@ -14,7 +14,11 @@ pub use chunk_reader::{chunk_configmap_names, chunk_reader_name, chunk_reader_rb
 use env::runtime_env;
 pub(in crate::objects) use env::{Expansion, function_env, handler_env_from};
 pub use env::{HANDLER_ENV_PREFIX, POD_IP_ENV, outbound_header_env};
-pub use routes::{routes_json, routes_json_reading, traffic_summary};
+pub use routes::{
+    mounted_revisions, reads_chunks_through_api, reads_routes_documents, routes_configmap, routes_configmap_document,
+    routes_configmap_name, routes_document, routes_generation, routes_json, routes_json_for, routes_json_reading,
+    routes_of_document, template_without_revisions, traffic_summary,
+};
 
 use super::pod::{empty_dir, mount, restricted_container_security, restricted_pod_security, runtime_settings_env};
 use super::{labels_for, meta, prometheus_annotations};
@@ -33,6 +37,7 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
+use std::collections::BTreeMap;
 use wasmless_artifact::{Digest, Part, ports};
 
 /// How long a terminating runtime pod keeps accepting and serving after SIGTERM (the
@@ -52,9 +57,11 @@ const MODULE_DIR: &str = "/module";
 pub const REVISIONS_DIR: &str = "/revisions";
 /// The pod annotation that says which revisions a split's pods serve, and their shares.
 pub const TRAFFIC_ANNOTATION: &str = "wasmless.io/traffic";
-/// The pod annotation the runtime serves from: its `--traffic-file`, a JSON list of the
-/// revisions requests go to, with where each is and its digests. The operator rewrites it
-/// on a running pod to move the pod's requests to revisions the pod has mounted.
+/// The pod annotation the runtime serves from first: its own `--traffic-file`, a routes
+/// document ([`routes_document`]) naming the revisions requests go to, with where each is
+/// and its digests. The operator writes it on a running pod to move the pod's requests to
+/// other revisions in place; the pod template has none (a pod started later serves its
+/// Function's [`routes_configmap`]). On the Deployment itself it records what serves.
 pub const ROUTES_ANNOTATION: &str = "wasmless.io/routes";
 /// Where the downward API volume puts [`ROUTES_ANNOTATION`].
 const ROUTES_DIR: &str = "/etc/wasmless/routes";
@@ -62,6 +69,18 @@ const ROUTES_FILE: &str = "traffic.json";
 /// The downward API volume of [`ROUTES_ANNOTATION`]: a pod without it (made by an older
 /// operator) is never switched in place.
 pub const ROUTES_VOLUME: &str = "routes";
+/// Where the Function's [`routes_configmap`] is mounted: the pods' second `--traffic-file`.
+const FUNCTION_ROUTES_DIR: &str = "/etc/wasmless/function-routes";
+const FUNCTION_ROUTES_VOLUME: &str = "function-routes";
+/// The pod template annotation of a new Function's pods, started while its first build
+/// runs: the template that waits, which the build's reconcile keeps until one of its pods
+/// has switched to what was built.
+pub const WAITING_ANNOTATION: &str = "wasmless.io/waiting-for-first-build";
+/// The Deployment annotation of its pod template's digest without the revisions it mounts
+/// (`template_digest`): what a change of routes alone leaves as it is.
+pub const TEMPLATE_DIGEST_ANNOTATION: &str = "wasmless.io/template-digest";
+/// The component label of a Function's routes ConfigMap.
+pub const ROUTES_COMPONENT: &str = "routes";
 /// The runtime's compiled-code cache, an emptyDir.
 const CACHE_DIR: &str = "/cache";
 /// Where `outbound.caBundle`'s key is mounted, as [`OUTBOUND_CA_FILE`]: the runtime's
@@ -127,20 +146,22 @@ pub struct Share {
 pub fn deployment(func: &Function, settings: &Settings, serving: &Serving, config_hash: Option<&Digest>) -> Deployment {
     let labels = labels_for(func, "runtime");
     let mut annotations = prometheus_annotations();
-    // No revision yet: the pods of a new Function start while its first build runs, and
-    // wait for the operator to name one in their routes.
-    if let Some(primary) = primary(&serving.routes) {
-        primary.module.write_pod_annotations(&mut annotations);
-    }
     if let Some(hash) = config_hash {
         annotations.insert(CONFIG_HASH_ANNOTATION.into(), hash.to_string());
     }
-    annotations.insert(ROUTES_ANNOTATION.into(), routes_json(&serving.routes));
-    if serving.is_split() {
-        annotations.insert(TRAFFIC_ANNOTATION.into(), traffic_summary(&serving.routes));
+    if serving.routes.is_empty() {
+        annotations.insert(WAITING_ANNOTATION.into(), "true".into());
     }
-    let mut volumes = vec![empty_dir("cache", "512Mi"), routes_volume()];
-    let mut mounts = vec![mount("cache", CACHE_DIR, false), mount(ROUTES_VOLUME, ROUTES_DIR, true)];
+    let mut volumes = vec![
+        empty_dir("cache", "512Mi"),
+        routes_volume(),
+        function_routes_volume(func),
+    ];
+    let mut mounts = vec![
+        mount("cache", CACHE_DIR, false),
+        mount(ROUTES_VOLUME, ROUTES_DIR, true),
+        mount(FUNCTION_ROUTES_VOLUME, FUNCTION_ROUTES_DIR, true),
+    ];
     for (index, share) in serving.mounted().enumerate() {
         let name = format!("revision-{index}");
         if let Some(chunks) = chunk_volume(func, &share.module, &name) {
@@ -166,43 +187,92 @@ pub fn deployment(func: &Function, settings: &Settings, serving: &Serving, confi
         mounts.push(mount("outbound-ca", OUTBOUND_CA_DIR, true));
     }
     let mut args = function_args(func);
-    args.extend(["--traffic-file".into(), format!("{ROUTES_DIR}/{ROUTES_FILE}")]);
+    // The pod's own routes first: they win a tie of generations.
+    args.extend([
+        "--traffic-file".into(),
+        format!("{ROUTES_DIR}/{ROUTES_FILE}"),
+        "--traffic-file".into(),
+        format!("{FUNCTION_ROUTES_DIR}/{ROUTES_FILE}"),
+    ]);
     let container = Container {
         volume_mounts: Some(mounts),
         args: Some(args),
         ..runtime_container(func, settings)
     };
+    let template = PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels.clone()),
+            annotations: Some(annotations),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            // A handler has no business with the Kubernetes API (it sees none of
+            // the pod's files); the runtime reads its own revisions' chunks there,
+            // where the pods run as the Function's chunk reader.
+            service_account_name: serving.chunk_reader.clone(),
+            automount_service_account_token: Some(serving.chunk_reader.is_some()),
+            enable_service_links: Some(false),
+            security_context: Some(restricted_pod_security()),
+            containers: vec![container],
+            // No preStop sleep: the runtime's own drain delay keeps it serving.
+            termination_grace_period_seconds: Some(TERMINATION_GRACE_PERIOD_SECONDS),
+            volumes: Some(volumes),
+            ..Default::default()
+        }),
+    };
+    let mut annotations = serving_annotations(serving);
+    annotations.insert(
+        TEMPLATE_DIGEST_ANNOTATION.into(),
+        template_digest(&template).to_string(),
+    );
+    let mut metadata = meta(func, func.name_any(), labels.clone());
+    metadata.annotations = Some(annotations);
     Deployment {
-        metadata: meta(func, func.name_any(), labels.clone()),
+        metadata,
         spec: Some(DeploymentSpec {
             replicas: Some(func.spec.replicas),
             revision_history_limit: Some(3),
             selector: LabelSelector {
-                match_labels: Some(labels.clone()),
+                match_labels: Some(labels),
                 ..Default::default()
             },
             strategy: Some(surge_strategy()),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    annotations: Some(annotations),
-                    ..Default::default()
-                }),
-                spec: Some(PodSpec {
-                    // A handler has no business with the Kubernetes API (it sees none of
-                    // the pod's files); the runtime reads its own revisions' chunks there,
-                    // where the pods run as the Function's chunk reader.
-                    service_account_name: serving.chunk_reader.clone(),
-                    automount_service_account_token: Some(serving.chunk_reader.is_some()),
-                    enable_service_links: Some(false),
-                    security_context: Some(restricted_pod_security()),
-                    containers: vec![container],
-                    // No preStop sleep: the runtime's own drain delay keeps it serving.
-                    termination_grace_period_seconds: Some(TERMINATION_GRACE_PERIOD_SECONDS),
-                    volumes: Some(volumes),
-                    ..Default::default()
-                }),
-            },
+            template,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The digest of a pod template as the operator wrote it, without the revisions it mounts:
+/// two templates with the same digest differ in those alone, whatever the API server
+/// defaulted or anyone else added to the live one.
+fn template_digest(template: &PodTemplateSpec) -> Digest {
+    Digest::of(&serde_json::to_vec(&template_without_revisions(template)).expect("a pod template serializes"))
+}
+
+/// What a Function's Deployment serves, on the Deployment itself (not its pod template,
+/// which a change of routes alone leaves as it is): the primary revision's module (none
+/// yet while a new Function's first build runs), the routes and a split's summary.
+fn serving_annotations(serving: &Serving) -> BTreeMap<String, String> {
+    let mut annotations = BTreeMap::new();
+    if let Some(primary) = primary(&serving.routes) {
+        primary.module.write_pod_annotations(&mut annotations);
+    }
+    annotations.insert(ROUTES_ANNOTATION.into(), routes_json(&serving.routes));
+    if serving.is_split() {
+        annotations.insert(TRAFFIC_ANNOTATION.into(), traffic_summary(&serving.routes));
+    }
+    annotations
+}
+
+/// The Function's [`routes_configmap`] as the pods' second traffic file.
+fn function_routes_volume(func: &Function) -> Volume {
+    Volume {
+        name: FUNCTION_ROUTES_VOLUME.into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: routes_configmap_name(&func.name_any()),
+            optional: Some(false),
             ..Default::default()
         }),
         ..Default::default()
