@@ -169,12 +169,7 @@ async fn rolled_out(client: &kube::Client, namespace: &str, name: &str) -> kube:
     else {
         return Ok(true);
     };
-    let waiting = deployment
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.template.metadata.as_ref()?.annotations.as_ref())
-        .is_none_or(|annotations| annotations.contains_key(wasmless_operator::objects::WAITING_ANNOTATION));
-    if waiting {
+    if wasmless_operator::objects::waits_for_first_build(&deployment) {
         return Ok(false);
     }
     let wanted = deployment.spec.as_ref().and_then(|spec| spec.replicas).unwrap_or(1);

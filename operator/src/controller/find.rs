@@ -49,19 +49,6 @@ fn serving_annotations(deployment: &Deployment) -> Option<&BTreeMap<String, Stri
     }
 }
 
-/// Whether a Deployment's pod template is the one a new Function's pods wait for its first
-/// build with (an older operator's named no revision in its routes).
-pub(super) fn waiting_for_first_build(deployment: &Deployment) -> bool {
-    let annotations = deployment
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.template.metadata.as_ref()?.annotations.as_ref());
-    annotations.is_some_and(|annotations| {
-        annotations.contains_key(objects::WAITING_ANNOTATION)
-            || annotations.get(ROUTES_ANNOTATION).is_some_and(|routes| routes == "[]")
-    })
-}
-
 /// The module a Deployment serves (its primary revision's), as its annotations record it.
 pub(super) fn serving_module(deployment: &Deployment) -> Option<Module> {
     Module::from_pod_annotations(serving_annotations(deployment)?)

@@ -76,7 +76,7 @@ pub(super) fn holding_for_first_switch(
     let Some(deployment) = deployment else {
         return false;
     };
-    let waiting = find::waiting_for_first_build(deployment);
+    let waiting = objects::waits_for_first_build(deployment);
     let publishing_not_ready = service
         .and_then(|service| service.spec.as_ref()?.publish_not_ready_addresses)
         .unwrap_or(false);

@@ -680,14 +680,7 @@ pub(crate) fn serving_annotation(deployment: &Deployment, key: &str) -> String {
     deployment.metadata.annotations.as_ref().unwrap()[key].clone()
 }
 
-/// Whether a Deployment's pods wait for its Function's first build.
-pub(crate) fn waits_for_first_build(deployment: &Deployment) -> bool {
-    deployment
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.template.metadata.as_ref()?.annotations.as_ref())
-        .is_some_and(|annotations| annotations.contains_key(wasmless_operator::objects::WAITING_ANNOTATION))
-}
+pub(crate) use wasmless_operator::objects::waits_for_first_build;
 
 /// Whether `flag` is followed by `value` in `args`.
 pub(crate) fn has_flag(args: &[String], flag: &str, value: &str) -> bool {

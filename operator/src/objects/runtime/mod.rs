@@ -279,6 +279,19 @@ fn function_routes_volume(func: &Function) -> Volume {
     }
 }
 
+/// Whether a Deployment's pod template is the one a new Function's pods wait for its first
+/// build with (an older operator's named no revision in its routes annotation).
+pub fn waits_for_first_build(deployment: &Deployment) -> bool {
+    let annotations = deployment
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.template.metadata.as_ref()?.annotations.as_ref());
+    annotations.is_some_and(|annotations| {
+        annotations.contains_key(WAITING_ANNOTATION)
+            || annotations.get(ROUTES_ANNOTATION).is_some_and(|routes| routes == "[]")
+    })
+}
+
 /// The `runtime` container, without its arguments and volume mounts.
 fn runtime_container(func: &Function, settings: &Settings) -> Container {
     let probe = admin_probe;
