@@ -284,6 +284,136 @@ async fn dev_builds_a_module_directory_through_the_proxy_and_watches_go_sum() {
     assert_eq!(get(&url).await.unwrap().0, 200);
 }
 
+/// An upstream on loopback that answers every request with `body`, and keeps each
+/// request's head for the test to read.
+fn upstream(body: &'static str) -> (u16, Arc<Mutex<Vec<String>>>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let kept = heads.clone();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().map_while(Result::ok) {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            kept.lock().unwrap().push(String::from_utf8_lossy(&head).into_owned());
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(answer.as_bytes());
+        }
+    });
+    (port, heads)
+}
+
+/// `wasmless dev` serves a Function as the cluster would: its `spec.outbound` allows the
+/// calls it lists (and no others), the headers it injects are sent, and values that live in
+/// Secrets are given with `--secret`; without them it says which flag to add.
+#[tokio::test(flavor = "multi_thread")]
+async fn dev_serves_outbound_calls_env_and_secrets_as_the_cluster_does() {
+    let (upstream_port, heads) = upstream("rate 1.08");
+    let upstream = format!("http://127.0.0.1:{upstream_port}");
+    let dir = tempfile::tempdir().unwrap();
+    let function = dir.path().join("rates");
+    std::fs::create_dir(&function).unwrap();
+    std::fs::write(
+        function.join("function.yaml"),
+        format!(
+            r#"apiVersion: wasmless.io/v1alpha1
+kind: Function
+metadata: {{name: rates}}
+spec:
+  scale: {{min: 0, max: 2}}
+  env:
+    - {{name: UPSTREAM, value: "{upstream}"}}
+    - name: TOKEN
+      valueFrom: {{secretKeyRef: {{name: api, key: token}}}}
+  outbound:
+    allow: ["{upstream}"]
+    headers:
+      - url: "{upstream}"
+        name: X-Api-Key
+        allowInsecure: true
+        valueFrom: {{secretKeyRef: {{name: api, key: key}}}}
+  source: |
+    package handlers
+
+    import (
+        "fmt"
+        "io"
+        "net/http"
+        "os"
+    )
+
+    func Handler(w http.ResponseWriter, r *http.Request) {{
+        target := os.Getenv("UPSTREAM") + "/rate"
+        if r.URL.Path == "/elsewhere" {{
+            target = "http://127.0.0.1:9/"
+        }}
+        resp, err := http.Get(target)
+        if err != nil {{
+            http.Error(w, err.Error(), http.StatusBadGateway)
+            return
+        }}
+        defer resp.Body.Close()
+        body, _ := io.ReadAll(resp.Body)
+        fmt.Fprintf(w, "%s, token %s", body, os.Getenv("TOKEN"))
+    }}
+"#
+        ),
+    )
+    .unwrap();
+
+    // A Secret's value dev cannot read is said before anything is built.
+    let missing = wasmless().arg("dev").arg(&function).output().unwrap();
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("spec.env TOKEN takes key token of Secret api") && stderr.contains("--secret api/token=VALUE"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("built sha256:"), "nothing is built first: {stderr}");
+
+    let (port, admin_port) = (free_port(), free_port());
+    let dev = Running::spawn(
+        wasmless()
+            .args([
+                "dev",
+                "--port",
+                &port.to_string(),
+                "--admin-port",
+                &admin_port.to_string(),
+                "--secret",
+                "api/token=t0k3n",
+                "--secret",
+                "api/key=k3y",
+            ])
+            .arg(&function)
+            .env("WASMLESS_BUILD_CACHE", dir.path().join("cache")),
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    wait_for_body(&format!("{url}/"), "rate 1.08, token t0k3n").await;
+    dev.wait_for_stderr("note: spec.scale is for the cluster");
+    let head = heads.lock().unwrap().last().cloned().unwrap();
+    assert!(head.starts_with("GET /rate "), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("x-api-key: k3y\r\n"),
+        "the injected header: {head}"
+    );
+
+    // What spec.outbound does not list is refused, as on the cluster.
+    let (status, body) = get(&format!("{url}/elsewhere")).await.unwrap();
+    assert_eq!(status, 502, "{body}");
+    assert!(
+        body.contains("denied") && body.contains("spec.outbound.allow"),
+        "{body}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn build_and_serve_are_the_builder_and_the_runtime() {
     let dir = tempfile::tempdir().unwrap();

@@ -270,6 +270,12 @@ pub struct Config {
     #[arg(long, env = "WASMLESS_POOL_SHARE", default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=100))]
     pub pool_share: u8,
 
+    /// Not a flag: the variables read instead of the process's environment, for the
+    /// handler's `WASMLESS_HANDLER_ENV_*` and the `--outbound-header` values (`wasmless
+    /// dev`, which serves in its own process the values a pod's kubelet would have set).
+    #[arg(skip)]
+    pub environment: Option<Vec<(String, String)>>,
+
     /// The longest `--timeout` a pooled Function may have: an entry asking for more is not
     /// served (the operator gives such a Function pods of its own).
     #[arg(long, env = "WASMLESS_POOL_MAX_TIMEOUT", default_value = "60s", value_parser = parse_nonzero_duration)]
@@ -287,6 +293,15 @@ impl Config {
     /// `--pool-share` percent of `total`, rounded down: one Function's most of it.
     pub fn pool_share_of(&self, total: usize) -> usize {
         (total as u128 * u128::from(self.pool_share.min(100)) / 100) as usize
+    }
+
+    /// The variables a dedicated runtime reads its handler's variables and outbound header
+    /// values from: [`Config::environment`], or else the process's own.
+    pub fn process_env(&self) -> Vec<(String, String)> {
+        match &self.environment {
+            Some(environment) => environment.clone(),
+            None => std::env::vars().collect(),
+        }
     }
 
     /// The handler's environment: `--env` pairs, then `WASMLESS_HANDLER_ENV_*` from

@@ -203,7 +203,13 @@ async fn serve_one(config: &Config, metrics: &Arc<Metrics>, admin_port: u16) -> 
     let code = tenant::fetch_code(config);
     let engine = loader::EngineHost::new(&limits::RequestLimits::from_config(config), config.cache_dir.clone())?;
     tracing::debug!(engine_ms = started.elapsed().as_secs_f64() * 1000.0, "engine made");
-    let tenant = Tenant::new(&engine, config, metrics.clone(), admin_port, std::env::vars())?;
+    let tenant = Tenant::new(
+        &engine,
+        config,
+        metrics.clone(),
+        admin_port,
+        config.process_env().into_iter(),
+    )?;
     tenant.use_prefetched(code);
     let tenant = Arc::new(tenant);
     tenant.handler().await?;

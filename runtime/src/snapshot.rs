@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use wasmtime::{CacheStore, Engine, Instance, Linker, Module, Store, StoreLimits, StoreLimitsBuilder, Val};
 use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wizer::{InstanceState, SnapshotVal, ValType, Wizer};
 
 /// `_initialize` may run this long before the build gives up on it.
@@ -25,12 +26,22 @@ const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(60);
 const INITIALIZE_MEMORY: usize = 1 << 30;
 /// Active data segments closer than this are merged, with the zeros between them.
 const MERGE_GAP: u64 = 64;
+/// What `_initialize` may write to stdout and stderr that is kept; more is dropped (the
+/// guest's write fails, as to a closed pipe), and the message quotes the end of it.
+const INITIALIZE_OUTPUT: usize = 1 << 20;
+/// The end of that output a failed start-up's message quotes: a panic's message and the
+/// top of its stack, within the 4 KiB a build's status message keeps.
+const QUOTED_OUTPUT: usize = 3 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
     #[error("the reactor cannot be snapshotted: {0}")]
     Unsupported(String),
-    #[error("the reactor's initialisation failed (_initialize: Go's start-up and the package initialisers): {0}")]
+    /// What the guest wrote to stderr and stdout comes first: a Go panic's message and
+    /// stack, a `log.Fatal`'s line, as `go run` would show them.
+    #[error(
+        "the handler's start-up failed (Go's runtime start-up and its package initialisers, run once when it is built): {0}"
+    )]
     Initialize(String),
     #[error("cannot rewrite the snapshot's data segments: {0}")]
     Segments(String),
@@ -95,8 +106,12 @@ fn snapshot_here(wasm: &[u8], functions: Option<Arc<dyn CacheStore>>) -> Result<
         .map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
     refuse_outbound_calls(&mut linker).map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
     let clock = SnapshotClock::default();
+    // One pipe for both, so their lines keep the order the guest wrote them in.
+    let output = MemoryOutputPipe::new(INITIALIZE_OUTPUT);
     let wasi = WasiCtxBuilder::new()
         .args(&["function"])
+        .stdout(output.clone())
+        .stderr(output.clone())
         .wall_clock(clock.clone())
         .monotonic_clock(clock)
         .secure_random(rand::rngs::StdRng::seed_from_u64(0))
@@ -119,14 +134,9 @@ fn snapshot_here(wasm: &[u8], functions: Option<Arc<dyn CacheStore>>) -> Result<
     let initialize = instance
         .get_typed_func::<(), ()>(&mut store, "_initialize")
         .map_err(|e| SnapshotError::Unsupported(format!("no _initialize export: {e:#}")))?;
-    initialize.call(&mut store, ()).map_err(|e| {
-        let timed_out = matches!(e.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt));
-        SnapshotError::Initialize(if timed_out {
-            format!("did not finish within {INITIALIZE_TIMEOUT:?}")
-        } else {
-            format!("{e:#}")
-        })
-    })?;
+    initialize
+        .call(&mut store, ())
+        .map_err(|e| SnapshotError::Initialize(start_up_failure(&e, &output.contents())))?;
 
     let mut state = Initialised { store, instance };
     let raw =
@@ -140,6 +150,29 @@ fn snapshot_here(wasm: &[u8], functions: Option<Arc<dyn CacheStore>>) -> Result<
         wasm: compacted.wasm,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Why `_initialize` failed, as a user reads it: the end of what the guest wrote (Go prints
+/// a panic's message and stack to stderr, then exits with status 2), then how it ended.
+fn start_up_failure(error: &wasmtime::Error, output: &[u8]) -> String {
+    let ended = if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        format!("it exited with status {}", exit.0)
+    } else if matches!(error.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt)) {
+        format!("it did not finish within {INITIALIZE_TIMEOUT:?}")
+    } else {
+        format!("{error:#}")
+    };
+    let output = String::from_utf8_lossy(output);
+    let output = output.trim();
+    if output.is_empty() {
+        return ended;
+    }
+    let mut start = output.len().saturating_sub(QUOTED_OUTPUT);
+    while !output.is_char_boundary(start) {
+        start += 1;
+    }
+    let elided = if start > 0 { "...\n" } else { "" };
+    format!("\n{elided}{}\n({ended})", &output[start..])
 }
 
 /// The snapshot with the exports of the module that ran `_initialize` (Wizer's

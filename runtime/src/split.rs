@@ -317,7 +317,8 @@ async fn make_split(
             true => Arc::new(metrics.for_revision(&config.function, Some(&target.revision))),
             false => metrics.clone(),
         };
-        let mut tenant = Tenant::new(engine, &revision_config, revision_metrics, admin_port, std::env::vars())?;
+        let environment = config.process_env().into_iter();
+        let mut tenant = Tenant::new(engine, &revision_config, revision_metrics, admin_port, environment)?;
         if labelled {
             tenant.revision = Some(target.revision.as_str().into());
         }

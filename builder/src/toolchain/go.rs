@@ -66,7 +66,42 @@ fn module_main(module_path: &str) -> String {
         )
 }
 
-const GO_MOD: &str = "module function\n\ngo 1.21\n\nrequire wasmless.io/wasmless v0.0.0\n\nreplace wasmless.io/wasmless => ./wasmless-sdk\n";
+/// The go.mod of an inline handler, at `go_version`: the toolchain's own, as `go mod init`
+/// writes it, so the handler gets this Go's semantics (Go 1.22's `ServeMux` patterns, the
+/// per-iteration loop variable) and not those of an older release kept for compatibility.
+fn go_mod(go_version: &str) -> String {
+    format!(
+        "module function\n\ngo {go_version}\n\nrequire wasmless.io/wasmless v0.0.0\n\nreplace wasmless.io/wasmless => ./wasmless-sdk\n"
+    )
+}
+
+/// The oldest language version an inline handler is built at, should a Go name itself in a
+/// way [`language_version`] cannot read: the first with method and wildcard patterns.
+const OLDEST_LANGUAGE_VERSION: &str = "1.22";
+
+/// The language version of a `go env GOVERSION` (`go1.26.8`, `go1.27rc1 X:...`), as go.mod's
+/// `go` line takes it; a development build's or an unreadable one is [`OLDEST_LANGUAGE_VERSION`].
+fn language_version(go_version: &str) -> String {
+    let release = go_version
+        .trim()
+        .strip_prefix("go")
+        .and_then(|rest| {
+            rest.split(|c: char| c.is_whitespace() || c.is_ascii_alphabetic())
+                .next()
+        })
+        .unwrap_or_default();
+    let numbers: Vec<&str> = release.split('.').collect();
+    let readable = (2..=3).contains(&numbers.len())
+        && numbers[0] == "1"
+        && numbers
+            .iter()
+            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    let minor = if readable { numbers[1].parse::<u32>().ok() } else { None };
+    match minor {
+        Some(minor) if minor >= 22 => release.to_string(),
+        _ => OLDEST_LANGUAGE_VERSION.to_string(),
+    }
+}
 
 pub fn build(source: &Source, options: &BuildOptions) -> Result<Vec<u8>, BuildError> {
     let scratch =
@@ -74,12 +109,14 @@ pub fn build(source: &Source, options: &BuildOptions) -> Result<Vec<u8>, BuildEr
     let project = scratch.path();
     let output = project.join("handler.wasm");
     seed_go_cache(options);
-    let overlay = write_runtime_overlay(project, options)?;
+    let go = GoEnv::read(options)?;
+    let overlay = super::go_overlay::write(Path::new(&go.root), project)
+        .map_err(|e| BuildError::Toolchain(format!("cannot write the Go overlay: {e}")))?;
     let names: Vec<String> = source.files.iter().map(|f| f.name.clone()).collect();
     let mut command = if source.module_file("go.mod").is_some() {
         user_module_command(project, source, options)?
     } else {
-        write_project(project, source)
+        write_project(project, source, &language_version(&go.version))
             .map_err(|e| BuildError::Toolchain(format!("cannot write the Go project: {e}")))?;
         let mut command = go_command(options);
         command.current_dir(project);
@@ -322,28 +359,41 @@ fn go_command(options: &BuildOptions) -> Command {
     command
 }
 
-/// Writes the `-overlay` of the standard library (`go_overlay`) for this Go, whose GOROOT
-/// is asked first.
-fn write_runtime_overlay(project: &Path, options: &BuildOptions) -> Result<std::path::PathBuf, BuildError> {
-    let output = go_command(options)
-        .args(["env", "GOROOT"])
-        .output()
-        .map_err(|e| BuildError::Toolchain(format!("cannot run go ({e}): install it, or point WASMLESS_GO at it")))?;
-    let goroot = String::from_utf8_lossy(&output.stdout).trim().to_string();
-    if !output.status.success() || goroot.is_empty() {
-        return Err(BuildError::Toolchain(format!(
-            "go env GOROOT failed: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        )));
-    }
-    super::go_overlay::write(Path::new(&goroot), project)
-        .map_err(|e| BuildError::Toolchain(format!("cannot write the Go overlay: {e}")))
+/// What the build asks of this Go first: its GOROOT, whose standard library the `-overlay`
+/// (`go_overlay`) patches, and its version, which an inline handler's go.mod names.
+struct GoEnv {
+    root: String,
+    version: String,
 }
 
-fn write_project(project: &Path, source: &Source) -> std::io::Result<()> {
+impl GoEnv {
+    fn read(options: &BuildOptions) -> Result<Self, BuildError> {
+        let output = go_command(options)
+            .args(["env", "GOROOT", "GOVERSION"])
+            .output()
+            .map_err(|e| {
+                BuildError::Toolchain(format!("cannot run go ({e}): install it, or point WASMLESS_GO at it"))
+            })?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        let mut lines = text.lines().map(str::trim);
+        let (root, version) = (lines.next().unwrap_or_default(), lines.next().unwrap_or_default());
+        if !output.status.success() || root.is_empty() {
+            return Err(BuildError::Toolchain(format!(
+                "go env GOROOT GOVERSION failed: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            )));
+        }
+        Ok(Self {
+            root: root.to_string(),
+            version: version.to_string(),
+        })
+    }
+}
+
+fn write_project(project: &Path, source: &Source, go_version: &str) -> std::io::Result<()> {
     let handlers = project.join("handlers");
     std::fs::create_dir_all(&handlers)?;
-    std::fs::write(project.join("go.mod"), GO_MOD)?;
+    std::fs::write(project.join("go.mod"), go_mod(go_version))?;
     std::fs::write(project.join("main.go"), MAIN)?;
     write_sdk(&project.join("wasmless-sdk"))?;
     for (index, file) in source.files.iter().enumerate() {
@@ -394,6 +444,19 @@ fn trim_go_output(text: &str, names: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::super::go_overlay::{NET_PATCHES, patch};
+    use super::language_version;
+
+    #[test]
+    fn an_inline_handler_is_built_at_the_toolchains_language_version() {
+        assert_eq!(language_version("go1.26.8"), "1.26.8");
+        assert_eq!(language_version("go1.22.0\n"), "1.22.0");
+        assert_eq!(language_version("go1.27rc1"), "1.27");
+        assert_eq!(language_version("go1.26.8 X:nocoverageredesign"), "1.26.8");
+        // Never below the release whose ServeMux patterns handlers are written for.
+        assert_eq!(language_version("go1.21.13"), "1.22");
+        assert_eq!(language_version("devel go1.27-4b2a1c Tue Dec 1"), "1.22");
+        assert_eq!(language_version(""), "1.22");
+    }
 
     /// Every line of package net the overlay inserts after is found in the Go this builds
     /// with: a Go that moved one still builds handlers, but this says so first.

@@ -2,7 +2,7 @@ package handlers
 
 // Handlers as people write them for native Go, without reading Wasmless's docs: a JSON
 // API, a webhook signature check, a template, gzip, time zones, a large upload, an
-// outbound call with a timeout, a status of one's own.
+// outbound call with a timeout, a status of one's own, and Go 1.22's ServeMux patterns.
 
 import (
 	"compress/gzip"
@@ -19,10 +19,28 @@ import (
 	"time"
 )
 
+// Routes as Go 1.22 writes them: a method, a wildcard read with PathValue, and a 405 with
+// an Allow header for the other methods. Under an older go.mod's semantics these are
+// literal paths, and every request is a 404.
+var items = func() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /items/{id}", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "item %s", r.PathValue("id"))
+	})
+	mux.HandleFunc("GET /items/{id}/files/{path...}", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "item %s, file %s", r.PathValue("id"), r.PathValue("path"))
+	})
+	return mux
+}()
+
 var page = template.Must(template.New("page").Parse(
 	`<h1>Hello, {{.Name}}</h1><ul>{{range .Items}}<li>{{.}}</li>{{end}}</ul>`))
 
 func Handler(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, "/items/") {
+		items.ServeHTTP(w, r)
+		return
+	}
 	switch r.URL.Path {
 	case "/json":
 		var in struct {

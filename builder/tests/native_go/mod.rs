@@ -36,24 +36,26 @@ impl Native {
     fn start(dir: &Path, upstream: &str) -> Self {
         std::fs::create_dir_all(dir.join("handlers")).unwrap();
         std::fs::write(dir.join("handlers/handler.go"), HANDLER).unwrap();
-        std::fs::write(dir.join("go.mod"), "module function\n\ngo 1.21\n").unwrap();
         std::fs::write(
             dir.join("main.go"),
             "package main\n\nimport (\n\t\"function/handlers\"\n\t\"net/http\"\n\t\"os\"\n)\n\nfunc main() {\n\thttp.HandleFunc(\"/\", handlers.Handler)\n\thttp.ListenAndServe(\"127.0.0.1:\"+os.Getenv(\"PORT\"), nil)\n}\n",
         )
         .unwrap();
-        let status = Command::new(std::env::var("WASMLESS_GO").unwrap_or_else(|_| "go".into()))
-            .args(["build", "-o", "server", "."])
-            .current_dir(dir)
-            .envs([
-                ("GOFLAGS", "-mod=mod"),
-                ("GOPROXY", "off"),
-                ("GOTOOLCHAIN", "local"),
-                ("GOWORK", "off"),
-            ])
-            .status()
-            .unwrap();
-        assert!(status.success(), "go build of the native server");
+        // As a Go user starts: `go mod init`, which names this Go's version.
+        for args in [&["mod", "init", "function"][..], &["build", "-o", "server", "."]] {
+            let status = Command::new(std::env::var("WASMLESS_GO").unwrap_or_else(|_| "go".into()))
+                .args(args)
+                .current_dir(dir)
+                .envs([
+                    ("GOFLAGS", "-mod=mod"),
+                    ("GOPROXY", "off"),
+                    ("GOTOOLCHAIN", "local"),
+                    ("GOWORK", "off"),
+                ])
+                .status()
+                .unwrap();
+            assert!(status.success(), "go {args:?} of the native server");
+        }
         let port = wasmless_testkit::free_port();
         let child = Command::new(dir.join("server"))
             .env("PORT", port.to_string())
@@ -166,6 +168,15 @@ async fn handlers_written_for_native_go_answer_as_under_native_go() {
             Box::new(|base| client.get(format!("{base}/call-timeout"))),
         ),
         ("own status", Box::new(|base| client.get(format!("{base}/teapot")))),
+        ("Go 1.22 route", Box::new(|base| client.get(format!("{base}/items/42")))),
+        (
+            "Go 1.22 route, rest of the path",
+            Box::new(|base| client.get(format!("{base}/items/7/files/a/b.txt"))),
+        ),
+        (
+            "Go 1.22 route, wrong method",
+            Box::new(|base| client.delete(format!("{base}/items/42"))),
+        ),
     ];
     for (what, request) in &requests {
         let theirs = answer(request(&native.1)).await;
@@ -196,6 +207,13 @@ async fn handlers_written_for_native_go_answer_as_under_native_go() {
     assert_eq!(String::from_utf8_lossy(&body), "200 echo ping");
     let (_, _, _, body) = answer(client.get(format!("{ours_url}/call-timeout"))).await;
     assert_eq!(String::from_utf8_lossy(&body), "timed out: true");
+    let (status, _, _, body) = answer(client.get(format!("{ours_url}/items/42"))).await;
+    assert_eq!((status, String::from_utf8_lossy(&body).as_ref()), (200, "item 42"));
+    let (_, _, _, body) = answer(client.get(format!("{ours_url}/items/7/files/a/b.txt"))).await;
+    assert_eq!(String::from_utf8_lossy(&body), "item 7, file a/b.txt");
+    let response = client.delete(format!("{ours_url}/items/42")).send().await.unwrap();
+    assert_eq!(response.status(), 405);
+    assert_eq!(response.headers()["allow"], "GET, HEAD");
 }
 
 /// HMAC-SHA256 (RFC 2104) in hex, with the runtime's own sha2.

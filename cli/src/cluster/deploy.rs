@@ -218,6 +218,25 @@ fn progress(name: &str, phase: Option<Phase>, status: &wasmless_operator::Functi
 /// fields it names, and an autoscaler's `replicas` is left alone), or one made from a
 /// bare handler. Checked here first, so a mistake is reported before anything is sent.
 pub fn manifest(path: &Path, name: Option<&str>) -> anyhow::Result<Value> {
+    let function = written(path, name, read_function_yaml)?;
+    let parsed: Function = serde_json::from_value(function.clone())
+        .with_context(|| format!("{} does not describe a Function", path.display()))?;
+    let name = parsed.metadata.name.clone().unwrap_or_default();
+    let mut problems: Vec<String> = wasmless_operator::crd::name_problem(&name).into_iter().collect();
+    problems.extend(parsed.spec.problems());
+    if !problems.is_empty() {
+        bail!("{}: {}", path.display(), problems.join("; "));
+    }
+    Ok(function)
+}
+
+/// The Function `path` describes, as [`manifest`] reads it but unchecked, a function.yaml
+/// read by `read_yaml`.
+pub fn written(
+    path: &Path,
+    name: Option<&str>,
+    read_yaml: fn(&Path) -> anyhow::Result<Value>,
+) -> anyhow::Result<Value> {
     let yaml = if path.is_dir() && path.join("function.yaml").exists() {
         Some(path.join("function.yaml"))
     } else if matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
@@ -227,23 +246,15 @@ pub fn manifest(path: &Path, name: Option<&str>) -> anyhow::Result<Value> {
     };
     let mut function = match yaml {
         Some(yaml) if path.is_dir() => {
-            let mut function = read_function_yaml(&yaml)?;
+            let mut function = read_yaml(&yaml)?;
             add_module_files(&mut function, path)?;
             function
         }
-        Some(yaml) => read_function_yaml(&yaml)?,
+        Some(yaml) => read_yaml(&yaml)?,
         None => from_handler(path)?,
     };
     if let Some(name) = name {
         function["metadata"]["name"] = json!(name);
-    }
-    let parsed: Function = serde_json::from_value(function.clone())
-        .with_context(|| format!("{} does not describe a Function", path.display()))?;
-    let name = parsed.metadata.name.clone().unwrap_or_default();
-    let mut problems: Vec<String> = wasmless_operator::crd::name_problem(&name).into_iter().collect();
-    problems.extend(parsed.spec.problems());
-    if !problems.is_empty() {
-        bail!("{}: {}", path.display(), problems.join("; "));
     }
     Ok(function)
 }

@@ -27,6 +27,7 @@ pub use runtime::{
     routes_configmap_name, routes_document, routes_generation, routes_json, routes_json_for, routes_json_reading,
     routes_of_document, runtime_args, split_args, traffic_summary,
 };
+pub use runtime::{Expansion, function_args, function_env, handler_env_from};
 pub use runtime::{TEMPLATE_DIGEST_ANNOTATION, WAITING_ANNOTATION, waits_for_first_build};
 
 use crate::crd::{Function, Language};

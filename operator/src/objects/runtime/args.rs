@@ -51,8 +51,9 @@ pub fn split_args(func: &Function, shares: &[Share]) -> Vec<String> {
 }
 
 /// Every runtime flag but where the module and its code are: the Function's name, ports,
-/// limits and outbound policy.
-pub(super) fn function_args(func: &Function) -> Vec<String> {
+/// limits and outbound policy. `wasmless dev` serves with these too, its own ports and
+/// directories put in place of the pod's.
+pub fn function_args(func: &Function) -> Vec<String> {
     let limits = &func.spec.limits;
     let mut args: Vec<String> = [
         ("--function", func.name_any()),

@@ -38,14 +38,14 @@ pub(super) fn runtime_env(func: &Function, settings: &Settings) -> Vec<EnvVar> {
 /// Whether a literal value is read by the kubelet, which expands `$(NAME)` and turns `$$`
 /// into `$` (a pod's container), or taken as is (the pool's entry).
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(in crate::objects) enum Expansion {
+pub enum Expansion {
     Kubelet,
     None,
 }
 
 /// The Function's own variables: its outbound headers' values and its handler's `env`,
 /// under the names the runtime reads them by.
-pub(in crate::objects) fn function_env(func: &Function, expansion: Expansion) -> Vec<EnvVar> {
+pub fn function_env(func: &Function, expansion: Expansion) -> Vec<EnvVar> {
     let mut env = Vec::new();
     let headers = func.spec.outbound.iter().flat_map(|outbound| &outbound.headers);
     env.extend(headers.enumerate().map(|(index, header)| {
@@ -97,7 +97,7 @@ fn handler_env_var(var: &crate::crd::EnvVar, expansion: Expansion) -> EnvVar {
 }
 
 /// The Function's `envFrom`, each under [`HANDLER_ENV_PREFIX`] (and the entry's own prefix).
-pub(in crate::objects) fn handler_env_from(func: &Function) -> Vec<EnvFromSource> {
+pub fn handler_env_from(func: &Function) -> Vec<EnvFromSource> {
     func.spec
         .env_from
         .iter()

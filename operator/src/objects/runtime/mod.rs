@@ -8,11 +8,10 @@ mod env;
 mod routes;
 
 pub(in crate::objects) use args::args_with_locations;
-use args::function_args;
-pub use args::{runtime_args, split_args};
+pub use args::{function_args, runtime_args, split_args};
 pub use chunk_reader::{chunk_configmap_names, chunk_reader_name, chunk_reader_rbac};
 use env::runtime_env;
-pub(in crate::objects) use env::{Expansion, function_env, handler_env_from};
+pub use env::{Expansion, function_env, handler_env_from};
 pub use env::{HANDLER_ENV_PREFIX, POD_IP_ENV, outbound_header_env};
 pub use routes::{
     mounted_revisions, reads_chunks_through_api, reads_routes_documents, routes_configmap, routes_configmap_document,

@@ -1,12 +1,20 @@
 //! `wasmless dev`: build a function, serve it on localhost with the runtime in this
-//! process, and rebuild and swap it in whenever its source changes.
+//! process, and rebuild and swap it in whenever its source changes. It serves the Function
+//! as the cluster would: the runtime's flags are the operator's (`function_args`), from
+//! the same Function `wasmless deploy` would apply, with this machine's ports and
+//! directories in place of the pod's, and the Secrets' and ConfigMaps' values given on the
+//! command line ([`cluster_values`]).
+
+mod cluster_values;
 
 use anyhow::Context;
+use cluster_values::ClusterValues;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 use wasmless::function_file::LocalFunction;
 use wasmless_builder::{BuildOptions, Built};
+use wasmless_operator::Function;
 
 #[derive(clap::Args)]
 pub struct DevArgs {
@@ -18,14 +26,41 @@ pub struct DevArgs {
     admin_port: u16,
     #[arg(long, default_value = "127.0.0.1")]
     bind: String,
+    #[command(flatten)]
+    values: ClusterValues,
 }
+
+/// The fields of a Function that place or scale it on a cluster: `dev` serves one
+/// instance of the latest source, and says so when a file sets them.
+const CLUSTER_ONLY_FIELDS: [&str; 9] = [
+    "replicas",
+    "scale",
+    "traffic",
+    "service",
+    "serverPort",
+    "resources",
+    "storage",
+    "revisionHistoryLimit",
+    "module",
+];
 
 const POLL: Duration = Duration::from_millis(300);
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let function = LocalFunction::load(&args.path)?;
+    // What the cluster would be given, checked before a build: a Secret's value that is
+    // missing is said now, not after a minute of compiling.
+    let (resource, written) = as_applied(&args.path)?;
+    let environment = args.values.environment(&resource)?;
+    for field in CLUSTER_ONLY_FIELDS
+        .iter()
+        .filter(|f| written["spec"].get(**f).is_some())
+    {
+        eprintln!("note: spec.{field} is for the cluster; `wasmless dev` serves one instance of the latest source");
+    }
     let work = std::env::temp_dir().join(format!("wasmless-dev-{}-{}", function.name, std::process::id()));
     std::fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
+    let ca_bundle = args.values.ca_bundle_file(&resource, &work)?;
     let module = work.join("module.wasm");
     // WASMLESS_GOPROXY names the module proxy of a handler with a go.mod, and
     // WASMLESS_CARGO_REGISTRY the crates registry of one with a Cargo.toml, as for `wasmless build`.
@@ -41,10 +76,24 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     // the runtime, which compiles them (the builder would only compile them a second time).
     let code = precompile_with_progress(&built, &work).await?;
 
-    let config = runtime_config(&args, &function, &module, &work, &code);
+    let here = Here {
+        module: &module,
+        code: &code,
+        work: &work,
+        ca_bundle: ca_bundle.as_deref(),
+    };
+    let mut config = runtime_config(&args, &resource, &here)?;
+    config.environment = Some(environment);
     let watched = function.watched.clone();
     let name = function.name.clone();
-    tokio::spawn(rebuild_on_change(watched.clone(), module, options));
+    let served = settings(&resource);
+    tokio::spawn(rebuild_on_change(
+        watched.clone(),
+        module,
+        options,
+        args.path.clone(),
+        served,
+    ));
     wasmless_runtime::serve(config, wasmless_runtime::shutdown_signal(), move |bound| {
         eprintln!(
             "serving {name} on http://{} (metrics on http://{}/metrics)\nedit {} to rebuild; Ctrl-C stops",
@@ -58,52 +107,84 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn runtime_config(
-    args: &DevArgs,
-    function: &LocalFunction,
-    module: &Path,
-    work: &Path,
-    code: &(PathBuf, wasmless_artifact::Digest),
-) -> wasmless_runtime::Config {
+/// The Function at `path` as `wasmless deploy` would apply it, and as written. A
+/// function.yaml without `apiVersion` and `kind` is served all the same (`kubectl apply`
+/// would want them), and so is one whose name the cluster would refuse.
+fn as_applied(path: &Path) -> anyhow::Result<(Function, serde_json::Value)> {
+    fn lenient_yaml(yaml: &Path) -> anyhow::Result<serde_json::Value> {
+        let text = std::fs::read_to_string(yaml).with_context(|| format!("cannot read {}", yaml.display()))?;
+        let mut value: serde_json::Value =
+            serde_yaml::from_str(&text).with_context(|| format!("{} is not YAML", yaml.display()))?;
+        if let Some(object) = value.as_object_mut() {
+            object.entry("apiVersion").or_insert("wasmless.io/v1alpha1".into());
+            object.entry("kind").or_insert("Function".into());
+        }
+        Ok(value)
+    }
+    let written = crate::cluster::deploy::written(path, None, lenient_yaml)?;
+    let resource: Function = serde_json::from_value(written.clone())
+        .with_context(|| format!("{} does not describe a Function", path.display()))?;
+    Ok((resource, written))
+}
+
+/// What a running runtime keeps of a Function: its flags and its variables.
+type Settings = (Vec<String>, Vec<k8s_openapi::api::core::v1::EnvVar>);
+
+fn settings(resource: &Function) -> Settings {
+    use wasmless_operator::objects::{Expansion, function_args, function_env};
+    (function_args(resource), function_env(resource, Expansion::None))
+}
+
+/// Where this machine keeps what a pod has in its volumes.
+struct Here<'a> {
+    module: &'a Path,
+    code: &'a (PathBuf, wasmless_artifact::Digest),
+    work: &'a Path,
+    ca_bundle: Option<&'a Path>,
+}
+
+/// The runtime's configuration for serving `resource` here: the operator's flags for it,
+/// with this machine's ports and directories in place of the pod's. The module is read
+/// without a pinned digest (from `module.wasm.sha256`), so a rebuild is swapped in.
+fn runtime_config(args: &DevArgs, resource: &Function, here: &Here) -> anyhow::Result<wasmless_runtime::Config> {
     let mut flags: Vec<String> = vec![
         "wasmless-runtime".into(),
         "--module".into(),
-        module.display().to_string(),
+        here.module.display().to_string(),
         "--code".into(),
-        code.0.display().to_string(),
+        here.code.0.display().to_string(),
         "--code-digest".into(),
-        code.1.to_string(),
-        "--function".into(),
-        function.name.clone(),
-        "--bind".into(),
-        args.bind.clone(),
-        "--port".into(),
-        args.port.to_string(),
-        "--admin-port".into(),
-        args.admin_port.to_string(),
-        "--watch-interval".into(),
-        "200ms".into(),
-        "--shutdown-grace".into(),
-        "2s".into(),
-        "--cache-dir".into(),
-        work.join("compiled").display().to_string(),
+        here.code.1.to_string(),
     ];
-    let limits = &function.limits;
-    for (flag, value) in [
-        ("--memory-limit", limits.memory.clone()),
-        ("--timeout", limits.timeout.clone()),
-        ("--max-concurrency", limits.max_concurrency.map(|n| n.to_string())),
-        ("--max-request-body", limits.max_request_body.clone()),
-        ("--isolation", limits.isolation.clone()),
-    ] {
-        if let Some(value) = value {
-            flags.extend([flag.to_string(), value]);
+    let mut placed = vec![
+        ("--port", args.port.to_string()),
+        ("--admin-port", args.admin_port.to_string()),
+        ("--bind", args.bind.clone()),
+        ("--cache-dir", here.work.join("compiled").display().to_string()),
+        ("--watch-interval", "200ms".into()),
+        ("--drain-delay", "0s".into()),
+        ("--shutdown-grace", "2s".into()),
+    ];
+    if let Some(ca_bundle) = here.ca_bundle {
+        placed.push(("--outbound-ca", ca_bundle.display().to_string()));
+    }
+    flags.extend(placed_here(
+        wasmless_operator::objects::function_args(resource),
+        &placed,
+    ));
+    <wasmless_runtime::Config as clap::Parser>::try_parse_from(flags)
+        .context("the runtime refuses the flags of this Function")
+}
+
+/// `args` with each flag of `placed` given its value here (added where `args` lacks it).
+fn placed_here(mut args: Vec<String>, placed: &[(&str, String)]) -> Vec<String> {
+    for (flag, value) in placed {
+        match args.iter().position(|arg| arg == flag) {
+            Some(at) if at + 1 < args.len() => args[at + 1] = value.clone(),
+            _ => args.extend([flag.to_string(), value.clone()]),
         }
     }
-    for (key, value) in &function.env {
-        flags.extend(["--env".to_string(), format!("{key}={value}")]);
-    }
-    <wasmless_runtime::Config as clap::Parser>::parse_from(flags)
+    args
 }
 
 async fn build_with_progress(function: &LocalFunction, options: &BuildOptions) -> Result<Built, String> {
@@ -169,7 +250,7 @@ fn install(module: &Path, built: &Built) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn rebuild_on_change(watched: PathBuf, module: PathBuf, options: BuildOptions) {
+async fn rebuild_on_change(watched: PathBuf, module: PathBuf, options: BuildOptions, path: PathBuf, served: Settings) {
     let modified = |path: &Path| {
         let of = |path: &Path| {
             std::fs::metadata(path)
@@ -198,6 +279,13 @@ async fn rebuild_on_change(watched: PathBuf, module: PathBuf, options: BuildOpti
                 continue;
             }
         };
+        // The source is swapped in; the rest of the spec is the runtime's flags, which a
+        // running runtime keeps.
+        if as_applied(&path).is_ok_and(|(resource, _)| settings(&resource) != served) {
+            eprintln!(
+                "note: the Function's settings changed (limits, env, outbound): restart `wasmless dev` to serve them; the source is rebuilt now"
+            );
+        }
         match build_with_progress(&function, &options).await {
             Ok(built) => match install(&module, &built) {
                 Ok(()) => eprintln!("swapping in {}", built.digest),
@@ -207,3 +295,6 @@ async fn rebuild_on_change(watched: PathBuf, module: PathBuf, options: BuildOpti
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
