@@ -1,0 +1,79 @@
+# Go handlers as people write them, on the installed operator and the real builder: Go 1.22
+# routing, and a package initialiser that fails, which the user reads on status.
+# Sourced by e2e/run.sh, which runs the steps in its order; e2e/lib.sh has the helpers.
+
+# apply_go_function NAME SOURCE: applies a Go Function of SOURCE (as JSON: Go's tabs stay).
+apply_go_function() {
+  python3 -c 'import json, sys; print(json.dumps({"apiVersion": "wasmless.io/v1alpha1", "kind": "Function", "metadata": {"name": sys.argv[1]}, "spec": {"language": "go", "source": sys.argv[2]}}))' \
+    "$1" "$2" | kubectl apply -n "$NS" -f - >/dev/null
+}
+
+go_as_written() {
+  step "Go as people write it: Go 1.22 routes with r.PathValue; an initialiser's panic is Go's own message and stack on status.buildMessage and in the Event"
+  local routes_source panicking_source
+  routes_source=$(cat <<'GO'
+package handlers
+
+import (
+	"fmt"
+	"net/http"
+)
+
+var mux = http.NewServeMux()
+
+func init() {
+	mux.HandleFunc("GET /items/{id}", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "item %s", r.PathValue("id"))
+	})
+}
+
+func Handler(w http.ResponseWriter, r *http.Request) { mux.ServeHTTP(w, r) }
+GO
+)
+  panicking_source=$(cat <<'GO'
+package handlers
+
+import (
+	"net/http"
+	"os"
+)
+
+var countries = mustRead("countries.csv")
+
+func mustRead(name string) []byte {
+	data, err := os.ReadFile(name)
+	if err != nil {
+		panic(err)
+	}
+	return data
+}
+
+func Handler(w http.ResponseWriter, r *http.Request) { w.Write(countries) }
+GO
+)
+  apply_go_function routes "$routes_source"
+  apply_go_function countries "$panicking_source"
+  as_written_settled() { [[ $(fn_field "$1" .status.phase) =~ ^(Ready|Failed)$ ]]; }
+  wait_until 600 "routes Ready or Failed" as_written_settled routes
+  phase_is routes Ready || fail "routes: $(fn_field routes .status.buildMessage)"
+  local url deadline status
+  url=$(service_url routes)
+  deadline=$((SECONDS + 30))
+  until [[ $(get "${url}items/42" 2>/dev/null) == "item 42" ]] || ((SECONDS >= deadline)); do sleep 1; done
+  expect_eq "$(get "${url}items/42")" "item 42" "GET /items/42 through a 'GET /items/{id}' route"
+  status=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X DELETE "${url}items/42")
+  expect_eq "$status" 405 "DELETE on a GET route"
+
+  wait_until 600 "countries Ready or Failed" as_written_settled countries
+  phase_is countries Failed || fail "countries: phase $(fn_field countries .status.phase), a panicking initialiser built"
+  local message events
+  message=$(fn_field countries .status.buildMessage)
+  echo "buildMessage: $message"
+  expect_contains "$message" "panic: open countries.csv: no such file or directory" "status.buildMessage"
+  expect_contains "$message" "goroutine 1 [running]:" "status.buildMessage"
+  expect_contains "$message" "function/handlers.mustRead" "status.buildMessage"
+  events=$(kubectl get events -n "$NS" --field-selector involvedObject.name=countries -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}')
+  expect_contains "$events" "panic: open countries.csv: no such file or directory" "the BuildFailed Event"
+  kubectl delete fn routes countries -n "$NS" >/dev/null
+  ok
+}
