@@ -246,8 +246,8 @@ async fn broken_sources_fail_with_the_compilers_message_and_publish_nothing() {
             &[
                 "panic: open countries.csv: no such file or directory",
                 "goroutine 1 [running]:",
-                "function/handlers.load()",
-                "exited with status 2",
+                "function/handlers.load(",
+                "countries.go:13",
             ],
         ),
         (

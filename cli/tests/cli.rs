@@ -369,14 +369,24 @@ spec:
     .unwrap();
 
     // A Secret's value dev cannot read is said before anything is built.
-    let missing = wasmless().arg("dev").arg(&function).output().unwrap();
-    let stderr = String::from_utf8_lossy(&missing.stderr);
-    assert!(!missing.status.success(), "{stderr}");
-    assert!(
-        stderr.contains("spec.env TOKEN takes key token of Secret api") && stderr.contains("--secret api/token=VALUE"),
-        "{stderr}"
-    );
-    assert!(!stderr.contains("built sha256:"), "nothing is built first: {stderr}");
+    for (given, says, flag) in [
+        (
+            &[][..],
+            format!("spec.outbound.headers[0] (X-Api-Key for {upstream}) takes key key of Secret api"),
+            "--secret api/key=VALUE",
+        ),
+        (
+            &["--secret", "api/key=k3y"][..],
+            "spec.env TOKEN takes key token of Secret api".to_string(),
+            "--secret api/token=VALUE",
+        ),
+    ] {
+        let missing = wasmless().arg("dev").args(given).arg(&function).output().unwrap();
+        let stderr = String::from_utf8_lossy(&missing.stderr);
+        assert!(!missing.status.success(), "{stderr}");
+        assert!(stderr.contains(&says) && stderr.contains(flag), "{stderr}");
+        assert!(!stderr.contains("built sha256:"), "nothing is built first: {stderr}");
+    }
 
     let (port, admin_port) = (free_port(), free_port());
     let dev = Running::spawn(

@@ -317,14 +317,9 @@ impl Config {
         env
     }
 
-    /// The outbound policy and client settings, with injected header values read from the
-    /// environment.
-    pub fn outbound(&self) -> Result<crate::outbound::OutboundConfig, crate::outbound::OutboundConfigError> {
-        self.outbound_with(|name| std::env::var(name).ok())
-    }
-
-    /// The same, the header values read with `variable` (a pooled Function's own, which
-    /// are not the pool's environment).
+    /// The outbound policy and client settings, the injected headers' values read with
+    /// `variable` (a dedicated runtime's [`Config::process_env`], or a pooled Function's
+    /// own variables, which are not the pool's environment).
     pub fn outbound_with(
         &self,
         variable: impl Fn(&str) -> Option<String>,

@@ -69,18 +69,20 @@ fn module_main(module_path: &str) -> String {
 /// The go.mod of an inline handler, at `go_version`: the toolchain's own, as `go mod init`
 /// writes it, so the handler gets this Go's semantics (Go 1.22's `ServeMux` patterns, the
 /// per-iteration loop variable) and not those of an older release kept for compatibility.
+/// A new Go in the builder image brings its semantics to every inline handler's next build.
 fn go_mod(go_version: &str) -> String {
     format!(
         "module function\n\ngo {go_version}\n\nrequire wasmless.io/wasmless v0.0.0\n\nreplace wasmless.io/wasmless => ./wasmless-sdk\n"
     )
 }
 
-/// The oldest language version an inline handler is built at, should a Go name itself in a
-/// way [`language_version`] cannot read: the first with method and wildcard patterns.
-const OLDEST_LANGUAGE_VERSION: &str = "1.22";
+/// The language version an inline handler is built at when a Go names itself in a way
+/// [`language_version`] cannot read (a development build): the first with method and
+/// wildcard patterns.
+const UNREAD_LANGUAGE_VERSION: &str = "1.22";
 
 /// The language version of a `go env GOVERSION` (`go1.26.8`, `go1.27rc1 X:...`), as go.mod's
-/// `go` line takes it; a development build's or an unreadable one is [`OLDEST_LANGUAGE_VERSION`].
+/// `go` line takes it; a development build's or an unreadable one is [`UNREAD_LANGUAGE_VERSION`].
 fn language_version(go_version: &str) -> String {
     let release = go_version
         .trim()
@@ -96,10 +98,9 @@ fn language_version(go_version: &str) -> String {
         && numbers
             .iter()
             .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-    let minor = if readable { numbers[1].parse::<u32>().ok() } else { None };
-    match minor {
-        Some(minor) if minor >= 22 => release.to_string(),
-        _ => OLDEST_LANGUAGE_VERSION.to_string(),
+    match readable {
+        true => release.to_string(),
+        false => UNREAD_LANGUAGE_VERSION.to_string(),
     }
 }
 
@@ -446,14 +447,33 @@ mod tests {
     use super::super::go_overlay::{NET_PATCHES, patch};
     use super::language_version;
 
+    /// Every error string of this Go's wasip1 syscall package is found and lower-cased.
+    #[test]
+    fn wasip1_errors_read_as_on_linux_in_this_go() {
+        let output = std::process::Command::new(std::env::var("WASMLESS_GO").unwrap_or_else(|_| "go".into()))
+            .args(["env", "GOROOT"])
+            .output()
+            .expect("go runs");
+        let goroot = String::from_utf8(output.stdout).unwrap();
+        let path = std::path::Path::new(goroot.trim()).join("src/syscall/tables_wasip1.go");
+        let text = std::fs::read_to_string(path).unwrap();
+        let (lowered, changed) = super::super::go_overlay::lower_case_errors(&text);
+        assert!(changed > 50, "{changed} strings lower-cased");
+        assert!(lowered.contains("\"no such file or directory\""));
+        assert!(!lowered.contains("\"No such file or directory\""));
+        // Nothing else in the file moved.
+        assert_eq!(lowered.lines().count(), text.lines().count());
+        assert_eq!(lowered.to_lowercase(), text.to_lowercase());
+    }
+
     #[test]
     fn an_inline_handler_is_built_at_the_toolchains_language_version() {
         assert_eq!(language_version("go1.26.8"), "1.26.8");
         assert_eq!(language_version("go1.22.0\n"), "1.22.0");
         assert_eq!(language_version("go1.27rc1"), "1.27");
         assert_eq!(language_version("go1.26.8 X:nocoverageredesign"), "1.26.8");
-        // Never below the release whose ServeMux patterns handlers are written for.
-        assert_eq!(language_version("go1.21.13"), "1.22");
+        // An older Go builds at its own version, which it can (GOTOOLCHAIN=local).
+        assert_eq!(language_version("go1.21.13"), "1.21.13");
         assert_eq!(language_version("devel go1.27-4b2a1c Tue Dec 1"), "1.22");
         assert_eq!(language_version(""), "1.22");
     }

@@ -13,6 +13,9 @@
 //!   into a copy of this Go's own file, after a line found by its text; a line not found
 //!   (another Go version) leaves that file as Go has it, so a build never fails for it
 //!   (the builder's tests check that every line is found in the Go they build with).
+//! - syscall: the error strings of wasip1 (`tables_wasip1.go`) lower-cased, as Go on Linux
+//!   has them: an error a handler shows reads as under native Go (`open countries.csv: no
+//!   such file or directory`, not `No such file or directory`).
 
 use std::path::{Path, PathBuf};
 
@@ -76,6 +79,36 @@ pub fn patch(text: &str, file: &str, patches: &[NetPatch]) -> (String, usize) {
     (out, applied)
 }
 
+/// `tables_wasip1.go` with the first letter of each of `errorstr`'s strings lower-cased,
+/// and how many were.
+pub fn lower_case_errors(text: &str) -> (String, usize) {
+    let mut out = String::with_capacity(text.len());
+    let (mut inside, mut changed) = (false, 0);
+    for line in text.split_inclusive('\n') {
+        let trimmed = line.trim();
+        if trimmed.starts_with("var errorstr = [...]string{") {
+            inside = true;
+        } else if inside && trimmed == "}" {
+            inside = false;
+        } else if inside
+            && let Some((name, text)) = line.split_once(": ")
+            && let Some(quoted) = text.trim_start().strip_prefix('"')
+            && let Some(first) = quoted.chars().next().filter(char::is_ascii_uppercase)
+        {
+            let spaces = &text[..text.len() - text.trim_start().len()];
+            out.push_str(&format!(
+                "{name}: {spaces}\"{}{}",
+                first.to_ascii_lowercase(),
+                &quoted[1..]
+            ));
+            changed += 1;
+            continue;
+        }
+        out.push_str(line);
+    }
+    (out, changed)
+}
+
 /// Writes the overlay's files and `overlay.json` into `dir` (not as `.go` files: in a
 /// package's directory they would be part of it), for the Go whose GOROOT is `goroot`;
 /// returns the path of `overlay.json`.
@@ -113,6 +146,16 @@ pub fn write(goroot: &Path, dir: &Path) -> std::io::Result<PathBuf> {
         let (patched, applied) = patch(&text, file, &NET_PATCHES);
         if applied > 0 {
             add(src.join("net").join(file), &format!("wasmless_net_{file}.in"), &patched)?;
+        }
+    }
+    if let Ok(text) = std::fs::read_to_string(src.join("syscall/tables_wasip1.go")) {
+        let (lowered, changed) = lower_case_errors(&text);
+        if changed > 0 {
+            add(
+                src.join("syscall/tables_wasip1.go"),
+                "wasmless_tables_wasip1.go.in",
+                &lowered,
+            )?;
         }
     }
     let overlay = dir.join("overlay.json");

@@ -14,7 +14,8 @@ use wasmless_operator::objects::{Expansion, HANDLER_ENV_PREFIX, function_env, ha
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct ClusterValues {
     /// A key of a Secret the Function reads, as the cluster would hold it:
-    /// `NAME/KEY=VALUE`, or `NAME/KEY=@FILE` for a file's contents. Repeatable.
+    /// `NAME/KEY=@FILE` for a file's contents (which keeps the value out of `ps` and the
+    /// shell's history), or `NAME/KEY=VALUE`. Repeatable.
     #[arg(long = "secret", value_name = "NAME/KEY=VALUE", value_parser = ObjectKey::parse)]
     pub secrets: Vec<ObjectKey>,
     /// A key of a ConfigMap the Function reads (`outbound.caBundle` too): `NAME/KEY=VALUE`

@@ -85,7 +85,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let mut config = runtime_config(&args, &resource, &here)?;
     config.environment = Some(environment);
     let watched = function.watched.clone();
-    let name = function.name.clone();
+    let name = kube::ResourceExt::name_any(&resource);
     let served = settings(&resource);
     tokio::spawn(rebuild_on_change(
         watched.clone(),
@@ -109,7 +109,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
 
 /// The Function at `path` as `wasmless deploy` would apply it, and as written. A
 /// function.yaml without `apiVersion` and `kind` is served all the same (`kubectl apply`
-/// would want them), and so is one whose name the cluster would refuse.
+/// would want them), and so is one whose name the cluster would refuse; a spec it would
+/// refuse is not.
 fn as_applied(path: &Path) -> anyhow::Result<(Function, serde_json::Value)> {
     fn lenient_yaml(yaml: &Path) -> anyhow::Result<serde_json::Value> {
         let text = std::fs::read_to_string(yaml).with_context(|| format!("cannot read {}", yaml.display()))?;
@@ -121,18 +122,45 @@ fn as_applied(path: &Path) -> anyhow::Result<(Function, serde_json::Value)> {
         }
         Ok(value)
     }
-    let written = crate::cluster::deploy::written(path, None, lenient_yaml)?;
+    // A module file has no Function around it: the runtime's defaults, as a Function's.
+    let written = if path.extension().is_some_and(|e| e == "wasm") {
+        let name = path
+            .file_stem()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        serde_json::json!({"apiVersion": "wasmless.io/v1alpha1", "kind": "Function", "metadata": {"name": name}, "spec": {}})
+    } else {
+        crate::cluster::deploy::written(path, None, lenient_yaml)?
+    };
     let resource: Function = serde_json::from_value(written.clone())
         .with_context(|| format!("{} does not describe a Function", path.display()))?;
+    // What the cluster refuses in the spec, dev refuses too (a misspelt isolation would
+    // otherwise be served as the default).
+    let problems = resource.spec.problems();
+    if !problems.is_empty() {
+        anyhow::bail!("{}: {}", path.display(), problems.join("; "));
+    }
     Ok((resource, written))
 }
 
-/// What a running runtime keeps of a Function: its flags and its variables.
-type Settings = (Vec<String>, Vec<k8s_openapi::api::core::v1::EnvVar>);
+/// What a running runtime keeps of a Function: its flags, its variables and where its
+/// certificates come from.
+type Settings = (
+    Vec<String>,
+    Vec<k8s_openapi::api::core::v1::EnvVar>,
+    Vec<k8s_openapi::api::core::v1::EnvFromSource>,
+    Option<wasmless_operator::crd::CaBundle>,
+);
 
 fn settings(resource: &Function) -> Settings {
-    use wasmless_operator::objects::{Expansion, function_args, function_env};
-    (function_args(resource), function_env(resource, Expansion::None))
+    use wasmless_operator::objects::{Expansion, function_args, function_env, handler_env_from};
+    let ca_bundle = resource.spec.outbound.as_ref().and_then(|o| o.ca_bundle.clone());
+    (
+        function_args(resource),
+        function_env(resource, Expansion::None),
+        handler_env_from(resource),
+        ca_bundle,
+    )
 }
 
 /// Where this machine keeps what a pod has in its volumes.

@@ -16,11 +16,13 @@ mod env;
 mod limits;
 mod outbound;
 mod problems;
+mod reference;
 mod status;
 
 pub use env::*;
 pub use limits::*;
 pub use outbound::*;
+pub use reference::reference_markdown;
 pub use status::*;
 
 /// Longest Function name: `<name>-build-<10 hex>` names a Job, whose pods carry it as a

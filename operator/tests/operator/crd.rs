@@ -17,6 +17,30 @@ fn committed_crd_matches_the_rust_types() {
     );
 }
 
+/// The reference page is the CRD's schema, so it says what the API server checks.
+#[test]
+fn committed_reference_matches_the_crds_schema() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/reference/function.md");
+    let committed = std::fs::read_to_string(path).expect("docs/reference/function.md");
+    let written = wasmless_operator::crd::reference_markdown();
+    assert!(
+        committed == written,
+        "docs/reference/function.md is stale: run `cargo run -p wasmless-operator --bin crdgen -- --reference`"
+    );
+    // Every field of the schema has its row, with its bounds.
+    for row in [
+        "| `spec.limits.memory` | string | `64Mi` | length ≤ 32, pattern `^[0-9]+(Ki\\|Mi\\|Gi)?$` |",
+        "| `spec.limits.maxConcurrency` | integer | `64` | min 1, max 10000 |",
+        "| `spec.outbound.allow` | array of string |",
+        "| `spec.language` | string: `go` \\| `rust` \\| `wat` \\| `wasm` | `go` |",
+        "| `spec.module.digest` | string |  | required, pattern `^sha256:[0-9a-f]{64}$` |",
+        "| `status.phase` |",
+    ] {
+        assert!(written.contains(row), "no {row} in:\n{written}");
+    }
+    assert!(written.contains("exactly one of source, function (the Goless field) or module must be set"));
+}
+
 fn spec_schema() -> Value {
     let crd = serde_json::to_value(Function::crd()).unwrap();
     crd.pointer("/spec/versions/0/schema/openAPIV3Schema").unwrap().clone()

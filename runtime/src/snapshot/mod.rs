@@ -4,11 +4,14 @@
 //! (wasmtime-wizer). Then every request starts from there, and pays for none of it.
 //!
 //! The initialisers run with a fixed clock ([`SnapshotClock`]), a fixed random source,
-//! no environment and one argument, so that the same module snapshots to the same bytes.
+//! no environment, one argument and an empty read-only `/` ([`start_up`], which also says
+//! what a user reads when they fail), so that the same module snapshots to the same bytes.
 //! What that freezes, and how a request sees current values anyway, is in
 //! `docs/architecture.md` ("The Go reactor"); the short of it: the SDK reads the
 //! environment and the arguments again and reseeds Go's random generator per request,
 //! and the run-time clock is always later than the snapshot's.
+
+mod start_up;
 
 use crate::clocks::SnapshotClock;
 use rand::SeedableRng;
@@ -17,7 +20,6 @@ use std::time::{Duration, Instant};
 use wasmtime::{CacheStore, Engine, Instance, Linker, Module, Store, StoreLimits, StoreLimitsBuilder, Val};
 use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi::p1::WasiP1Ctx;
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wizer::{InstanceState, SnapshotVal, ValType, Wizer};
 
 /// `_initialize` may run this long before the build gives up on it.
@@ -26,12 +28,6 @@ const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(60);
 const INITIALIZE_MEMORY: usize = 1 << 30;
 /// Active data segments closer than this are merged, with the zeros between them.
 const MERGE_GAP: u64 = 64;
-/// What `_initialize` may write to stdout and stderr that is kept; more is dropped (the
-/// guest's write fails, as to a closed pipe), and the message quotes the end of it.
-const INITIALIZE_OUTPUT: usize = 1 << 20;
-/// The end of that output a failed start-up's message quotes: a panic's message and the
-/// top of its stack, within the 4 KiB a build's status message keeps.
-const QUOTED_OUTPUT: usize = 3 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -106,9 +102,13 @@ fn snapshot_here(wasm: &[u8], functions: Option<Arc<dyn CacheStore>>) -> Result<
         .map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
     refuse_outbound_calls(&mut linker).map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
     let clock = SnapshotClock::default();
-    // One pipe for both, so their lines keep the order the guest wrote them in.
-    let output = MemoryOutputPipe::new(INITIALIZE_OUTPUT);
-    let wasi = WasiCtxBuilder::new()
+    // One stream for both, so their lines keep the order the guest wrote them in.
+    let output = start_up::KeptOutput::default();
+    let root = start_up::EmptyRoot::new().map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
+    let mut wasi = WasiCtxBuilder::new();
+    root.preopen(&mut wasi)
+        .map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
+    let wasi = wasi
         .args(&["function"])
         .stdout(output.clone())
         .stderr(output.clone())
@@ -136,7 +136,7 @@ fn snapshot_here(wasm: &[u8], functions: Option<Arc<dyn CacheStore>>) -> Result<
         .map_err(|e| SnapshotError::Unsupported(format!("no _initialize export: {e:#}")))?;
     initialize
         .call(&mut store, ())
-        .map_err(|e| SnapshotError::Initialize(start_up_failure(&e, &output.contents())))?;
+        .map_err(|e| SnapshotError::Initialize(start_up::failure(&e, &output.contents(), INITIALIZE_TIMEOUT)))?;
 
     let mut state = Initialised { store, instance };
     let raw =
@@ -150,29 +150,6 @@ fn snapshot_here(wasm: &[u8], functions: Option<Arc<dyn CacheStore>>) -> Result<
         wasm: compacted.wasm,
         seconds: started.elapsed().as_secs_f64(),
     })
-}
-
-/// Why `_initialize` failed, as a user reads it: the end of what the guest wrote (Go prints
-/// a panic's message and stack to stderr, then exits with status 2), then how it ended.
-fn start_up_failure(error: &wasmtime::Error, output: &[u8]) -> String {
-    let ended = if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {
-        format!("it exited with status {}", exit.0)
-    } else if matches!(error.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt)) {
-        format!("it did not finish within {INITIALIZE_TIMEOUT:?}")
-    } else {
-        format!("{error:#}")
-    };
-    let output = String::from_utf8_lossy(output);
-    let output = output.trim();
-    if output.is_empty() {
-        return ended;
-    }
-    let mut start = output.len().saturating_sub(QUOTED_OUTPUT);
-    while !output.is_char_boundary(start) {
-        start += 1;
-    }
-    let elided = if start > 0 { "...\n" } else { "" };
-    format!("\n{elided}{}\n({ended})", &output[start..])
 }
 
 /// The snapshot with the exports of the module that ran `_initialize` (Wizer's
