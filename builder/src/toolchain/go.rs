@@ -447,16 +447,19 @@ mod tests {
     use super::super::go_overlay::{NET_PATCHES, patch};
     use super::language_version;
 
-    /// Every error string of this Go's wasip1 syscall package is found and lower-cased.
-    #[test]
-    fn wasip1_errors_read_as_on_linux_in_this_go() {
+    /// The standard library's sources of the Go this builds with.
+    fn go_src() -> std::path::PathBuf {
         let output = std::process::Command::new(std::env::var("WASMLESS_GO").unwrap_or_else(|_| "go".into()))
             .args(["env", "GOROOT"])
             .output()
             .expect("go runs");
-        let goroot = String::from_utf8(output.stdout).unwrap();
-        let path = std::path::Path::new(goroot.trim()).join("src/syscall/tables_wasip1.go");
-        let text = std::fs::read_to_string(path).unwrap();
+        std::path::Path::new(String::from_utf8(output.stdout).unwrap().trim()).join("src")
+    }
+
+    /// Every error string of this Go's wasip1 syscall package is found and lower-cased.
+    #[test]
+    fn wasip1_errors_read_as_on_linux_in_this_go() {
+        let text = std::fs::read_to_string(go_src().join("syscall/tables_wasip1.go")).unwrap();
         let (lowered, changed) = super::super::go_overlay::lower_case_errors(&text);
         assert!(changed > 50, "{changed} strings lower-cased");
         assert!(lowered.contains("\"no such file or directory\""));
@@ -482,12 +485,7 @@ mod tests {
     /// with: a Go that moved one still builds handlers, but this says so first.
     #[test]
     fn every_net_line_is_found_in_this_go() {
-        let output = std::process::Command::new(std::env::var("WASMLESS_GO").unwrap_or_else(|_| "go".into()))
-            .args(["env", "GOROOT"])
-            .output()
-            .expect("go runs");
-        let goroot = String::from_utf8(output.stdout).unwrap();
-        let net = std::path::Path::new(goroot.trim()).join("src/net");
+        let net = go_src().join("net");
         for file in ["dial.go", "net_fake.go"] {
             let text = std::fs::read_to_string(net.join(file)).unwrap();
             let (patched, applied) = patch(&text, file, &NET_PATCHES);
