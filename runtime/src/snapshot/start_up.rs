@@ -229,7 +229,7 @@ mod tests {
             .context("wasm backtrace:\n 0: 0x141cf6 - <unknown>!<wasm function 1482>");
         let message = failure(&trap, b"panic: boom\n", Duration::from_secs(60));
         assert!(
-            message.ends_with("panic: boom\n(it stopped: wasm `unreachable` instruction executed)"),
+            message.ends_with("panic: boom\n(it stopped: wasm trap: wasm `unreachable` instruction executed)"),
             "{message}"
         );
         assert!(!message.contains("wasm function"), "{message}");
