@@ -147,11 +147,14 @@ pub(super) fn failure(error: &wasmtime::Error, output: &[u8], timeout: Duration)
         .filter_map(|start| line_starting(output, start))
         .max()
         .unwrap_or_else(|| floor_boundary(output, output.len().saturating_sub(QUOTED_OUTPUT)));
-    let elided = if account > 0 { "...\n" } else { "" };
+    // Go's first line goes on the message's first line: a condition and its Event keep
+    // only that one.
+    let from_go = FAILURE_STARTS.iter().any(|start| output[account..].starts_with(start));
+    let elided = if account > 0 && !from_go { "... " } else { "" };
     let quoted = &output[account..];
     let end = floor_boundary(quoted, quoted.len().min(QUOTED_OUTPUT));
     let cut = if end < quoted.len() { "\n..." } else { "" };
-    format!("\n{elided}{}{cut}\n({ended})", &quoted[..end])
+    format!("{elided}{}{cut}\n({ended})", &quoted[..end])
 }
 
 /// Where the last line of `text` that starts with `start` begins.
@@ -198,7 +201,7 @@ mod tests {
             format!("{logs}panic: open countries.csv: no such file or directory\n\ngoroutine 1 [running]:\n{stack}");
         let message = failure(&exited(2), output.as_bytes(), Duration::from_secs(60));
         assert!(
-            message.starts_with("\n...\npanic: open countries.csv: no such file or directory\n"),
+            message.starts_with("panic: open countries.csv: no such file or directory\n"),
             "{message}"
         );
         assert!(message.contains("goroutine 1 [running]:\nmain.f0()"), "{message}");
@@ -215,7 +218,7 @@ mod tests {
         );
         assert_eq!(
             message,
-            "\nfatal.go:10: DATABASE_URL is not set\n(it exited with status 1)"
+            "fatal.go:10: DATABASE_URL is not set\n(it exited with status 1)"
         );
         assert_eq!(
             failure(&exited(3), b"", Duration::from_secs(60)),
