@@ -34,11 +34,47 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Starts a streamed response from its head (`response_start`): the body follows through
+/// [`RESPONSE_WRITE`], and ends when `wasmless_handle` returns.
+pub const RESPONSE_START: &str = "response_start";
+/// The next bytes of a streamed response's body, taken when the client has room for them.
+pub const RESPONSE_WRITE: &str = "response_write";
+/// `response_write`: the bytes would pass the Content-Length the head declared; none of
+/// them is sent.
+pub const ERRNO_CONTENT_LENGTH: u32 = 14;
+
 /// Reads a reactor's response, checking status and headers as a CGI response is checked.
 pub fn parse(output: &[u8]) -> Result<Response<Bytes>, BadResponse> {
-    let bad = |why: &str| BadResponse(why.to_string());
-    let truncated = || bad("the response is truncated");
     let mut reader = Reader(output);
+    let head = head(&mut reader)?;
+    let body = reader.bytes().ok_or_else(truncated)?;
+    if !reader.0.is_empty() {
+        return Err(bad("bytes follow the body"));
+    }
+    head.body(Bytes::copy_from_slice(body)).map_err(|e| bad(&e.to_string()))
+}
+
+/// Reads the head of a streamed response (`response_start`): the response's encoding
+/// without its body, and nothing after it.
+pub fn parse_head(output: &[u8]) -> Result<Response<()>, BadResponse> {
+    let mut reader = Reader(output);
+    let head = head(&mut reader)?;
+    if !reader.0.is_empty() {
+        return Err(bad("bytes follow the head"));
+    }
+    head.body(()).map_err(|e| bad(&e.to_string()))
+}
+
+fn bad(why: &str) -> BadResponse {
+    BadResponse(why.to_string())
+}
+
+fn truncated() -> BadResponse {
+    bad("the response is truncated")
+}
+
+/// The status and headers, checked as a CGI response's are.
+fn head(reader: &mut Reader<'_>) -> Result<http::response::Builder, BadResponse> {
     let code = reader.u32().ok_or_else(truncated)?;
     let status = u16::try_from(code)
         .ok()
@@ -58,11 +94,35 @@ pub fn parse(output: &[u8]) -> Result<Response<Bytes>, BadResponse> {
             .ok_or_else(|| bad(&format!("the value of {name} is not a header value")))?;
         response = response.header(name, value);
     }
-    let body = reader.bytes().ok_or_else(truncated)?;
-    if !reader.0.is_empty() {
-        return Err(bad("bytes follow the body"));
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encoded(status: u32, headers: &[(&str, &str)]) -> Vec<u8> {
+        let mut out = status.to_le_bytes().to_vec();
+        out.extend((headers.len() as u32).to_le_bytes());
+        for text in headers.iter().flat_map(|(name, value)| [name, value]) {
+            out.extend((text.len() as u32).to_le_bytes());
+            out.extend(text.as_bytes());
+        }
+        out
     }
-    response
-        .body(Bytes::copy_from_slice(body))
-        .map_err(|e| bad(&e.to_string()))
+
+    #[test]
+    fn a_streamed_head_reads_as_the_whole_response_does() {
+        let head = encoded(201, &[("Content-Type", "text/event-stream"), ("X-A", "1")]);
+        let whole = [head.clone(), 2u32.to_le_bytes().to_vec(), b"hi".to_vec()].concat();
+        let (streamed, full) = (parse_head(&head).unwrap(), parse(&whole).unwrap());
+        assert_eq!(streamed.status(), full.status());
+        assert_eq!(streamed.headers(), full.headers());
+        assert_eq!(
+            parse_head(&[head.clone(), b"x".to_vec()].concat()).unwrap_err(),
+            bad("bytes follow the head")
+        );
+        assert!(parse_head(&head[..head.len() - 1]).is_err());
+        assert!(parse_head(&encoded(42, &[])).is_err());
+    }
 }

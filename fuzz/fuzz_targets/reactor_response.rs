@@ -1,10 +1,12 @@
-//! A Go reactor's answer, read as a response (`wasmless_formats::reactor_response`).
+//! A Go reactor's answer, read as a response (`wasmless_formats::reactor_response`), and
+//! a streamed response's head, read alone.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use wasmless_formats::reactor_response;
 
 fuzz_target!(|output: &[u8]| {
+    let head = reactor_response::parse_head(output);
     let Ok(response) = reactor_response::parse(output) else {
         return;
     };
@@ -15,4 +17,10 @@ fuzz_target!(|output: &[u8]| {
     assert_eq!(u32::from_le_bytes(prefix.try_into().unwrap()) as usize, body.len());
     let status = response.status().as_u16();
     assert!((100..=999).contains(&status));
+    // A whole response is never a head alone (its body follows), and its head, read
+    // alone, says what the whole says.
+    assert!(head.is_err(), "a whole response read as a head");
+    let alone = reactor_response::parse_head(&output[..output.len() - body.len() - 4]).expect("its head reads");
+    assert_eq!(alone.status(), response.status());
+    assert_eq!(alone.headers(), response.headers());
 });
