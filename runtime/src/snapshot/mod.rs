@@ -100,7 +100,7 @@ fn snapshot_here(wasm: &[u8], functions: Option<Arc<dyn CacheStore>>) -> Result<
     let mut linker = Linker::new(&engine);
     wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |state: &mut InitState| &mut state.wasi)
         .map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
-    refuse_outbound_calls(&mut linker).map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
+    refuse_host_calls(&mut linker).map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
     let clock = SnapshotClock::default();
     // One stream for both, so their lines keep the order the guest wrote them in.
     let output = start_up::KeptOutput::default();
@@ -200,11 +200,12 @@ fn keep_instrumented_exports(snapshot: &[u8], instrumented: &[u8]) -> Result<Vec
     Ok(module.finish())
 }
 
-/// The `wasmless` outbound imports (runtime/src/outbound/guest.rs), each answering that
-/// it cannot work here: a call made while the handler initialises would be made once, at
-/// build time, and its answer frozen into every instance. A package `init` that calls
-/// out fails the build with the SDK's error for it.
-fn refuse_outbound_calls(linker: &mut Linker<InitState>) -> wasmtime::Result<()> {
+/// The `wasmless` imports (the outbound calls of runtime/src/outbound/guest, a streamed
+/// response's of runtime/src/handler/stream.rs), each answering that it cannot work here:
+/// a call made while the handler initialises would be made once, at build time, and its
+/// answer frozen into every instance. A package `init` that calls out fails the build with
+/// the SDK's error for it; there is no request to stream a response to.
+fn refuse_host_calls(linker: &mut Linker<InitState>) -> wasmtime::Result<()> {
     use wasmless_formats::outbound::{
         ERRNO_UNAVAILABLE, HTTP_CLOSE, HTTP_FINISH, HTTP_READ_BODY, HTTP_READ_HEAD, HTTP_START, HTTP_WRITE_BODY,
         IMPORT_MODULE,
@@ -223,6 +224,9 @@ fn refuse_outbound_calls(linker: &mut Linker<InitState>) -> wasmtime::Result<()>
         ERRNO_UNAVAILABLE
     })?;
     linker.func_wrap(IMPORT_MODULE, HTTP_CLOSE, |_: u32| ERRNO_UNAVAILABLE)?;
+    use wasmless_formats::reactor_response::{RESPONSE_START, RESPONSE_WRITE};
+    linker.func_wrap(IMPORT_MODULE, RESPONSE_START, |_: u32, _: u32| ERRNO_UNAVAILABLE)?;
+    linker.func_wrap(IMPORT_MODULE, RESPONSE_WRITE, |_: u32, _: u32| ERRNO_UNAVAILABLE)?;
     Ok(())
 }
 
