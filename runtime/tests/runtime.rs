@@ -15,4 +15,5 @@ mod pool;
 mod precompiled;
 mod reactor;
 mod split;
+mod streaming;
 mod traces;

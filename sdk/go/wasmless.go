@@ -86,10 +86,21 @@ func (w *trackingWriter) Write(p []byte) (int, error) {
 	return w.ResponseWriter.Write(p)
 }
 
-// Flush lets handlers that flush keep doing so; the response is sent whole when the
-// handler returns.
+// Flush passes the handler's flush on: a reactor then sends the head and what was
+// written so far (a CGI command's response is sent whole when it exits). The head is
+// out, so a panic after it can no longer choose a status.
 func (w *trackingWriter) Flush() {
-	if flusher, ok := w.ResponseWriter.(http.Flusher); ok {
+	w.FlushError()
+}
+
+// FlushError is Flush for http.ResponseController.
+func (w *trackingWriter) FlushError() error {
+	w.wrote = true
+	switch flusher := w.ResponseWriter.(type) {
+	case interface{ FlushError() error }:
+		return flusher.FlushError()
+	case http.Flusher:
 		flusher.Flush()
 	}
+	return nil
 }

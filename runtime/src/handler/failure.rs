@@ -62,6 +62,9 @@ impl Failure {
         if matches!(error.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt)) {
             return Self::Timeout;
         }
+        if let Some(bad) = error.downcast_ref::<super::stream::BadHead>() {
+            return Self::BadResponse(bad.0.clone());
+        }
         // Refused output (or another host buffer) traps with the refusal itself.
         if error.is::<crate::request_memory::Refused>() {
             return Self::SharedMemoryFull(format!("{error:?}"));

@@ -1,6 +1,7 @@
 //! Components exporting `wasi:http/incoming-handler`, served through wasmtime-wasi-http.
 
 use super::output::CapturedOutput;
+use super::stream::{End, StreamEnd, Streamed};
 use super::{Failure, MAX_HANDLER_OUTPUT, Shared, log_handler_output};
 use crate::engine::arm_timeout;
 use crate::limits::RequestLimiter;
@@ -124,6 +125,8 @@ impl HttpHandler {
 
         let pre = self.pre.clone();
         let shared = self.shared.clone();
+        let end = StreamEnd::default();
+        let ended = end.clone();
         let run = async move {
             let _permit = permit;
             let started = Instant::now();
@@ -141,6 +144,11 @@ impl HttpHandler {
             log_handler_output("stdout", &stdout.contents());
             log_handler_output("stderr", &stderr.contents());
             let result = result.map_err(|error| Failure::classify(error, &store.data().limiter));
+            ended.set(match &result {
+                Ok(()) => End::Complete,
+                Err(Failure::Timeout) => End::Timeout,
+                Err(failure) => End::Failed(failure.kind()),
+            });
             if let Err(failure) = &result
                 && responded.load(Ordering::SeqCst)
             {
@@ -158,17 +166,17 @@ impl HttpHandler {
         // Spawning every request instead wakes a parked worker thread each time, which
         // costs more than the instance itself.
         let mut run = Box::pin(run);
-        let answer = tokio::select! {
+        let (answer, streamed) = tokio::select! {
             biased;
             finished = &mut run => match receiver.try_recv() {
-                Ok(answer) => answer,
+                Ok(answer) => (answer, false),
                 Err(_) => return Err(without_response(finished)),
             },
             answer = &mut receiver => {
                 match answer {
                     Ok(answer) => {
                         tokio::spawn(run);
-                        answer
+                        (answer, true)
                     }
                     // The handler dropped its response-outparam: its own result says why.
                     Err(_) => return Err(without_response(run.await)),
@@ -176,9 +184,17 @@ impl HttpHandler {
             }
         };
         match answer {
-            Ok(response) => Ok(response.map(|body| {
-                Body::new(body.map_err(|code| std::io::Error::other(format!("the handler's body failed: {code:?}"))))
-            })),
+            Ok(response) => {
+                let mut response = response.map(|body| {
+                    Body::new(
+                        body.map_err(|code| std::io::Error::other(format!("the handler's body failed: {code:?}"))),
+                    )
+                });
+                if streamed {
+                    response.extensions_mut().insert(Streamed(end));
+                }
+                Ok(response)
+            }
             Err(code) => Err(Failure::Trap(format!("the handler answered with error {code:?}"))),
         }
     }

@@ -7,9 +7,11 @@ mod http;
 mod output;
 mod reactor;
 mod store;
+mod stream;
 
 // The parsers of a guest's response: bytes we did not write, fuzzed in their own crate.
 pub use failure::Failure;
+pub use stream::{End, Streamed};
 pub use wasmless_formats::{cgi_response, reactor_response};
 
 use crate::abi::Abi;
@@ -153,11 +155,7 @@ impl LoadedHandler {
                 drop(permit);
                 response
             }
-            Kind::Reactor(handler) => {
-                let response = handler.invoke(request, connection).await;
-                drop(permit);
-                response
-            }
+            Kind::Reactor(handler) => handler.invoke(request, connection, permit).await,
         }
     }
 }

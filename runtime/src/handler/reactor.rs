@@ -7,7 +7,8 @@
 
 use super::reactor_response;
 use super::store::{self, GuestState, Output};
-use super::{Connection, Failure, MAX_HANDLER_OUTPUT, Shared};
+use super::stream::{ClientGone, End, ResponseSink, StreamEnd, StreamHead, Streamed};
+use super::{Connection, Failure, MAX_HANDLER_OUTPUT, Permit, Shared};
 use crate::abi::{REACTOR_HANDLE, REACTOR_REQUEST_BUFFER};
 use crate::clocks::WallMonotonic;
 use crate::limits::Isolation;
@@ -16,8 +17,12 @@ use crate::request_memory::RequestShare;
 use axum::body::Body;
 use bytes::Bytes;
 use http::{Response, header};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
 use wasmtime::{Engine, InstancePre, Memory, Module, Store, TypedFunc};
 use wasmtime_wasi::p1::WasiP1Ctx;
 
@@ -30,7 +35,7 @@ pub struct ReactorHandler {
     /// With `--isolation shared`, the instances waiting for a request, the one used last
     /// at the end: under a light load one instance serves every request, so its state
     /// (a counter, a cache) is seen by each. At most as many as requests ran at once.
-    idle: Option<Mutex<Vec<Reactor>>>,
+    idle: Option<Arc<Mutex<Vec<Reactor>>>>,
 }
 
 /// One instance, its store, and the exports a request calls.
@@ -52,7 +57,7 @@ impl ReactorHandler {
             );
         }
         let pre = store::linker(engine)?.instantiate_pre(module)?;
-        let idle = (shared.limits.isolation == Isolation::Shared).then(|| Mutex::new(Vec::new()));
+        let idle = (shared.limits.isolation == Isolation::Shared).then(|| Arc::new(Mutex::new(Vec::new())));
         Ok(Self {
             pre,
             shared,
@@ -61,10 +66,13 @@ impl ReactorHandler {
         })
     }
 
+    /// Serves one request; the permit is held until its instance is done, which for a
+    /// streamed response is after the last byte of its body.
     pub async fn invoke(
         &self,
         request: http::Request<Bytes>,
         connection: Connection,
+        permit: Permit,
     ) -> Result<Response<Body>, Failure> {
         let log = super::call_log(&request);
         let share = super::request_share(&request, &self.shared.limits);
@@ -92,25 +100,57 @@ impl ReactorHandler {
                 }
             },
         };
-        let outcome = reactor.serve(&head, body).await;
-        output.log_stdout();
-        output.log_stderr();
-        let response = outcome
-            .map_err(|error| Failure::classify(error, &reactor.store.data().limiter))?
-            .map_err(Failure::BadResponse)
-            .and_then(|bytes| decode_response(&bytes))?;
-        // Only an instance that answered goes back: one that failed may have been stopped
-        // anywhere (a timeout mid-way through the GC) and is dropped, as is every instance
-        // of a request that was cancelled (its future dropped with it).
-        if let Some(idle) = &self.idle {
-            reactor.served += 1;
-            if reactor.served < self.shared.limits.requests_per_instance {
-                idle.lock().unwrap().push(reactor);
-            } else {
-                tracing::debug!(served = reactor.served, "a shared instance served its last request");
+        let (to_request, streamed) = oneshot::channel();
+        reactor.store.data_mut().response = ResponseSink::waiting(to_request, self.shared.limits.request_share());
+        let deadline = reactor.store.data().deadline;
+        // The handler runs here, on the connection's task, until it answers or starts a
+        // stream; only a stream gets a task of its own (as a component's body does).
+        let mut run = Box::pin(reactor.serve(head, body).in_current_span());
+        let head = tokio::select! {
+            biased;
+            (reactor, outcome) = &mut run => {
+                output.log_stdout();
+                output.log_stderr();
+                let response = outcome
+                    .map_err(|error| Failure::classify(error, &reactor.store.data().limiter))
+                    .and_then(|packed| reactor.read_response(packed).map_err(Failure::BadResponse))
+                    .and_then(|bytes| decode_response(&bytes))?;
+                // Only an instance that answered goes back: one that failed may have been
+                // stopped anywhere (a timeout mid-way through the GC) and is dropped, as is
+                // every instance of a request that was cancelled (its future dropped with it).
+                self.keep(reactor);
+                drop(permit);
+                return Ok(response);
             }
-        }
+            Ok(head) = streamed => head,
+        };
+        let StreamHead { response, end, closed } = head;
+        let stream = Stream {
+            run,
+            output,
+            permit,
+            end: end.clone(),
+            closed,
+            deadline,
+            keep: self.keeper(),
+            metrics: self.shared.metrics.clone(),
+        };
+        tokio::spawn(stream.finish().in_current_span());
+        let mut response = response.map(Body::new);
+        response.extensions_mut().insert(Streamed(end));
         Ok(response)
+    }
+
+    /// Gives an instance that answered back to the idle ones (`--isolation shared`).
+    fn keep(&self, reactor: Reactor) {
+        self.keeper().keep(reactor);
+    }
+
+    fn keeper(&self) -> Keeper {
+        Keeper {
+            idle: self.idle.clone(),
+            requests_per_instance: self.shared.limits.requests_per_instance,
+        }
     }
 
     /// A new instance of the snapshot, initialised if it was not snapshotted.
@@ -155,29 +195,156 @@ impl ReactorHandler {
 }
 
 impl Reactor {
-    /// The response bytes, or why the range the guest named cannot be one (a 502, as a
-    /// malformed response is).
-    async fn serve(&mut self, head: &[u8], body: Bytes) -> wasmtime::Result<Result<Vec<u8>, String>> {
+    /// Runs the handler on the request; its result is the response's address and length
+    /// (unread if the handler streamed its response).
+    async fn serve(mut self, head: Vec<u8>, body: Bytes) -> (Self, wasmtime::Result<u64>) {
+        let outcome = self.handle(&head, body).await;
+        (self, outcome)
+    }
+
+    async fn handle(&mut self, head: &[u8], body: Bytes) -> wasmtime::Result<u64> {
         let store = &mut self.store;
         let length = u32::try_from(head.len() + body.len()).map_err(|_| wasmtime::Error::msg("request over 4 GiB"))?;
         let address = self.request_buffer.call_async(&mut *store, length).await?;
         self.memory.write(&mut *store, address as usize, head)?;
         self.memory.write(&mut *store, address as usize + head.len(), &body)?;
         drop(body);
-        let packed = self.handle.call_async(&mut *store, ()).await?;
+        self.handle.call_async(&mut *store, ()).await
+    }
+
+    /// The response bytes at the range `handle` returned, or why the range cannot be one
+    /// (a 502, as a malformed response is).
+    fn read_response(&self, packed: u64) -> Result<Vec<u8>, String> {
         let (address, length) = ((packed >> 32) as usize, (packed & 0xffff_ffff) as usize);
         // The guest names the range: it is checked against its memory, and against what a
         // handler may write, before anything is allocated for it.
         if length > MAX_HANDLER_OUTPUT {
-            return Ok(Err(format!(
-                "the reactor's response is {length} bytes, over the {MAX_HANDLER_OUTPUT} a handler may write"
-            )));
+            return Err(format!(
+                "the reactor's response is {length} bytes, over the {MAX_HANDLER_OUTPUT} a handler may write whole; stream it (Flush, or write more than 64 KiB)"
+            ));
         }
-        Ok(address
+        address
             .checked_add(length)
-            .and_then(|end| self.memory.data(&*store).get(address..end))
+            .and_then(|end| self.memory.data(&self.store).get(address..end))
             .map(<[u8]>::to_vec)
-            .ok_or_else(|| "the reactor's response lies outside its memory".to_string()))
+            .ok_or_else(|| "the reactor's response lies outside its memory".to_string())
+    }
+}
+
+/// Where an instance that answered goes: back to the idle ones with `--isolation shared`
+/// (until it has served its last request), or away.
+struct Keeper {
+    idle: Option<Arc<Mutex<Vec<Reactor>>>>,
+    requests_per_instance: u32,
+}
+
+impl Keeper {
+    fn keep(&self, mut reactor: Reactor) {
+        let Some(idle) = &self.idle else {
+            return;
+        };
+        // A kept instance holds no request's sink: its stream's channel closes now.
+        reactor.store.data_mut().response = ResponseSink::default();
+        reactor.served += 1;
+        if reactor.served < self.requests_per_instance {
+            idle.lock().unwrap().push(reactor);
+        } else {
+            tracing::debug!(served = reactor.served, "a shared instance served its last request");
+        }
+    }
+}
+
+/// A streamed response after its head: the handler runs on in a task of its own, which
+/// holds the request's permit and instance until the handler returns, fails, runs out of
+/// time or loses its client, whichever comes first.
+struct Stream<Run> {
+    run: Pin<Box<Run>>,
+    output: Output,
+    permit: Permit,
+    end: StreamEnd,
+    closed: mpsc::Sender<Bytes>,
+    deadline: Instant,
+    keep: Keeper,
+    metrics: Arc<crate::metrics::Metrics>,
+}
+
+/// What came first, of the handler's end, its deadline and its client leaving.
+enum Ending {
+    Ran((Reactor, wasmtime::Result<u64>)),
+    Deadline,
+    Closed,
+}
+
+impl<Run: Future<Output = (Reactor, wasmtime::Result<u64>)>> Stream<Run> {
+    async fn finish(self) {
+        let Stream {
+            mut run,
+            output,
+            permit,
+            end,
+            closed,
+            deadline,
+            keep,
+            metrics,
+        } = self;
+        // The epoch deadline stops a guest only while it computes; one waiting for a
+        // client that does not read, or sleeping, is stopped here.
+        let deadline = tokio::time::sleep_until(deadline.into());
+        tokio::pin!(deadline);
+        let mut ending = tokio::select! {
+            biased;
+            ran = &mut run => Ending::Ran(ran),
+            () = &mut deadline => Ending::Deadline,
+            () = closed.closed() => Ending::Closed,
+        };
+        // hyper lets go of a body whose declared length is all out without waiting for
+        // its end: the handler may finish what it does after its last byte.
+        if matches!(ending, Ending::Closed) && end.delivered() {
+            ending = tokio::select! {
+                biased;
+                ran = &mut run => Ending::Ran(ran),
+                () = &mut deadline => Ending::Deadline,
+            };
+        }
+        let outcome = match ending {
+            Ending::Ran((reactor, Ok(_))) => Ok(reactor),
+            Ending::Ran((_, Err(error))) if error.is::<ClientGone>() => Err(None),
+            Ending::Ran((reactor, Err(error))) => Err(Some(Failure::classify(error, &reactor.store.data().limiter))),
+            Ending::Deadline => Err(Some(Failure::Timeout)),
+            Ending::Closed => Err(None),
+        };
+        match outcome {
+            Ok(reactor) => {
+                end.set(End::Complete);
+                keep.keep(reactor);
+            }
+            Err(None) => {
+                end.set(End::ClientGone);
+                tracing::debug!("the client left a streamed response: its handler was stopped");
+            }
+            Err(Some(failure)) => {
+                end.set(match failure {
+                    Failure::Timeout => End::Timeout,
+                    ref failure => End::Failed(failure.kind()),
+                });
+                // The head is out: the client sees the body end (cleanly at a timeout), the
+                // log and metrics see why. The pool's memory taken by others is a refusal,
+                // as before the head, not this handler's trap.
+                match failure {
+                    Failure::SharedMemoryFull(_) => metrics.refuse(crate::metrics::Refusal::PoolMemory),
+                    _ => metrics.count_trap(failure.kind()),
+                }
+                failure.record(&tracing::Span::current());
+                tracing::error!(target: crate::traces::TARGET, kind = failure.kind(), "failed after the response headers");
+                tracing::error!(kind = failure.kind(), failure = ?failure, "handler failed after sending its response headers");
+            }
+        }
+        // The store goes first, with its sender; the body's channel closes with the last.
+        drop(run);
+        output.log_stdout();
+        output.log_stderr();
+        drop(closed);
+        drop(permit);
     }
 }
 

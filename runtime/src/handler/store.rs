@@ -3,6 +3,7 @@
 //! its outbound calls.
 
 use super::output::CapturedOutput;
+use super::stream::ResponseSink;
 use super::{MAX_HANDLER_OUTPUT, Shared, log_handler_output};
 use crate::engine::arm_timeout;
 use crate::limits::RequestLimiter;
@@ -19,13 +20,19 @@ pub struct GuestState {
     pub wasi: WasiP1Ctx,
     pub limiter: RequestLimiter,
     pub calls: GuestCalls,
+    /// Where a Go reactor streams its response; a CGI command cannot.
+    pub response: ResponseSink,
+    /// When the request's timeout stops the guest.
+    pub deadline: Instant,
 }
 
-/// A linker with WASI preview1 and the `wasmless` outbound imports, nothing else.
+/// A linker with WASI preview1 and the `wasmless` imports (outbound calls, a streamed
+/// response), nothing else.
 pub fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p1::add_to_linker_async(&mut linker, |state: &mut GuestState| &mut state.wasi)?;
     crate::outbound::guest::add_to_linker(&mut linker, |state: &mut GuestState| &mut state.calls)?;
+    super::stream::add_to_linker(&mut linker, |state: &mut GuestState| &mut state.response)?;
     Ok(linker)
 }
 
@@ -79,6 +86,8 @@ pub fn new_store(
         wasi,
         limiter: RequestLimiter::new(&shared.limits, share.clone()),
         calls: GuestCalls::new(shared.outbound.clone(), log, deadline, share),
+        response: ResponseSink::default(),
+        deadline,
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);
@@ -102,5 +111,7 @@ pub fn renew(
     state.wasi = wasi;
     state.limiter.clear_refusals();
     state.calls = GuestCalls::new(shared.outbound.clone(), log, deadline, share);
+    state.response = ResponseSink::default();
+    state.deadline = deadline;
     arm_timeout(store, deadline);
 }

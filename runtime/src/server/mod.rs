@@ -2,6 +2,7 @@
 //! layers, and graceful shutdown. A request's own steps are in [`function`].
 
 mod function;
+mod stream_tail;
 
 use crate::edge::LocalPort;
 use crate::metrics::Metrics;
@@ -117,6 +118,10 @@ pub fn function_router(state: FunctionState) -> Router {
                 })
                 .on_request(())
                 .on_response(|response: &Response, latency: Duration, _span: &Span| {
+                    // A stream's line is written at its end (stream_tail).
+                    if response.extensions().get::<crate::handler::Streamed>().is_some() {
+                        return;
+                    }
                     let calls = response.extensions().get::<Arc<CallLog>>();
                     let outbound_calls = calls.map_or(0, |log| log.calls());
                     if outbound_calls == 0 {
@@ -255,13 +260,18 @@ async fn record_metrics(request: Request, next: Next) -> Response {
     let Some(metrics) = routed(&request).map(|tenant| tenant.metrics().clone()) else {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };
-    let _in_flight = metrics.in_flight();
+    let in_flight = metrics.in_flight();
     let method = request.method().clone();
     let trace = request.extensions().get::<traces::TraceIds>().copied();
     let started = Instant::now();
     let response = next.run(request).await;
+    // The duration is to the response's head, for a stream too, so that a stream held
+    // open for minutes does not swamp the histogram; a stream stays in flight to its end.
     metrics.observe_request(&method, response.status().as_u16(), started.elapsed(), trace.as_ref());
-    response
+    match response.extensions().get::<crate::handler::Streamed>().cloned() {
+        Some(streamed) => stream_tail::follow(response, streamed, started, in_flight),
+        None => response,
+    }
 }
 
 /// The pool, once made (the admin port is up before it): its readiness and `/pool`.

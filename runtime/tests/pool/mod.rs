@@ -943,3 +943,29 @@ impl BuilderCode {
         ["--code", &self.code_file, "--code-digest", &self.code_digest]
     }
 }
+
+/// A pooled Function's streamed export holds a buffer's worth of the pool's request
+/// memory, not the response: two 21 MB exports at once fit in 64 MiB.
+#[tokio::test(flavor = "multi_thread")]
+async fn pooled_streams_hold_a_buffer_of_the_pools_request_memory_not_the_response() {
+    let table = tempfile::tempdir().unwrap();
+    let port = free_port();
+    add_function(table.path(), "export", port, &go_reactor("go-stream", true), &[]);
+    let pool = Runtime::start_pool(
+        table.path(),
+        &["--pool-request-memory", "64Mi", "--pool-share", "100"],
+    );
+    let bytes = 21 << 20;
+    let export = || async move {
+        let response = client().get(at(port, &format!("/csv?bytes={bytes}"))).send().await.unwrap();
+        (response.status().as_u16(), response.bytes().await.unwrap().len())
+    };
+    let (first, second) = tokio::join!(export(), export());
+    assert_eq!((first, second), ((200, bytes), (200, bytes)));
+    let metrics = get(pool.admin_url("/metrics")).await.1;
+    assert_eq!(
+        sample(&metrics, "wasmless_refused_total", &[("reason", "pool_memory")]),
+        Some(0.0),
+        "{metrics}"
+    );
+}

@@ -14,7 +14,10 @@
 //
 // The host calls wasmless_request_buffer(len) for a buffer of len bytes in linear
 // memory, writes the request there and calls wasmless_handle(), whose result is the
-// response's address (high 32 bits) and length (low 32 bits). The request becomes the
+// response's address (high 32 bits) and length (low 32 bits). A response that streams
+// (the handler flushed, or wrote more than 64 KiB) goes instead through the imports
+// wasmless.response_start (its head) and wasmless.response_write (its body, as it is
+// written); wasmless_handle then returns 0 (see stream.go). The request becomes the
 // same *http.Request net/http/cgi makes from the CGI environment (the runtime joins the
 // values of a repeated header with ", " and leaves out Content-Length, Host and Proxy,
 // as its CGI environment does), and the response is what net/http/cgi would write:
@@ -109,8 +112,8 @@ func handleExport() uint64 {
 }
 
 func serve(encoded []byte) []byte {
-	w := &responseWriter{header: http.Header{}}
 	r, err := decodeRequest(encoded)
+	w := newResponseWriter(r)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "wasmless: cannot read the request: %v\n", err)
 		w.WriteHeader(http.StatusBadRequest)
@@ -125,7 +128,7 @@ func serve(encoded []byte) []byte {
 	}
 	handler.ServeHTTP(w, r)
 	w.Write(nil) // as net/http/cgi: a response with no body still gets its header
-	return w.encode()
+	return w.finish()
 }
 
 type decoder struct {
@@ -211,13 +214,26 @@ func decodeRequest(encoded []byte) (*http.Request, error) {
 	return r, nil
 }
 
-// responseWriter collects the response as net/http/cgi's writer would send it.
+// responseWriter collects the response as net/http/cgi's writer would send it, and
+// streams it (stream.go) once the handler flushes or writes more than flushAt bytes.
 type responseWriter struct {
 	header      http.Header
 	sent        http.Header // the header as it was at the first write
 	code        int
 	wroteHeader bool
 	body        bytes.Buffer
+	headRequest bool
+	// declared is the Content-Length the header held at the first write (-1: none), and
+	// written what the handler has written of the body.
+	declared, written int64
+	// streaming: the head has left, the body goes as it comes. unstreamable: the host
+	// cannot stream here, so the response is sent whole.
+	streaming, unstreamable bool
+	err                     error
+}
+
+func newResponseWriter(r *http.Request) *responseWriter {
+	return &responseWriter{header: http.Header{}, declared: -1, headRequest: r != nil && r.Method == http.MethodHead}
 }
 
 func (w *responseWriter) Header() http.Header { return w.header }
@@ -232,22 +248,92 @@ func (w *responseWriter) WriteHeader(code int) {
 }
 
 func (w *responseWriter) Write(p []byte) (int, error) {
+	if w.err != nil {
+		return 0, w.err
+	}
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
 	if w.sent == nil {
-		w.sent = w.header.Clone()
-		if _, hasType := w.sent["Content-Type"]; !hasType {
-			w.sent.Set("Content-Type", http.DetectContentType(p))
-		}
+		w.takeHeader(p)
 	}
-	return w.body.Write(p)
+	if w.declared >= 0 && w.written+int64(len(p)) > w.declared {
+		fmt.Fprintln(os.Stderr, "http: wrote more than the declared Content-Length")
+		return 0, http.ErrContentLength
+	}
+	w.written += int64(len(p))
+	if w.body.Len()+len(p) <= flushAt || (!w.streaming && !w.start()) {
+		return w.body.Write(p)
+	}
+	w.drain()
+	if len(p) <= flushAt {
+		w.body.Write(p)
+	} else {
+		w.send(p)
+	}
+	if w.err != nil {
+		return 0, w.err
+	}
+	return len(p), nil
 }
 
-// Flush lets handlers that flush keep doing so; the response is sent whole.
-func (w *responseWriter) Flush() {}
+// takeHeader keeps the header as it is at the first write, with a Content-Type sniffed
+// from the first bytes if the handler set none, and reads its Content-Length (an invalid
+// one is dropped, as net/http drops it).
+func (w *responseWriter) takeHeader(p []byte) {
+	w.sent = w.header.Clone()
+	if _, hasType := w.sent["Content-Type"]; !hasType {
+		w.sent.Set("Content-Type", http.DetectContentType(p))
+	}
+	if value := w.sent.Get("Content-Length"); value != "" {
+		n, err := strconv.ParseInt(strings.TrimSpace(value), 10, 64)
+		if err != nil || n < 0 {
+			fmt.Fprintf(os.Stderr, "http: invalid Content-Length of %q\n", value)
+			w.sent.Del("Content-Length")
+		} else {
+			w.declared = n
+		}
+	}
+}
 
-func (w *responseWriter) encode() []byte {
+// Flush sends the head now, and what the handler wrote so far; the rest of the body
+// follows as it is written.
+func (w *responseWriter) Flush() { w.FlushError() }
+
+// FlushError is Flush for http.ResponseController: the error of a stream that failed.
+func (w *responseWriter) FlushError() error {
+	if w.err != nil {
+		return w.err
+	}
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.sent == nil {
+		w.takeHeader(nil)
+	}
+	if w.streaming || w.start() {
+		w.drain()
+	}
+	return w.err
+}
+
+// finish ends the response when the handler returns: what is left of a stream, or the
+// whole response (nil when it streamed).
+func (w *responseWriter) finish() []byte {
+	// A body shorter than its declared length: streamed, so that the host cuts the
+	// connection as net/http does, rather than send a length the body does not have.
+	if !w.streaming && w.declared > w.written && !w.headRequest {
+		w.start()
+	}
+	if w.streaming {
+		w.drain()
+		return nil
+	}
+	return w.encode()
+}
+
+// encodeHead is the response's encoding up to its body.
+func (w *responseWriter) encodeHead(extra int) []byte {
 	names := make([]string, 0, len(w.sent))
 	count := 0
 	for name, values := range w.sent {
@@ -255,7 +341,7 @@ func (w *responseWriter) encode() []byte {
 		count += len(values)
 	}
 	sort.Strings(names)
-	out := make([]byte, 0, 64+w.body.Len())
+	out := make([]byte, 0, 64+extra)
 	out = binary.LittleEndian.AppendUint32(out, uint32(w.code))
 	out = binary.LittleEndian.AppendUint32(out, uint32(count))
 	// As http.Header.Write, which net/http/cgi uses: newlines in values become spaces
@@ -267,6 +353,11 @@ func (w *responseWriter) encode() []byte {
 			out = appendString(out, strings.TrimSpace(clean.Replace(value)))
 		}
 	}
+	return out
+}
+
+func (w *responseWriter) encode() []byte {
+	out := w.encodeHead(4 + w.body.Len())
 	out = binary.LittleEndian.AppendUint32(out, uint32(w.body.Len()))
 	return append(out, w.body.Bytes()...)
 }

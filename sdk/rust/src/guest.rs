@@ -11,8 +11,9 @@ const WRITE_CHUNK: usize = 4096;
 const READ_CHUNK: u64 = 64 * 1024;
 
 thread_local! {
-    /// Held while the handler runs, so a panic can still answer.
-    static PENDING_RESPONSE: RefCell<Option<ResponseOutparam>> = const { RefCell::new(None) };
+    /// Held while the handler runs, so a panic can still answer (and [`crate::stream`]
+    /// can answer first).
+    pub(crate) static PENDING_RESPONSE: RefCell<Option<ResponseOutparam>> = const { RefCell::new(None) };
 }
 
 pub fn serve(request: IncomingRequest, response_out: ResponseOutparam, handler: fn(Request) -> Response) {
@@ -98,8 +99,8 @@ fn read_body(incoming: &IncomingRequest) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
-fn send(response_out: ResponseOutparam, response: Response) {
-    let (parts, body) = response.into_parts();
+/// The head of `parts` as `wasi:http` sends it.
+pub(crate) fn outgoing_response(parts: &http::response::Parts) -> OutgoingResponse {
     let headers = Fields::new();
     for (name, value) in &parts.headers {
         // Hop-by-hop headers are the runtime's business; the rest pass through.
@@ -109,6 +110,12 @@ fn send(response_out: ResponseOutparam, response: Response) {
     }
     let outgoing = OutgoingResponse::new(headers);
     let _ = outgoing.set_status_code(parts.status.as_u16());
+    outgoing
+}
+
+fn send(response_out: ResponseOutparam, response: Response) {
+    let (parts, body) = response.into_parts();
+    let outgoing = outgoing_response(&parts);
     let Ok(outgoing_body) = outgoing.body() else {
         return ResponseOutparam::set(
             response_out,

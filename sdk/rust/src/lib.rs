@@ -18,16 +18,21 @@
 //! A panic in the handler answers 500 with the panic message on stderr, and the
 //! runtime goes on serving.
 //!
+//! [`stream`] sends the head at once and the body as it is written: Server-Sent Events, a
+//! long export that never lies whole in memory.
+//!
 //! [`send`] calls another service (`wasi:http/outgoing-handler`), where the Function's
 //! `spec.outbound.allow` lets it.
 
 mod guest;
 mod outbound;
 mod query;
+mod stream;
 
 pub use http;
 pub use outbound::{OutboundError, send};
 pub use query::{query, query_pairs};
+pub use stream::{BodyWriter, StreamError, stream};
 
 /// A request with its whole body.
 pub type Request = http::Request<Vec<u8>>;

@@ -172,14 +172,14 @@ fn message_of(error: &OutboundError) -> Vec<u8> {
     message.into_bytes()
 }
 
-fn memory<T>(caller: &mut Caller<'_, T>) -> wasmtime::Result<Memory> {
+pub(crate) fn memory<T>(caller: &mut Caller<'_, T>) -> wasmtime::Result<Memory> {
     caller
         .get_export("memory")
         .and_then(Extern::into_memory)
         .ok_or_else(|| wasmtime::Error::msg("the guest exports no memory"))
 }
 
-fn read_guest<T>(caller: &mut Caller<'_, T>, address: u32, length: u32) -> wasmtime::Result<Vec<u8>> {
+pub(crate) fn read_guest<T>(caller: &mut Caller<'_, T>, address: u32, length: u32) -> wasmtime::Result<Vec<u8>> {
     let memory = memory(caller)?;
     let start = address as usize;
     start

@@ -2,6 +2,25 @@
 
 use wasmless_sdk::{Request, Response, http, query, query_pairs};
 
+/// `n` Server-Sent Events, `ms` apart, each sent as it is written.
+fn events(request: &Request) -> Response {
+    use std::io::Write;
+    let count: u32 = query(request, "n").and_then(|n| n.parse().ok()).unwrap_or(3);
+    let millis = query(request, "ms").and_then(|ms| ms.parse().ok()).unwrap_or(300);
+    let head = http::Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(())
+        .unwrap();
+    let mut body = wasmless_sdk::stream(head).expect("the first answer");
+    for i in 0..count {
+        if i > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(millis));
+        }
+        write!(body, "data: event {i}\n\n").unwrap();
+    }
+    body.finish()
+}
+
 pub fn handler(request: Request) -> Response {
     match request.uri().path() {
         "/panic" => panic!("deliberate panic for the test"),
@@ -52,6 +71,7 @@ pub fn handler(request: Request) -> Response {
             Response::new(format!("wrote {mib} MiB twice\n").into_bytes())
         }
         "/hello" => Response::new(b"Hello, world!\n".to_vec()),
+        "/events" => events(&request),
         "/fetch" => fetch(&query(&request, "url").unwrap_or_default()),
         "/stderr" => {
             eprintln!("a line the handler wrote to stderr");
