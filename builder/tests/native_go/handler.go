@@ -2,12 +2,14 @@ package handlers
 
 // Handlers as people write them for native Go, without reading Wasmless's docs: a JSON
 // API, a webhook signature check, a template, gzip, time zones, a large upload, an
-// outbound call with a timeout, a status of one's own, and Go 1.22's ServeMux patterns.
+// outbound call with a timeout, a status of one's own, Go 1.22's ServeMux patterns,
+// Server-Sent Events flushed one by one, and a 21 MB CSV export written row by row.
 
 import (
 	"compress/gzip"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/csv"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -15,6 +17,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -95,6 +98,23 @@ func Handler(w http.ResponseWriter, r *http.Request) {
 		defer resp.Body.Close()
 		body, _ := io.ReadAll(resp.Body)
 		fmt.Fprintf(w, "%d %s", resp.StatusCode, body)
+	case "/events":
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Cache-Control", "no-cache")
+		for i := 1; i <= 3; i++ {
+			fmt.Fprintf(w, "event: progress\ndata: {\"step\":%d}\n\n", i)
+			w.(http.Flusher).Flush()
+			time.Sleep(100 * time.Millisecond)
+		}
+	case "/export":
+		w.Header().Set("Content-Type", "text/csv")
+		w.Header().Set("Content-Disposition", `attachment; filename="orders.csv"`)
+		out := csv.NewWriter(w)
+		out.Write([]string{"id", "customer", "amount", "note"})
+		for id := 1; id <= 360000; id++ {
+			out.Write([]string{strconv.Itoa(id), "customer-" + strconv.Itoa(id%977), strconv.Itoa(id * 37 % 100000), "a note, with a comma, to quote"})
+		}
+		out.Flush()
 	case "/call-timeout":
 		client := &http.Client{Timeout: 200 * time.Millisecond}
 		_, err := client.Get(os.Getenv("UPSTREAM") + "/slow")

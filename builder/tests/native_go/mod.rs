@@ -177,6 +177,11 @@ async fn handlers_written_for_native_go_answer_as_under_native_go() {
             "Go 1.22 route, wrong method",
             Box::new(|base| client.delete(format!("{base}/items/42"))),
         ),
+        (
+            "server-sent events",
+            Box::new(|base| client.get(format!("{base}/events"))),
+        ),
+        ("CSV export", Box::new(|base| client.get(format!("{base}/export")))),
     ];
     for (what, request) in &requests {
         let theirs = answer(request(&native.1)).await;
@@ -214,6 +219,22 @@ async fn handlers_written_for_native_go_answer_as_under_native_go() {
     let response = client.delete(format!("{ours_url}/items/42")).send().await.unwrap();
     assert_eq!(response.status(), 405);
     assert_eq!(response.headers()["allow"], "GET, HEAD");
+    // Each event leaves when it is flushed, as from native Go: the first one 200 ms (two
+    // sleeps) before the body ends, not with it.
+    let mut response = client.get(format!("{ours_url}/events")).send().await.unwrap();
+    let first = response.chunk().await.unwrap().expect("a first event");
+    assert!(first.starts_with(b"event: progress\ndata: {\"step\":1}"), "{first:?}");
+    let at_first = std::time::Instant::now();
+    while response.chunk().await.unwrap().is_some() {}
+    assert!(
+        at_first.elapsed() >= Duration::from_millis(150),
+        "the events came together"
+    );
+    // The export (21 MB, at the runtime's default memory limit of 64 MiB) was compared
+    // whole above: it streamed, rather than running out of memory.
+    let response = client.get(format!("{ours_url}/export")).send().await.unwrap();
+    assert!(response.headers().get("content-length").is_none());
+    assert!(response.bytes().await.unwrap().len() > 20 << 20);
 }
 
 /// HMAC-SHA256 (RFC 2104) in hex, with the runtime's own sha2.
