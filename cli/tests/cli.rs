@@ -347,9 +347,19 @@ spec:
         "io"
         "net/http"
         "os"
+        "time"
     )
 
     func Handler(w http.ResponseWriter, r *http.Request) {{
+        if r.URL.Path == "/events" {{
+            w.Header().Set("Content-Type", "text/event-stream")
+            for i := 1; i <= 4; i++ {{
+                fmt.Fprintf(w, "data: %d\n\n", i)
+                w.(http.Flusher).Flush()
+                time.Sleep(300 * time.Millisecond)
+            }}
+            return
+        }}
         target := os.Getenv("UPSTREAM") + "/rate"
         if r.URL.Path == "/elsewhere" {{
             target = "http://127.0.0.1:9/"
@@ -422,6 +432,20 @@ spec:
         body.contains("denied") && body.contains("spec.outbound.allow"),
         "{body}"
     );
+
+    // A handler that flushes streams under dev as on the cluster: the first event leaves
+    // before the three sleeps that come after it, not with the last.
+    let mut events = reqwest::get(format!("{url}/events")).await.unwrap();
+    assert_eq!(events.headers()["content-type"], "text/event-stream");
+    let first = events.chunk().await.unwrap().unwrap();
+    assert_eq!(&first[..], b"data: 1\n\n");
+    let at_first = Instant::now();
+    let mut rest = Vec::new();
+    while let Some(chunk) = events.chunk().await.unwrap() {
+        rest.extend_from_slice(&chunk);
+    }
+    assert_eq!(rest, b"data: 2\n\ndata: 3\n\ndata: 4\n\n");
+    assert!(at_first.elapsed() >= Duration::from_millis(800), "the events came together");
 }
 
 #[tokio::test(flavor = "multi_thread")]

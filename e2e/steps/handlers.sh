@@ -9,8 +9,8 @@ apply_go_function() {
 }
 
 go_as_written() {
-  step "Go as people write it: Go 1.22 routes with r.PathValue; an initialiser's panic is Go's own message and stack on status.buildMessage and in the Event"
-  local routes_source panicking_source
+  step "Go as people write it: Go 1.22 routes with r.PathValue; Server-Sent Events that leave when flushed and a 20 MB export, through the Service; an initialiser's panic is Go's own message and stack on status.buildMessage and in the Event"
+  local routes_source panicking_source streaming_source
   routes_source=$(cat <<'GO'
 package handlers
 
@@ -51,8 +51,37 @@ func mustRead(name string) []byte {
 func Handler(w http.ResponseWriter, r *http.Request) { w.Write(countries) }
 GO
 )
+  streaming_source=$(cat <<'GO'
+package handlers
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+func Handler(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/export" {
+		w.Header().Set("Content-Type", "text/csv")
+		row := strings.Repeat("x", 50)
+		for i := 0; i < 330000; i++ {
+			fmt.Fprintf(w, "%08d,%s\n", i, row)
+		}
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	for i := 1; i <= 4; i++ {
+		fmt.Fprintf(w, "data: event %d\n\n", i)
+		w.(http.Flusher).Flush()
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+GO
+)
   apply_go_function routes "$routes_source"
   apply_go_function countries "$panicking_source"
+  apply_go_function streaming "$streaming_source"
   as_written_settled() { [[ $(fn_field "$1" .status.phase) =~ ^(Ready|Failed)$ ]]; }
   wait_until 600 "routes Ready or Failed" as_written_settled routes
   phase_is routes Ready || fail "routes: $(fn_field routes .status.buildMessage)"
@@ -64,6 +93,20 @@ GO
   status=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X DELETE "${url}items/42")
   expect_eq "$status" 405 "DELETE on a GET route"
 
+  wait_until 600 "streaming Ready or Failed" as_written_settled streaming
+  phase_is streaming Ready || fail "streaming: $(fn_field streaming .status.buildMessage)"
+  url=$(service_url streaming)
+  local timing first total
+  # curl's time to the first byte and to the last, of a 1.2 s stream of four events.
+  timing=$(curl -sN -o /dev/null --max-time 10 -w '%{time_starttransfer} %{time_total}' "${url}events")
+  read -r first total <<<"$timing"
+  echo "SSE through the Service: first byte at ${first}s, last at ${total}s"
+  awk -v f="$first" -v t="$total" 'BEGIN { exit !(f < 0.6 && t >= 0.9) }' ||
+    fail "the first event came at ${first}s of a ${total}s stream: it should leave when flushed"
+  local size
+  size=$(curl -s -o /dev/null --max-time 60 -w '%{http_code} %{size_download}' "${url}export")
+  expect_eq "$size" "200 19800000" "a 19.8 MB CSV export at the default memory limit"
+
   wait_until 600 "countries Ready or Failed" as_written_settled countries
   phase_is countries Failed || fail "countries: phase $(fn_field countries .status.phase), a panicking initialiser built"
   local message events
@@ -74,6 +117,6 @@ GO
   expect_contains "$message" "function/handlers.mustRead" "status.buildMessage"
   events=$(kubectl get events -n "$NS" --field-selector involvedObject.name=countries -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}')
   expect_contains "$events" "panic: open countries.csv: no such file or directory" "the BuildFailed Event"
-  kubectl delete fn routes countries -n "$NS" >/dev/null
+  kubectl delete fn routes countries streaming -n "$NS" >/dev/null
   ok
 }
