@@ -4,7 +4,7 @@
 # release mode, runs every comparison, and writes docs/benchmarks.md and its plot.
 #   bench/run.sh           full run (criterion bench included), under 15 minutes once tools are built
 #   bench/run.sh --quick   shorter runs, under 3 minutes
-#   bench/run.sh [--quick] --only outbound|pool   one comparison; rewrites only its section
+#   bench/run.sh [--quick] --only outbound|pool|streaming|traces   one comparison; rewrites only its section
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

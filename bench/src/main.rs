@@ -11,6 +11,7 @@ mod pool;
 mod pool_pod;
 mod report;
 mod scenarios;
+mod streaming;
 mod traces;
 
 use clap::Parser;
@@ -34,8 +35,8 @@ struct Args {
     #[arg(long, default_value = "docs/benchmarks.md")]
     output: PathBuf,
     /// Run one comparison and rewrite only its section of the report (`outbound`, `pool`,
-    /// `traces`; `pool-pod` on the test cluster, as `bench/cluster.sh density` runs it).
-    #[arg(long, value_parser = ["outbound", "pool", "pool-pod", "traces"])]
+    /// `streaming`, `traces`; `pool-pod` on the test cluster, as `bench/cluster.sh density` runs it).
+    #[arg(long, value_parser = ["outbound", "pool", "pool-pod", "streaming", "traces"])]
     only: Option<String>,
     /// Functions in the pool's density run.
     #[arg(long, default_value_t = 1000)]
@@ -65,6 +66,12 @@ fn main() -> anyhow::Result<()> {
             let density = pool_pod::run(&settings, args.pool_functions, args.pool_go_functions)?;
             report::write_section(&args.output, pool_pod::HEADING, &pool_pod::section(&density))?;
             eprintln!("rewrote the pool pod section of {}", args.output.display());
+            return Ok(());
+        }
+        Some("streaming") => {
+            let rows = streaming::run(&settings)?;
+            report::write_section(&args.output, streaming::HEADING, &streaming::section(&rows))?;
+            eprintln!("rewrote the streaming section of {}", args.output.display());
             return Ok(());
         }
         Some("traces") => {

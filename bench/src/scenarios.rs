@@ -125,7 +125,7 @@ pub struct Module {
     pub code: Option<(PathBuf, Digest)>,
 }
 
-fn builder(settings: &Settings, language: &str, source: &Path, output: &Path, cache: &Path) -> Command {
+pub(crate) fn builder(settings: &Settings, language: &str, source: &Path, output: &Path, cache: &Path) -> Command {
     let mut command = Command::new(settings.bin("wasmless-builder"));
     command
         .args(["build", "--language", language, "--source"])
@@ -175,7 +175,12 @@ pub fn build_example(settings: &Settings, example: &str, language: &str) -> anyh
 }
 
 /// The runtime as the operator starts it in a pod: with the builder's compiled code.
-fn runtime_with_code(settings: &Settings, module: &Module, port: u16, cache: &Path) -> anyhow::Result<Command> {
+pub(crate) fn runtime_with_code(
+    settings: &Settings,
+    module: &Module,
+    port: u16,
+    cache: &Path,
+) -> anyhow::Result<Command> {
     let (code, code_digest) = module.code.as_ref().context("a module without compiled code")?;
     let mut command = runtime(settings, module, port, Some(cache));
     command
@@ -229,7 +234,7 @@ fn goless_project(dir: &Path) -> anyhow::Result<()> {
 }
 
 /// A native Go server of `handler` as Goless runs it: `http.HandleFunc("/", ...)`.
-fn goless_project_with(dir: &Path, handler: &str) -> anyhow::Result<()> {
+pub(crate) fn goless_project_with(dir: &Path, handler: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir.join("handlers"))?;
     std::fs::write(dir.join("handlers/handler.go"), handler)?;
     std::fs::write(dir.join("go.mod"), "module function\n\ngo 1.21\n")?;
@@ -240,7 +245,7 @@ fn goless_project_with(dir: &Path, handler: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn go_command(args: &[&str], dir: &Path) -> Command {
+pub(crate) fn go_command(args: &[&str], dir: &Path) -> Command {
     let mut command = Command::new(std::env::var_os("WASMLESS_GO").unwrap_or_else(|| "go".into()));
     command
         .args(args)
