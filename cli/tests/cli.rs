@@ -445,7 +445,10 @@ spec:
         rest.extend_from_slice(&chunk);
     }
     assert_eq!(rest, b"data: 2\n\ndata: 3\n\ndata: 4\n\n");
-    assert!(at_first.elapsed() >= Duration::from_millis(800), "the events came together");
+    assert!(
+        at_first.elapsed() >= Duration::from_millis(800),
+        "the events came together"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

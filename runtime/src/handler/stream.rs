@@ -333,10 +333,7 @@ async fn write<T>(
     // The whole range is checked first: one outside the guest's memory traps before any
     // of it is sent.
     let size = memory(caller)?.data_size(&*caller);
-    if buffer
-        .checked_add(length)
-        .is_none_or(|end| end as usize > size)
-    {
+    if buffer.checked_add(length).is_none_or(|end| end as usize > size) {
         return Err(wasmtime::Error::msg("a response body named memory outside the guest's"));
     }
     if remaining.is_some_and(|remaining| u64::from(length) > remaining) {

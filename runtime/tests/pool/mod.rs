@@ -951,13 +951,14 @@ async fn pooled_streams_hold_a_buffer_of_the_pools_request_memory_not_the_respon
     let table = tempfile::tempdir().unwrap();
     let port = free_port();
     add_function(table.path(), "export", port, &go_reactor("go-stream", true), &[]);
-    let pool = Runtime::start_pool(
-        table.path(),
-        &["--pool-request-memory", "64Mi", "--pool-share", "100"],
-    );
+    let pool = Runtime::start_pool(table.path(), &["--pool-request-memory", "64Mi", "--pool-share", "100"]);
     let bytes = 21 << 20;
     let export = || async move {
-        let response = client().get(at(port, &format!("/csv?bytes={bytes}"))).send().await.unwrap();
+        let response = client()
+            .get(at(port, &format!("/csv?bytes={bytes}")))
+            .send()
+            .await
+            .unwrap();
         (response.status().as_u16(), response.bytes().await.unwrap().len())
     };
     let (first, second) = tokio::join!(export(), export());

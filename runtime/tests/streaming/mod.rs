@@ -235,7 +235,10 @@ async fn a_rust_component_streams_through_the_sdk_and_is_logged_at_its_end() {
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     let in_flight = metric(&runtime, "wasmless_requests_in_flight", &[]).await;
     let arrived = chunks(response).await;
-    let text: String = arrived.iter().map(|(_, chunk)| String::from_utf8_lossy(chunk)).collect();
+    let text: String = arrived
+        .iter()
+        .map(|(_, chunk)| String::from_utf8_lossy(chunk))
+        .collect();
     let expected: String = (0..4).map(|i| format!("data: event {i}\n\n")).collect();
     assert_eq!(text, expected);
     let (first, last) = (arrived[0].0, arrived.last().unwrap().0);
