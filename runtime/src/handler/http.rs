@@ -20,7 +20,8 @@ use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Engine, Store};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
-use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
+use wasmtime_wasi_http::p2::bindings::http::types::{ErrorCode, Scheme};
+use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 pub struct HttpHandler {
@@ -183,20 +184,27 @@ impl HttpHandler {
                 }
             }
         };
-        match answer {
-            Ok(response) => {
-                let mut response = response.map(|body| {
-                    Body::new(
-                        body.map_err(|code| std::io::Error::other(format!("the handler's body failed: {code:?}"))),
-                    )
-                });
-                if streamed {
-                    response.extensions_mut().insert(Streamed(end));
-                }
-                Ok(response)
+        response_of(answer, streamed.then_some(Streamed(end)))
+    }
+}
+
+/// The response a handler set, marked `streamed` when its body goes on after the
+/// handler's turn on the connection's task.
+fn response_of(
+    answer: Result<Response<HyperOutgoingBody>, ErrorCode>,
+    streamed: Option<Streamed>,
+) -> Result<Response<Body>, Failure> {
+    match answer {
+        Ok(response) => {
+            let mut response = response.map(|body| {
+                Body::new(body.map_err(|code| std::io::Error::other(format!("the handler's body failed: {code:?}"))))
+            });
+            if let Some(streamed) = streamed {
+                response.extensions_mut().insert(streamed);
             }
-            Err(code) => Err(Failure::Trap(format!("the handler answered with error {code:?}"))),
+            Ok(response)
         }
+        Err(code) => Err(Failure::Trap(format!("the handler answered with error {code:?}"))),
     }
 }
 
