@@ -16,12 +16,13 @@ use crate::{BuildError, BuildOptions, Source};
 use std::path::Path;
 use wasmless_formats::cargo_manifest::handler_manifest;
 
-const SDK_FILES: [(&str, &str); 5] = [
+const SDK_FILES: [(&str, &str); 6] = [
     ("Cargo.toml", include_str!("../../../sdk/rust/Cargo.toml")),
     ("src/lib.rs", include_str!("../../../sdk/rust/src/lib.rs")),
     ("src/guest.rs", include_str!("../../../sdk/rust/src/guest.rs")),
     ("src/outbound.rs", include_str!("../../../sdk/rust/src/outbound.rs")),
     ("src/query.rs", include_str!("../../../sdk/rust/src/query.rs")),
+    ("src/stream.rs", include_str!("../../../sdk/rust/src/stream.rs")),
 ];
 
 const CRATE_NAME: &str = "wasmless_handler";
@@ -324,6 +325,22 @@ pub fn vendor(dir: &Path) -> Result<(), BuildError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file of the SDK left out of the builder's copy fails every Rust build, with a
+    /// `file not found for module` in the SDK's own code.
+    #[test]
+    fn the_builder_carries_every_file_of_the_sdk() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../sdk/rust/src");
+        let mut on_disk: Vec<String> = std::fs::read_dir(src)
+            .unwrap()
+            .map(|entry| format!("src/{}", entry.unwrap().file_name().into_string().unwrap()))
+            .chain(["Cargo.toml".to_string()])
+            .collect();
+        on_disk.sort();
+        let mut carried: Vec<String> = SDK_FILES.iter().map(|(name, _)| name.to_string()).collect();
+        carried.sort();
+        assert_eq!(carried, on_disk);
+    }
 
     #[test]
     fn the_registry_setting_is_a_sparse_index() {
