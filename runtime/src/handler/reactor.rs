@@ -106,6 +106,10 @@ impl ReactorHandler {
         // The handler runs here, on the connection's task, until it answers or starts a
         // stream; only a stream gets a task of its own (as a component's body does).
         let mut run = Box::pin(reactor.serve(head, body).in_current_span());
+        // The epoch deadline stops a guest only while it computes: one asleep in a host
+        // call (Go's time.Sleep is a poll_oneoff) is stopped here, at its deadline.
+        let expired = tokio::time::sleep_until(deadline.into());
+        tokio::pin!(expired);
         let head = tokio::select! {
             biased;
             (reactor, outcome) = &mut run => {
@@ -123,6 +127,12 @@ impl ReactorHandler {
                 return Ok(response);
             }
             Ok(head) = streamed => head,
+            () = &mut expired => {
+                drop(run);
+                output.log_stdout();
+                output.log_stderr();
+                return Err(Failure::Timeout);
+            }
         };
         let StreamHead { response, end, closed } = head;
         let stream = Stream {

@@ -125,6 +125,23 @@ async fn a_timeout_ends_a_stream_cleanly_and_frees_its_permit() {
     );
 }
 
+/// A handler asleep in a host call is stopped at its deadline, not when it wakes: its
+/// permit is free again for the next request.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handler_asleep_past_its_timeout_is_stopped_at_the_deadline() {
+    let runtime = go_stream(&["--timeout", "1s", "--max-concurrency", "1"]);
+    let started = Instant::now();
+    let (status, _) = get(runtime.url("/sleep?ms=20000")).await;
+    assert_eq!(status, 504);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(get(runtime.url("/small")).await, (200, "ok".into()));
+    assert_eq!(get(runtime.url("/sleep?ms=10")).await, (200, "slept".into()));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failure_after_the_head_cuts_the_stream() {
     let runtime = go_stream(&["--memory-limit", "32Mi", "--max-concurrency", "1"]);

@@ -77,6 +77,9 @@ func Handler(w http.ResponseWriter, r *http.Request) {
 		flusher.Flush()
 		time.Sleep(300 * time.Millisecond)
 		fmt.Fprintln(w, "after the head")
+	case "/sleep":
+		time.Sleep(time.Duration(number("ms", 0)) * time.Millisecond)
+		fmt.Fprint(w, "slept")
 	case "/count":
 		requests++
 		fmt.Fprintf(w, "%d", requests)
