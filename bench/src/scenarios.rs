@@ -125,7 +125,7 @@ pub struct Module {
     pub code: Option<(PathBuf, Digest)>,
 }
 
-pub(crate) fn builder(settings: &Settings, language: &str, source: &Path, output: &Path, cache: &Path) -> Command {
+fn builder(settings: &Settings, language: &str, source: &Path, output: &Path, cache: &Path) -> Command {
     let mut command = Command::new(settings.bin("wasmless-builder"));
     command
         .args(["build", "--language", language, "--source"])
@@ -171,6 +171,28 @@ pub fn build_example(settings: &Settings, example: &str, language: &str) -> anyh
         path,
         digest,
         code: Some((code, code_digest)),
+    })
+}
+
+/// A Goless handler built by the builder in the work folder `work`, as a build Job builds
+/// it: the module, its digest, and its compiled code.
+pub(crate) fn build_go_handler(settings: &Settings, work: &str, handler: &str) -> anyhow::Result<Module> {
+    let dir = settings.work(work);
+    let source = dir.join("handler.go");
+    std::fs::write(&source, handler)?;
+    let path = dir.join("module.wasm");
+    time_command(&mut builder(
+        settings,
+        "go",
+        &source,
+        &path,
+        &settings.work("builder-cache"),
+    ))?;
+    let code = path.with_extension("cwasm.lz4");
+    Ok(Module {
+        digest: Digest::of(&std::fs::read(&path)?),
+        code: Some((code.clone(), Digest::of(&std::fs::read(&code)?))),
+        path,
     })
 }
 
@@ -630,23 +652,7 @@ fn outbound(settings: &Settings) -> anyhow::Result<Vec<Throughput>> {
         port,
     )?;
 
-    let dir = settings.work("outbound-ours");
-    let source = dir.join("handler.go");
-    std::fs::write(&source, OUTBOUND_HANDLER)?;
-    let path = dir.join("module.wasm");
-    time_command(&mut builder(
-        settings,
-        "go",
-        &source,
-        &path,
-        &settings.work("builder-cache"),
-    ))?;
-    let code = path.with_extension("cwasm.lz4");
-    let module = Module {
-        digest: Digest::of(&std::fs::read(&path)?),
-        code: Some((code.clone(), Digest::of(&std::fs::read(&code)?))),
-        path,
-    };
+    let module = build_go_handler(settings, "outbound-ours", OUTBOUND_HANDLER)?;
     let allow = format!("http://127.0.0.1:{upstream_port}");
     let env = format!("UPSTREAM_PORT={upstream_port}");
     let cache = settings.work("outbound-cache");

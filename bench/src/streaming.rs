@@ -5,12 +5,11 @@
 //! server's peak resident memory over the export. `--only streaming` runs it alone.
 
 use crate::measure::{Server, rss_mib, until_first_200};
-use crate::scenarios::{Module, Settings, builder, go_command, goless_project_with, runtime_with_code};
+use crate::scenarios::{Settings, build_go_handler, go_command, goless_project_with, runtime_with_code};
 use anyhow::{Context, bail};
 use std::fmt::Write as _;
 use std::process::Command;
 use std::time::Instant;
-use wasmless_artifact::Digest;
 use wasmless_testkit::free_port;
 
 pub const HEADING: &str = "## Streaming: Server-Sent Events and a 20 MB export";
@@ -65,23 +64,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<Vec<Row>> {
     let native_dir = settings.work("streaming-native");
     goless_project_with(&native_dir, HANDLER)?;
     crate::measure::time_command(&mut go_command(&["build", "-o", "server", "."], &native_dir))?;
-    let ours_dir = settings.work("streaming-ours");
-    let source = ours_dir.join("handler.go");
-    std::fs::write(&source, HANDLER)?;
-    let path = ours_dir.join("module.wasm");
-    crate::measure::time_command(&mut builder(
-        settings,
-        "go",
-        &source,
-        &path,
-        &settings.work("builder-cache"),
-    ))?;
-    let code = path.with_extension("cwasm.lz4");
-    let module = Module {
-        digest: Digest::of(&std::fs::read(&path)?),
-        code: Some((code.clone(), Digest::of(&std::fs::read(&code)?))),
-        path,
-    };
+    let module = build_go_handler(settings, "streaming-ours", HANDLER)?;
 
     let port = free_port();
     let native = measure(

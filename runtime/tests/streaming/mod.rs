@@ -27,6 +27,17 @@ async fn chunks(mut response: reqwest::Response) -> Vec<(Instant, bytes::Bytes)>
     chunks
 }
 
+/// A stream's text, and the time between its first chunk and its last.
+async fn streamed_text(response: reqwest::Response) -> (String, Duration, usize) {
+    let arrived = chunks(response).await;
+    let text = arrived
+        .iter()
+        .map(|(_, chunk)| String::from_utf8_lossy(chunk))
+        .collect();
+    let spread = arrived.last().unwrap().0 - arrived[0].0;
+    (text, spread, arrived.len())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_handler_that_flushes_sends_each_event_as_it_flushes() {
     let runtime = go_stream(&[]);
@@ -36,21 +47,14 @@ async fn a_handler_that_flushes_sends_each_event_as_it_flushes() {
     assert_eq!(response.headers()["transfer-encoding"], "chunked");
     // While the stream is open, the request is in flight.
     let in_flight = metric(&runtime, "wasmless_requests_in_flight", &[]).await;
-    let arrived = chunks(response).await;
-    let text: String = arrived
-        .iter()
-        .map(|(_, chunk)| String::from_utf8_lossy(chunk))
-        .collect();
+    let (text, spread, count) = streamed_text(response).await;
     let expected: String = (0..5).map(|i| format!("id: {i}\ndata: event {i}\n\n")).collect();
     assert_eq!(text, expected);
     // Four sleeps of 300 ms lie between the first event and the last: the first left
     // before them, not with the last.
-    let (first, last) = (arrived[0].0, arrived.last().unwrap().0);
     assert!(
-        last - first >= Duration::from_millis(1000),
-        "the first event came {:?} before the last, in {} chunks",
-        last - first,
-        arrived.len()
+        spread >= Duration::from_millis(1000),
+        "the first event came {spread:?} before the last, in {count} chunks"
     );
     assert_eq!(in_flight, Some(1.0));
     let line = runtime.wait_for_log(&["\"message\":\"request\"", "\"end\":\"complete\""]);
@@ -251,15 +255,10 @@ async fn a_rust_component_streams_through_the_sdk_and_is_logged_at_its_end() {
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     let in_flight = metric(&runtime, "wasmless_requests_in_flight", &[]).await;
-    let arrived = chunks(response).await;
-    let text: String = arrived
-        .iter()
-        .map(|(_, chunk)| String::from_utf8_lossy(chunk))
-        .collect();
+    let (text, spread, _) = streamed_text(response).await;
     let expected: String = (0..4).map(|i| format!("data: event {i}\n\n")).collect();
     assert_eq!(text, expected);
-    let (first, last) = (arrived[0].0, arrived.last().unwrap().0);
-    assert!(last - first >= Duration::from_millis(800), "the events came together");
+    assert!(spread >= Duration::from_millis(800), "the events came together");
     assert_eq!(in_flight, Some(1.0));
     let line = runtime.wait_for_log(&["\"message\":\"request\"", "\"path\":\"/events\""]);
     assert!(line.contains("\"end\":\"complete\""), "{line}");
