@@ -8,6 +8,7 @@ mod chunks;
 mod code;
 mod digest;
 mod go_source;
+pub mod guest_files;
 pub mod ports;
 
 pub use chunks::{

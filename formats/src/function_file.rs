@@ -95,8 +95,9 @@ impl LocalFunction {
             let yaml = path.join("function.yaml");
             if yaml.exists() {
                 let mut function = Self::from_yaml(&yaml)?;
-                if function.source.module_files.is_empty() {
-                    let module_files = Source::module_files_in(function.source.language, path)?;
+                // A function.yaml that names no files takes those beside it, as `deploy` does.
+                if function.source.all_files().count() == 1 {
+                    let module_files = crate::folder::files_beside(function.source.language, path)?;
                     if !module_files.is_empty() {
                         let language = function.source.language;
                         let mut files = function.source.files;
@@ -211,8 +212,18 @@ impl LocalFunction {
             .filter(|dir| !dir.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
         let is_module = language.module_file_names().iter().any(|name| dir.join(name).is_file());
+        let beside = match (is_module, language) {
+            (false, Language::Go) => crate::folder::files_beside(language, dir)?,
+            _ => Vec::new(),
+        };
         let (source, watched) = if is_module {
             (Source::read(language, dir)?, dir.to_path_buf())
+        } else if !beside.is_empty() {
+            // The handler under the name the cluster builds it as, so the digests agree.
+            let mut files = Source::read(language, path)?.files;
+            files[0].name = language.inline_file_name().to_string();
+            files.extend(beside);
+            (Source::from_files(language, files), dir.to_path_buf())
         } else {
             (Source::read(language, path)?, path.to_path_buf())
         };

@@ -15,3 +15,5 @@ pub mod outbound;
 pub mod quantity;
 pub mod reactor_response;
 pub mod source;
+
+pub use source::folder;

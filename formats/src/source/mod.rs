@@ -1,13 +1,17 @@
 //! A handler's source as the user wrote it, and the checks that give a one-line reason
 //! before any compiler runs.
 
+mod file_names;
+pub mod folder;
+
+pub use file_names::file_name_problem;
 use std::path::{Path, PathBuf};
 use wasmless_artifact::Digest;
 
 /// Largest source the builder accepts, as the CRD does: all its files together.
 pub const MAX_SOURCE_BYTES: usize = 512 * 1024;
-/// Most files a Function's `spec.files` holds.
-pub const MAX_FILES: usize = 16;
+/// Most files a Function's `spec.files` holds (data and templates included).
+pub const MAX_FILES: usize = 64;
 /// Longest name of one of those files.
 pub const MAX_FILE_NAME_BYTES: usize = 128;
 
@@ -50,6 +54,18 @@ impl Language {
             Self::Wat => "module.wat",
             Self::Wasm => "module.wasm",
         }
+    }
+
+    /// Whether `name` (a path from the handler's folder) is one of the handler's own source
+    /// files, compiled as `package handlers` (a `.go` file, not `_test.go`; a `.rs` file),
+    /// rather than one of its module files or a data file it ships.
+    pub fn is_handler_file(self, name: &str) -> bool {
+        let extension = format!(".{}", self.extension());
+        !name.contains('/')
+            && name.len() > extension.len()
+            && name.ends_with(&extension)
+            && !(self == Self::Go && name.ends_with("_test.go"))
+            && matches!(self, Self::Go | Self::Rust)
     }
 
     /// File extension of a source file in this language.
@@ -113,6 +129,16 @@ pub enum SourceError {
         "{0}: a Function's files are flat, so the handler's modules are files directly in src/ (src/lib.rs and src/<module>.rs), not in directories below it"
     )]
     NestedModule(PathBuf),
+    #[error("{}: line {line:?} is not one wasmless reads: write a name or a glob a line (`*.log`, `raw/`, `/notes.txt`), without `!`", path.display())]
+    IgnoreFile { path: PathBuf, line: String },
+    #[error("{} holds {count} files or more, over the limit of {MAX_FILES}: list what the handler does not need in {}", dir.display(), folder::IGNORE_FILE)]
+    TooManyFiles { dir: PathBuf, count: usize },
+    #[error("{} holds {total} bytes of files, over the {MAX_SOURCE_BYTES}-byte limit; the largest: {largest}. List what the handler does not need in {}, or build the module yourself and use language wasm", dir.display(), folder::IGNORE_FILE)]
+    FolderTooLarge { dir: PathBuf, total: u64, largest: String },
+    #[error("{} is a link to {}, outside the handler's folder: copy the file in, or list it in {}", link.display(), target.display(), folder::IGNORE_FILE)]
+    LinkOutside { link: PathBuf, target: PathBuf },
+    #[error("{}: folders nest too deep (a link to a folder above?)", .0.display())]
+    TooDeep(PathBuf),
 }
 
 /// [`Source::digest`] of files by name (in any order), for a language by its name: what the
@@ -138,46 +164,6 @@ pub fn files_digest(language: &str, builder_version: &str, files: &[(&str, &[u8]
     Digest::of_source(language, builder_version, &canonical)
 }
 
-/// Why `name` cannot name one of a source's files in `language`, in words for a person;
-/// `None` when it can. A name is a plain file name (no `/`, no `..`, no leading `.`, letters,
-/// digits, `.`, `_` and `-`, at most [`MAX_FILE_NAME_BYTES`]) that is one of the language's
-/// [`Language::module_file_names`] or a source file of the language (`.go` but not
-/// `_test.go`, `.rs`). The files of a Function become the keys of a ConfigMap and files in
-/// the build's directory: nothing else may reach either.
-pub fn file_name_problem(language: Language, name: &str) -> Option<String> {
-    let plain = !name.is_empty()
-        && name.len() <= MAX_FILE_NAME_BYTES
-        && !name.starts_with('.')
-        && !name.contains("..")
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    let module_files = language.module_file_names();
-    let extension = format!(".{}", language.extension());
-    let of_the_language = match language {
-        Language::Go => name.len() > 3 && name.ends_with(&extension) && !name.ends_with("_test.go"),
-        Language::Rust => name.len() > 3 && name.ends_with(&extension),
-        Language::Wat | Language::Wasm => false,
-    };
-    if plain && (module_files.contains(&name) || of_the_language) {
-        return None;
-    }
-    let allowed = match language {
-        Language::Go => "go.mod, go.sum or a .go file (not _test.go)",
-        Language::Rust => "Cargo.toml, Cargo.lock or a .rs file",
-        Language::Wat | Language::Wasm => {
-            return Some(format!(
-                "file {name:?}: language {} takes no files beside its source",
-                language.name()
-            ));
-        }
-    };
-    Some(format!(
-        "file name {:?} is not allowed: use {allowed}, a plain name of letters, digits, '.', '_' and '-' (no '/', no '..', at most {MAX_FILE_NAME_BYTES} characters)",
-        name.chars().take(MAX_FILE_NAME_BYTES + 1).collect::<String>()
-    ))
-}
-
 /// The handler's files, read once: a single file, or every file of the language in a
 /// directory (sorted by name), and the module files beside them (`go.mod`, `go.sum`,
 /// `Cargo.toml`; sorted by name).
@@ -187,6 +173,9 @@ pub struct Source {
     pub files: Vec<SourceFile>,
     /// The language's [`Language::module_file_names`] that were given.
     pub module_files: Vec<SourceFile>,
+    /// Every other file (data, templates, in folders or not), which the handler ships:
+    /// written beside its source for `//go:embed`, and its working directory at run time.
+    pub data_files: Vec<SourceFile>,
 }
 
 #[derive(Debug, Clone)]
@@ -208,23 +197,12 @@ impl Source {
             if let Some(source) = Self::read_cargo_package(language, path)? {
                 return Ok(source);
             }
-            let entries = std::fs::read_dir(path).map_err(|source| SourceError::Read {
-                path: path.to_path_buf(),
-                source,
-            })?;
-            let mut files = Vec::new();
-            for entry in entries.flatten() {
-                let file = entry.path();
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let wanted = file.extension().is_some_and(|ext| ext == language.extension())
-                    || language.module_file_names().contains(&name.as_str());
-                // `..data` and the like, which a mounted ConfigMap holds, are not files.
-                if wanted && !name.starts_with('.') && file.is_file() {
-                    files.push(SourceFile {
-                        bytes: read(&file)?,
-                        name,
-                    });
-                }
+            let mut files = folder::read_folder(path, &folder::Ignore::of(path)?)?;
+            // Only a Go handler ships data files; other languages' folders give their source.
+            if language != Language::Go {
+                files.retain(|f| {
+                    language.is_handler_file(&f.name) || language.module_file_names().contains(&f.name.as_str())
+                });
             }
             let source = Self::from_files(language, files);
             if source.files.is_empty() {
@@ -244,6 +222,7 @@ impl Source {
             language,
             files,
             module_files: Vec::new(),
+            data_files: Vec::new(),
         })
     }
 
@@ -314,21 +293,29 @@ impl Source {
     /// as, and its `files`): the language's module files apart, each part sorted by name.
     /// Names are checked by [`Source::check`].
     pub fn from_files(language: Language, files: Vec<SourceFile>) -> Self {
-        let (mut module_files, mut files): (Vec<_>, Vec<_>) = files
+        let (mut module_files, others): (Vec<_>, Vec<_>) = files
             .into_iter()
             .partition(|f| language.module_file_names().contains(&f.name.as_str()));
+        // A single file is the handler whatever its name (`wasmless build x.go`, a Function's
+        // inline source); beside others, only the language's source files are.
+        let single = others.len() == 1 && module_files.is_empty();
+        let (mut files, mut data_files): (Vec<_>, Vec<_>) = others
+            .into_iter()
+            .partition(|f| single || language.is_handler_file(&f.name) || !matches!(language, Language::Go));
         files.sort_by(|a, b| a.name.cmp(&b.name));
         module_files.sort_by(|a, b| a.name.cmp(&b.name));
+        data_files.sort_by(|a, b| a.name.cmp(&b.name));
         Self {
             language,
             files,
             module_files,
+            data_files,
         }
     }
 
-    /// Every file: the handler's, then the module files.
+    /// Every file: the handler's, the module files, then the data files.
     pub fn all_files(&self) -> impl Iterator<Item = &SourceFile> {
-        self.files.iter().chain(&self.module_files)
+        self.files.iter().chain(&self.module_files).chain(&self.data_files)
     }
 
     /// The module file of this name, if given.
@@ -577,51 +564,16 @@ mod tests {
     }
 
     #[test]
-    fn file_names_are_plain_names_of_the_language() {
-        for name in ["go.mod", "go.sum", "routes.go", "a-b_c.v2.go"] {
-            assert_eq!(file_name_problem(Language::Go, name), None, "{name}");
-        }
-        assert_eq!(file_name_problem(Language::Rust, "Cargo.toml"), None);
-        assert_eq!(file_name_problem(Language::Rust, "Cargo.lock"), None);
-        assert_eq!(file_name_problem(Language::Rust, "util.rs"), None);
-        for name in [
-            "../handler.go",
-            "a/b.go",
-            "..go",
-            ".hidden.go",
-            "a..b.go",
-            "x_test.go",
-            "notes.txt",
-            ".go",
-            "go.mod ",
-            "Cargo.toml",
-            "",
-        ] {
-            let problem = file_name_problem(Language::Go, name).expect(name);
-            assert!(problem.contains("go.mod, go.sum or a .go file"), "{problem}");
-        }
-        assert!(file_name_problem(Language::Rust, "go.mod").is_some());
-        assert!(
-            file_name_problem(Language::Wat, "x.wat")
-                .unwrap()
-                .contains("takes no files")
-        );
-        let long = format!("{}.go", "a".repeat(MAX_FILE_NAME_BYTES));
-        assert!(file_name_problem(Language::Go, &long).is_some());
-        let bad = Source::from_files(Language::Go, vec![file("handler.go", GOLESS), file("../x.go", GOLESS)]);
-        assert!(matches!(bad.check(), Err(SourceError::FileName(_))));
-    }
-
-    #[test]
     fn a_directory_brings_its_module_files() {
         let dir = std::env::temp_dir().join(format!("wasmless-source-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("handler.go"), GOLESS).unwrap();
         std::fs::write(dir.join("go.mod"), "module example.com/f\n").unwrap();
-        std::fs::write(dir.join("README.md"), "not built").unwrap();
+        std::fs::write(dir.join("README.md"), "shipped").unwrap();
         let source = Source::read(Language::Go, &dir).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(source.files.len(), 1);
+        assert_eq!(source.data_files[0].name, "README.md");
         assert_eq!(source.module_files.len(), 1);
         assert_eq!(source.module_files[0].name, "go.mod");
         source.check().unwrap();
