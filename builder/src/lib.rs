@@ -338,10 +338,11 @@ pub fn build(source: &Source, options: &BuildOptions, progress: &dyn Fn(Step)) -
     let abi = validate::validate(source.language, &wasm)?;
     phases.compile = lap();
     let mut snapshot = None;
+    let files = guest_files(source);
     if abi == wasmless_runtime::abi::Abi::GoReactor {
         progress(Step::Snapshotting);
         let functions = cache.functions();
-        let made = wasmless_runtime::snapshot::snapshot_with(&wasm, Some(functions.clone()))?;
+        let made = wasmless_runtime::snapshot::snapshot_with_files(&wasm, Some(functions.clone()), &files)?;
         validate::validate(source.language, &made.wasm)?;
         snapshot = Some(SnapshotReport {
             memory_bytes: made.memory_bytes,
@@ -353,6 +354,8 @@ pub fn build(source: &Source, options: &BuildOptions, progress: &dyn Fn(Step)) -
         wasm = made.wasm;
         phases.snapshot = lap();
     }
+    // The files travel in the module, so its digest covers them wherever it is stored.
+    let wasm = wasmless_artifact::guest_files::append(&wasm, &files);
     cache.put_module(&source_digest, &wasm)?;
     let digest = Digest::of(&wasm);
     Ok(Built {
@@ -365,4 +368,16 @@ pub fn build(source: &Source, options: &BuildOptions, progress: &dyn Fn(Step)) -
         cache_problem,
         phases,
     })
+}
+
+/// The files the handler ships (its data files), as its working directory holds them.
+fn guest_files(source: &Source) -> Vec<wasmless_artifact::guest_files::GuestFile> {
+    source
+        .data_files
+        .iter()
+        .map(|file| wasmless_artifact::guest_files::GuestFile {
+            name: file.name.clone(),
+            bytes: file.bytes.clone(),
+        })
+        .collect()
 }

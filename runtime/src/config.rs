@@ -76,6 +76,13 @@ pub struct Config {
     #[arg(long, env = "WASMLESS_CODE_DIGEST")]
     pub code_digest: Option<wasmless_artifact::Digest>,
 
+    /// The module carries files for the guest's working directory (a Function's files
+    /// beside its handler): read and verify the module even where `--code` or the
+    /// compiled-code cache would spare reading it, since only the module holds them. A
+    /// module that is read has its files served either way.
+    #[arg(long, env = "WASMLESS_MODULE_FILES")]
+    pub module_files: bool,
+
     /// Port that serves the function.
     #[arg(long, env = "WASMLESS_PORT", default_value_t = wasmless_artifact::ports::HTTP)]
     pub port: u16,

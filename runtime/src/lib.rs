@@ -16,6 +16,7 @@ pub mod config;
 pub mod configmap_chunks;
 pub mod edge;
 pub mod engine;
+pub mod guest_root;
 pub mod handler;
 pub mod limits;
 pub mod loader;

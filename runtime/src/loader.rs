@@ -5,6 +5,7 @@
 use crate::abi::{self, Abi, AbiError};
 use crate::compile::{self, CacheOutcome, CompileError, Compiled};
 use crate::engine::CompileTarget;
+use crate::guest_root::GuestRoot;
 use crate::handler::{LoadedHandler, Shared};
 use crate::limits::{Isolation, RequestLimits};
 use crate::metrics::Metrics;
@@ -29,7 +30,12 @@ pub enum ModuleError {
     Engine(String),
     #[error(transparent)]
     CodeRefused(#[from] CodeRefused),
+    #[error("the module's files cannot be read: {0}")]
+    Files(String),
 }
+
+/// The files of a handler, made ready for its guests: `None` when it ships none.
+pub type Files = Option<Arc<GuestRoot>>;
 
 /// The engine every module of this process runs on, and where compiled code is cached:
 /// made once, shared by each Function's [`Loader`].
@@ -54,6 +60,9 @@ impl EngineHost {
             );
         }
         let engine = crate::engine::build_engine(limits, &target).map_err(|e| ModuleError::Engine(format!("{e:?}")))?;
+        if let Some(dir) = &cache_dir {
+            GuestRoot::clear(dir);
+        }
         Ok(Self {
             engine,
             target,
@@ -115,6 +124,7 @@ impl Loader {
             metrics,
             function: function.to_string(),
             outbound,
+            files: None,
         });
         Self {
             engine: host.engine.clone(),
@@ -133,9 +143,21 @@ impl Loader {
         &self.shared.limits
     }
 
-    /// Compiles (off the async threads) and links a verified module.
+    /// The files a verified module carries, written out for its guests.
+    pub fn files(&self, module: &VerifiedModule) -> Result<Files, ModuleError> {
+        let files =
+            wasmless_artifact::guest_files::read(&module.bytes).map_err(|e| ModuleError::Files(e.to_string()))?;
+        if files.is_empty() {
+            return Ok(None);
+        }
+        let root = GuestRoot::new(self.cache_dir.as_deref(), &files).map_err(|e| ModuleError::Files(e.to_string()))?;
+        Ok(Some(Arc::new(root)))
+    }
+
+    /// Compiles (off the async threads) and links a verified module, with its files.
     pub async fn load(&self, module: VerifiedModule) -> Result<LoadedHandler, ModuleError> {
         let started = Instant::now();
+        let files = self.files(&module)?;
         let abi = abi::detect(&module.bytes)?;
         let engine = self.engine.clone();
         let cache_dir = self.cache_dir.clone();
@@ -148,20 +170,28 @@ impl Loader {
         // A hit is mapped from the cache's file, but its metadata is not measured here:
         // counted whole as private, as a copy is (the pool compiles only when the builder's
         // code cannot be used).
-        self.link(compiled, abi, Residence::Copied, digest, cache, started)
+        self.link(compiled, abi, Residence::Copied, digest, cache, started, files)
     }
 
     /// Links the code the compiled-code cache holds for `digest`, if it holds any,
     /// without reading the module: a restart then needs neither the module's source
     /// (a registry, say) nor the time to read and hash it.
-    pub async fn load_cached(&self, digest: Digest) -> Option<LoadedHandler> {
+    pub async fn load_cached(&self, digest: Digest, files: Files) -> Option<LoadedHandler> {
         let started = Instant::now();
         let engine = self.engine.clone();
         let cache_dir = self.cache_dir.clone()?;
         let (compiled, abi) = tokio::task::spawn_blocking(move || compile::load_cached(&engine, &digest, &cache_dir))
             .await
             .ok()??;
-        match self.link(compiled, abi, Residence::Copied, digest, CacheOutcome::Hit, started) {
+        match self.link(
+            compiled,
+            abi,
+            Residence::Copied,
+            digest,
+            CacheOutcome::Hit,
+            started,
+            files,
+        ) {
             Ok(handler) => Some(handler),
             Err(error) => {
                 tracing::warn!(%error, "compiled-code cache entry does not link; loading the module instead");
@@ -181,6 +211,7 @@ impl Loader {
         code: Result<Result<VerifiedCode, Fallback>, CodeRefused>,
         module: Digest,
         started: Instant,
+        files: Files,
     ) -> Result<Option<LoadedHandler>, ModuleError> {
         let opened = match code? {
             Ok(verified) => {
@@ -205,7 +236,15 @@ impl Loader {
         };
         match opened {
             Opened::Loaded(compiled, abi, residence) => self
-                .link(compiled, abi, residence, module, CacheOutcome::Precompiled, started)
+                .link(
+                    compiled,
+                    abi,
+                    residence,
+                    module,
+                    CacheOutcome::Precompiled,
+                    started,
+                    files,
+                )
                 .map(Some),
             Opened::Fallback(reason) => {
                 self.shared.metrics.compile_fallback(reason.reason());
@@ -215,6 +254,7 @@ impl Loader {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn link(
         &self,
         compiled: Compiled,
@@ -223,8 +263,18 @@ impl Loader {
         digest: Digest,
         cache: CacheOutcome,
         started: Instant,
+        files: Files,
     ) -> Result<LoadedHandler, ModuleError> {
-        let handler = LoadedHandler::new(&self.engine, compiled, abi, residence, digest, self.shared.clone())
+        let file_count = files.as_ref().map_or(0, |root| root.files());
+        // The files are the module's: a module swapped in brings its own.
+        let shared = match files {
+            Some(files) => Arc::new(Shared {
+                files: Some(files),
+                ..(*self.shared).clone()
+            }),
+            None => self.shared.clone(),
+        };
+        let handler = LoadedHandler::new(&self.engine, compiled, abi, residence, digest, shared)
             .map_err(|e| ModuleError::Link(format!("{e:#}")))?;
         let elapsed = started.elapsed();
         self.shared
@@ -241,6 +291,7 @@ impl Loader {
             isolation = isolation.name(),
             compiled_code = cache.name(),
             code = residence.name(),
+            files = file_count,
             load_ms = elapsed.as_secs_f64() * 1000.0,
             "module loaded"
         );

@@ -44,6 +44,8 @@ pub struct Tenant {
     /// `--module-digest`, as given (the digest file beside the module is read at load).
     pub pinned: Option<Digest>,
     code: Option<(precompiled::CodeSource, Option<Digest>)>,
+    /// `--module-files`: the module is read even when its code is not compiled from it.
+    module_files: bool,
     /// One load at a time: the requests that arrive meanwhile wait for it.
     loading: tokio::sync::Mutex<()>,
     /// Code being read and verified since before the engine was made (a new pod).
@@ -119,6 +121,7 @@ impl Tenant {
                 Some(code) => Some((precompiled::CodeSource::parse(code)?, config.code_digest)),
                 None => None,
             },
+            module_files: config.module_files,
             loading: tokio::sync::Mutex::new(()),
             prefetched: std::sync::Mutex::new(None),
             on_load: None,
@@ -213,22 +216,36 @@ impl Tenant {
             }
             None => None,
         };
+        // Only the module holds its files: read (and verified) first when it has them.
+        let module = match self.module_files {
+            true => Some(self.source.load(expected).await?),
+            false => None,
+        };
+        let files = module
+            .as_ref()
+            .map(|module| self.loader.files(module))
+            .transpose()?
+            .flatten();
         let mut handler = None;
         if let Some((code, module, loading)) = code {
             let loaded = loading
                 .await
                 .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()));
-            handler = self.loader.load_precompiled(&code, loaded, module, started).await?;
+            handler = self
+                .loader
+                .load_precompiled(&code, loaded, module, started, files.clone())
+                .await?;
         }
         if handler.is_none()
             && let Some(digest) = expected
         {
-            handler = self.loader.load_cached(digest).await;
+            handler = self.loader.load_cached(digest, files).await;
         }
-        Ok(match handler {
-            Some(handler) => handler,
+        Ok(match (handler, module) {
+            (Some(handler), _) => handler,
+            (None, Some(module)) => self.loader.load(module).await?,
             // The digest read above is the one to check against; no second read of the digest file.
-            None => self.loader.load(self.source.load(expected).await?).await?,
+            (None, None) => self.loader.load(self.source.load(expected).await?).await?,
         })
     }
 }

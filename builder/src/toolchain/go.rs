@@ -199,9 +199,10 @@ struct GoModule {
 /// returns `go` ready to build it: in the module's root, with its module settings.
 fn user_module_command(project: &Path, source: &Source, options: &BuildOptions) -> Result<Command, BuildError> {
     let write = || -> std::io::Result<()> {
-        for file in source.all_files() {
+        for file in source.files.iter().chain(&source.module_files) {
             std::fs::write(project.join(&file.name), &file.bytes)?;
         }
+        write_data_files(project, source)?;
         write_sdk(&project.join("wasmless-sdk"))
     };
     write().map_err(|e| BuildError::Toolchain(format!("cannot write the Go project: {e}")))?;
@@ -400,6 +401,24 @@ fn write_project(project: &Path, source: &Source, go_version: &str) -> std::io::
     write_sdk(&project.join("wasmless-sdk"))?;
     for (index, file) in source.files.iter().enumerate() {
         std::fs::write(handlers.join(project_file_name(index, &file.name)), &file.bytes)?;
+    }
+    write_data_files(&handlers, source)
+}
+
+/// The handler's data files in `package_dir`, beside its `.go` files and in their folders,
+/// where `//go:embed templates/*.html` looks for them.
+fn write_data_files(package_dir: &Path, source: &Source) -> std::io::Result<()> {
+    for file in &source.data_files {
+        // Checked with the source already; a name that would leave the directory never
+        // gets here, and is refused again rather than written.
+        if let Some(problem) = wasmless_artifact::guest_files::path_problem(&file.name) {
+            return Err(std::io::Error::other(format!("{}: {problem}", file.name)));
+        }
+        let path = package_dir.join(&file.name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(path, &file.bytes)?;
     }
     Ok(())
 }

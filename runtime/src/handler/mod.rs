@@ -35,12 +35,15 @@ const MAX_HANDLER_OUTPUT: usize = 16 << 20;
 const MAX_LOGGED_STDERR: usize = 64 << 10;
 
 /// What every request's store is built from.
+#[derive(Clone)]
 pub struct Shared {
     pub limits: RequestLimits,
     pub env: Vec<(String, String)>,
     pub metrics: Arc<Metrics>,
     pub function: String,
     pub outbound: Arc<Outbound>,
+    /// The module's files, the guest's read-only `/`; `None`: nothing preopened.
+    pub files: Option<Arc<crate::guest_root::GuestRoot>>,
 }
 
 /// The log of a request's outbound calls, which the server puts in its extensions (a

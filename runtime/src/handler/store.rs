@@ -53,13 +53,19 @@ impl Output {
     }
 
     /// The WASI context every request starts from: the Function's name as `argv[0]`, its
-    /// env, and stdout and stderr going here. The caller adds what its ABI needs.
+    /// env, its files as `/`, and stdout and stderr going here. The caller adds what its ABI
+    /// needs.
     pub fn wasi(&self, shared: &Shared) -> WasiCtxBuilder {
         let mut wasi = WasiCtxBuilder::new();
         wasi.args(&[shared.function.as_str()])
             .envs(&shared.env)
             .stdout(self.stdout.clone())
             .stderr(self.stderr.clone());
+        if let Some(files) = &shared.files
+            && let Err(error) = files.preopen(&mut wasi)
+        {
+            tracing::error!(%error, "cannot open the handler's files for this request");
+        }
         wasi
     }
 

@@ -4,8 +4,8 @@
 //! (wasmtime-wizer). Then every request starts from there, and pays for none of it.
 //!
 //! The initialisers run with a fixed clock ([`SnapshotClock`]), a fixed random source,
-//! no environment, one argument and an empty read-only `/` ([`start_up`], which also says
-//! what a user reads when they fail), so that the same module snapshots to the same bytes.
+//! no environment, one argument and a read-only `/` holding the Function's files, or
+//! nothing ([`GuestRoot`]; [`start_up`] says what a user reads when they fail), so that the same module snapshots to the same bytes.
 //! What that freezes, and how a request sees current values anyway, is in
 //! `docs/architecture.md` ("The Go reactor"); the short of it: the SDK reads the
 //! environment and the arguments again and reseeds Go's random generator per request,
@@ -14,9 +14,11 @@
 mod start_up;
 
 use crate::clocks::SnapshotClock;
+use crate::guest_root::GuestRoot;
 use rand::SeedableRng;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use wasmless_artifact::guest_files::GuestFile;
 use wasmtime::{CacheStore, Engine, Instance, Linker, Module, Store, StoreLimits, StoreLimitsBuilder, Val};
 use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi::p1::WasiP1Ctx;
@@ -70,18 +72,32 @@ pub fn snapshot(wasm: &[u8]) -> Result<Snapshot, SnapshotError> {
 /// incremental cache) when given: the functions an edit did not change are not compiled
 /// again, here or in the precompile that follows, which compiles the same bodies.
 pub fn snapshot_with(wasm: &[u8], functions: Option<Arc<dyn CacheStore>>) -> Result<Snapshot, SnapshotError> {
+    snapshot_with_files(wasm, functions, &[])
+}
+
+/// [`snapshot_with`], the initialisers running in a working directory of `files` (the
+/// Function's files beside its handler), as every request will.
+pub fn snapshot_with_files(
+    wasm: &[u8],
+    functions: Option<Arc<dyn CacheStore>>,
+    files: &[GuestFile],
+) -> Result<Snapshot, SnapshotError> {
     // On a thread of its own: wasmtime-wasi's synchronous host functions start a Tokio
     // runtime of their own, which panics on a thread that is already driving one (a
     // caller's async task).
     std::thread::scope(|scope| {
         scope
-            .spawn(|| snapshot_here(wasm, functions))
+            .spawn(|| snapshot_here(wasm, functions, files))
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     })
 }
 
-fn snapshot_here(wasm: &[u8], functions: Option<Arc<dyn CacheStore>>) -> Result<Snapshot, SnapshotError> {
+fn snapshot_here(
+    wasm: &[u8],
+    functions: Option<Arc<dyn CacheStore>>,
+    files: &[GuestFile],
+) -> Result<Snapshot, SnapshotError> {
     let started = Instant::now();
     let mut wizer = Wizer::new();
     wizer.init_func("_initialize");
@@ -104,7 +120,7 @@ fn snapshot_here(wasm: &[u8], functions: Option<Arc<dyn CacheStore>>) -> Result<
     let clock = SnapshotClock::default();
     // One stream for both, so their lines keep the order the guest wrote them in.
     let output = start_up::KeptOutput::default();
-    let root = start_up::EmptyRoot::new().map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
+    let root = GuestRoot::new(None, files).map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;
     let mut wasi = WasiCtxBuilder::new();
     root.preopen(&mut wasi)
         .map_err(|e| SnapshotError::Unsupported(format!("{e:#}")))?;

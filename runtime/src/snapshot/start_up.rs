@@ -2,7 +2,8 @@
 //! user reads when it fails: the end of what it wrote (Go prints a panic's message and stack
 //! to stderr, then traps), and how it ended.
 //!
-//! The working directory is an empty, read-only `/`: a file read in a package initialiser
+//! The working directory is a read-only `/` (`crate::guest_root`), empty unless the Function
+//! ships files: a file read in a package initialiser
 //! fails as on a machine without it (`open countries.csv: no such file or directory`), not
 //! with `Bad file number` for a directory that is not there. Go records the preopened
 //! directories when it starts, so the snapshot keeps them: a request finds `/` at the same
@@ -10,14 +11,12 @@
 
 use bytes::Bytes;
 use std::collections::VecDeque;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
-use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 /// The end of the output kept: more than any panic's message and stack a user reads, and
 /// bounded however much an initialiser logs first.
@@ -93,33 +92,6 @@ impl tokio::io::AsyncWrite for KeptOutput {
 
     fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Poll::Ready(Ok(()))
-    }
-}
-
-/// An empty directory of this process's, preopened read-only as the guest's `/`, and
-/// removed when dropped.
-pub(super) struct EmptyRoot(PathBuf);
-
-impl EmptyRoot {
-    pub(super) fn new() -> std::io::Result<Self> {
-        static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("wasmless-snapshot-root-{}-{made}", std::process::id()));
-        // A directory left by an earlier process of the same id is not ours to trust.
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir(&path)?;
-        Ok(Self(path))
-    }
-
-    pub(super) fn preopen(&self, wasi: &mut WasiCtxBuilder) -> wasmtime::Result<()> {
-        wasi.preopened_dir(&self.0, "/", FsPerms::ReadOnly)?;
-        Ok(())
-    }
-}
-
-impl Drop for EmptyRoot {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.0);
     }
 }
 

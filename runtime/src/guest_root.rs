@@ -1,0 +1,115 @@
+//! The guest's working directory: the files a Function ships beside its handler (the
+//! module's `wasmless.files` section, `wasmless_artifact::guest_files`), written into a
+//! directory of this process's and preopened read-only as the guest's `/`. The same code
+//! makes it for the snapshot's run of a Go reactor's initialisers at build time and for
+//! every request at run time, so `os.ReadFile("countries.csv")` reads the same bytes in
+//! both. Without files it is an empty directory: a read fails as on a machine without the
+//! file.
+
+use std::path::{Path, PathBuf};
+use wasmless_artifact::guest_files::{GuestFile, path_problem};
+use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+
+/// Where under a cache directory the runtime writes guests' files.
+const DIR_NAME: &str = "guest-files";
+
+/// A directory holding one module's files, removed when dropped.
+#[derive(Debug)]
+pub struct GuestRoot {
+    path: PathBuf,
+    files: usize,
+}
+
+impl GuestRoot {
+    /// `files` written into a new directory below `base` (the cache directory) or, without
+    /// one, the system's temporary directory. Names are checked again: they come from a
+    /// verified module, but a name that could leave the directory is never joined to it.
+    pub fn new(base: Option<&Path>, files: &[GuestFile]) -> std::io::Result<Self> {
+        static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let parent = base.map_or_else(std::env::temp_dir, |base| base.join(DIR_NAME));
+        std::fs::create_dir_all(&parent)?;
+        let path = parent.join(format!("root-{}-{made}", std::process::id()));
+        // A directory left by an earlier process of the same id is not ours to trust.
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir(&path)?;
+        let root = Self {
+            path,
+            files: files.len(),
+        };
+        for file in files {
+            if let Some(problem) = path_problem(&file.name) {
+                return Err(std::io::Error::other(format!("file {:?}: {problem}", file.name)));
+            }
+            let target = root.path.join(&file.name);
+            if let Some(folder) = target.parent() {
+                std::fs::create_dir_all(folder)?;
+            }
+            // create_new: never through a link or over a file another name made.
+            use std::io::Write;
+            let mut written = std::fs::OpenOptions::new().write(true).create_new(true).open(&target)?;
+            written.write_all(&file.bytes)?;
+            // One time for every file, at build and at run time: what an initialiser that
+            // stats a file keeps in the snapshot is what a request then sees.
+            written.set_modified(std::time::UNIX_EPOCH)?;
+        }
+        Ok(root)
+    }
+
+    /// Removes what earlier processes left under `base` (only this process writes there).
+    pub fn clear(base: &Path) {
+        let _ = std::fs::remove_dir_all(base.join(DIR_NAME));
+    }
+
+    /// How many files the guest sees.
+    pub fn files(&self) -> usize {
+        self.files
+    }
+
+    /// The directory as the guest's `/` (and so its working directory), read-only: the
+    /// guest can neither change a file nor make one.
+    pub fn preopen(&self, wasi: &mut WasiCtxBuilder) -> wasmtime::Result<()> {
+        wasi.preopened_dir(&self.path, "/", FsPerms::ReadOnly)?;
+        Ok(())
+    }
+}
+
+impl Drop for GuestRoot {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_written_in_their_folders_and_removed_with_the_root() {
+        let files = [
+            GuestFile {
+                name: "templates/index.html".into(),
+                bytes: b"<p>".to_vec(),
+            },
+            GuestFile {
+                name: "countries.csv".into(),
+                bytes: b"fr".to_vec(),
+            },
+        ];
+        let root = GuestRoot::new(None, &files).unwrap();
+        assert_eq!(std::fs::read(root.path.join("templates/index.html")).unwrap(), b"<p>");
+        let path = root.path.clone();
+        drop(root);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_name_leaving_the_root_is_refused_before_anything_is_written_there() {
+        let files = [GuestFile {
+            name: "../escaped".into(),
+            bytes: Vec::new(),
+        }];
+        assert!(GuestRoot::new(None, &files).is_err());
+        assert!(!std::env::temp_dir().join("escaped").exists());
+    }
+}
