@@ -272,14 +272,14 @@ fn read_function_yaml(yaml: &Path) -> anyhow::Result<Value> {
     Ok(value)
 }
 
-/// The module files (go.mod, go.sum; Cargo.toml) of `dir` into a function.yaml's
-/// `spec.files`, unless it names files itself.
+/// The files beside the handler in `dir` (go.mod, go.sum, the data files a Go handler
+/// ships; Cargo.toml) into a function.yaml's `spec.files`, unless it names files itself.
 fn add_module_files(function: &mut Value, dir: &Path) -> anyhow::Result<()> {
     if function["spec"].get("files").is_some() || function["spec"].get("module").is_some() {
         return Ok(());
     }
     let language: wasmless_formats::source::Language = function["spec"]["language"].as_str().unwrap_or("go").parse()?;
-    let found = wasmless_formats::source::Source::module_files_in(language, dir)?;
+    let found = wasmless_formats::folder::files_beside(language, dir)?;
     if !found.is_empty() {
         function["spec"]["files"] = files_json(&found)?;
     }
@@ -365,6 +365,12 @@ fn from_handler(path: &Path) -> anyhow::Result<Value> {
             .cloned()
             .collect();
         function["spec"]["files"] = files_json(&others)?;
+    } else {
+        // Without a module, the files a Go handler ships beside it: data, templates.
+        let beside = wasmless_formats::folder::files_beside(parsed_language, dir)?;
+        if !beside.is_empty() {
+            function["spec"]["files"] = files_json(&beside)?;
+        }
     }
     Ok(function)
 }

@@ -285,12 +285,19 @@ async fn rebuild_on_change(watched: PathBuf, module: PathBuf, options: BuildOpti
                 .and_then(|m| m.modified())
                 .unwrap_or(SystemTime::UNIX_EPOCH)
         };
-        // A module's directory: the latest change of any file in it (go.mod, go.sum, the
-        // handler's), and in its src/ (a Cargo package's modules).
-        let files = [path.to_path_buf(), path.join("src")]
-            .into_iter()
-            .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten());
-        files.map(|entry| of(&entry.path())).fold(of(path), SystemTime::max)
+        // A handler's folder: the latest change of any file in it or its sub-folders (go.mod,
+        // go.sum, the handler's, its templates and data, a Cargo package's src/).
+        fn latest(dir: &Path, depth: usize, of: &dyn Fn(&Path) -> SystemTime) -> SystemTime {
+            let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+            entries
+                .filter(|entry| !entry.file_name().to_string_lossy().starts_with('.') && entry.file_name() != "target")
+                .map(|entry| match entry.path() {
+                    sub if depth > 0 && sub.is_dir() => latest(&sub, depth - 1, of).max(of(&sub)),
+                    file => of(&file),
+                })
+                .fold(of(dir), SystemTime::max)
+        }
+        latest(path, 8, &of)
     };
     let mut last = modified(&watched);
     loop {

@@ -119,14 +119,20 @@ pub struct FunctionSpec {
     #[schemars(length(min = 1, max = 524288))]
     pub function: Option<String>,
 
-    /// More files of the source, by file name: Go's `go.mod` and `go.sum` (the handler is
-    /// then built as that module, its dependencies through the operator's module proxy and
-    /// checked against `go.sum`), more `.go` files of `package handlers`; for Rust, more `.rs`
-    /// files, and `Cargo.toml` (its dependencies built through the operator's crates registry)
-    /// with, optionally, the `Cargo.lock` the build is then held to. A name is a plain file name (no `/`, no `..`); `source` with every file is at
-    /// most 512 KiB, and a change to any file builds again.
+    /// More files of the source, by their path from the handler's folder: Go's `go.mod` and
+    /// `go.sum` (the handler is then built as that module, its dependencies through the
+    /// operator's module proxy and checked against `go.sum`), more `.go` files of `package
+    /// handlers`; for Rust, more `.rs` files, and `Cargo.toml` (its dependencies built
+    /// through the operator's crates registry) with, optionally, the `Cargo.lock` the build
+    /// is then held to. A Go handler also ships any other file, in folders or not
+    /// (`countries.csv`, `templates/index.html`): written beside its source, so
+    /// `//go:embed templates/*.html` finds them, and packed into the module, so the handler
+    /// reads them at run time in its working directory (`os.ReadFile("countries.csv")`),
+    /// read-only. A name is letters, digits, `.`, `_`, `-` and `/` between folders: no `..`,
+    /// no leading `/`, no empty or hidden segment. `source` with every file is at most
+    /// 512 KiB, at most 64 files, text only; a change to any file builds again.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("maxProperties" = 16), extend("additionalProperties" = {"type": "string", "maxLength": 524288}))]
+    #[schemars(extend("maxProperties" = 64), extend("additionalProperties" = {"type": "string", "maxLength": 524288}))]
     pub files: BTreeMap<String, String>,
 
     /// A prebuilt module in an OCI registry (language: wasm); nothing is built.

@@ -74,6 +74,18 @@ impl FunctionSpec {
 }
 
 impl FunctionSpec {
+    /// Whether `files` holds files the handler ships beside its source (data, templates,
+    /// anything in a folder): the builder packs those into the module, and the runtime
+    /// must read the module to serve them (`--module-files`).
+    pub fn ships_files(&self) -> bool {
+        let language = wasmless_formats::source::Language::Go;
+        self.language == Language::Go
+            && self
+                .files
+                .keys()
+                .any(|name| !language.is_handler_file(name) && !language.module_file_names().contains(&name.as_str()))
+    }
+
     /// What is wrong with `files` beside the inline `source`: names, the total size, and
     /// what the builder would refuse of them anyway.
     fn files_problems(&self, source: &str) -> Vec<String> {
@@ -90,7 +102,7 @@ impl FunctionSpec {
         };
         if self.files.len() > formats::MAX_FILES {
             problems.push(format!(
-                "files holds {} files, over the limit of {}",
+                "files holds {} files, over the limit of {}: leave out what the handler does not need (wasmless deploy reads .wasmlessignore)",
                 self.files.len(),
                 formats::MAX_FILES
             ));
@@ -106,8 +118,16 @@ impl FunctionSpec {
         }
         let total = source.len() + self.files.values().map(String::len).sum::<usize>();
         if total > MAX_SOURCE_BYTES {
+            let mut largest: Vec<(&String, usize)> = self.files.iter().map(|(name, text)| (name, text.len())).collect();
+            largest.sort_by(|a, b| b.1.cmp(&a.1));
+            let named: Vec<String> = largest
+                .iter()
+                .take(3)
+                .map(|(name, size)| format!("{name} ({size} bytes)"))
+                .collect();
             problems.push(format!(
-                "source and files are {total} bytes together, over the {MAX_SOURCE_BYTES}-byte limit"
+                "source and files are {total} bytes together, over the {MAX_SOURCE_BYTES}-byte limit (the largest files: {}): leave out what the handler does not need, or build the module yourself and use language wasm",
+                named.join(", ")
             ));
         }
         if self.files.contains_key("go.sum") && !self.files.contains_key("go.mod") {

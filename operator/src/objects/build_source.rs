@@ -12,6 +12,20 @@ use std::collections::BTreeMap;
 /// each of its `spec.files`' (`wasmless.io/file.go.mod`).
 pub const SOURCE_ANNOTATION: &str = "wasmless.io/source";
 const FILE_ANNOTATION_PREFIX: &str = "wasmless.io/file.";
+/// The key a file of `spec.files` is kept under in the source ConfigMap (and, after
+/// [`FILE_ANNOTATION_PREFIX`], in a build pod's annotations): its name for the handler's
+/// source and module files (as it always was, so an existing Function's source ConfigMap is
+/// unchanged), `data.` and the name with each `/` written `..` for a file it ships. A key
+/// holds no `/`; names hold no `..` and no segment starting with `.`, so no two names share
+/// a key, and none is [`SOURCE_KEY`].
+pub(super) fn file_key(language: crate::crd::Language, name: &str) -> String {
+    let go = wasmless_formats::source::Language::Go;
+    if language != crate::crd::Language::Go || go.is_handler_file(name) || go.module_file_names().contains(&name) {
+        return name.to_string();
+    }
+    format!("data.{}", name.replace('/', ".."))
+}
+
 /// What the source and its files may add up to in annotations (the API server allows
 /// 256 KiB of them per object).
 pub(super) const INLINE_SOURCE_BYTES: usize = 128 * 1024;
@@ -32,7 +46,8 @@ pub(super) fn inline_source(func: &Function, source_file: &str) -> Option<(BTree
             && name.starts_with(|c: char| c.is_ascii_alphanumeric())
             && name.ends_with(|c: char| c.is_ascii_alphanumeric())
     };
-    if size > INLINE_SOURCE_BYTES || !func.spec.files.keys().all(|name| name_fits(name)) {
+    let key = |name: &str| file_key(func.spec.language, name);
+    if size > INLINE_SOURCE_BYTES || !func.spec.files.keys().all(|name| name_fits(&key(name))) {
         return None;
     }
     let annotations: BTreeMap<String, String> = std::iter::once((SOURCE_ANNOTATION.to_string(), source.to_string()))
@@ -40,7 +55,7 @@ pub(super) fn inline_source(func: &Function, source_file: &str) -> Option<(BTree
             func.spec
                 .files
                 .iter()
-                .map(|(name, text)| (format!("{FILE_ANNOTATION_PREFIX}{name}"), text.clone())),
+                .map(|(name, text)| (format!("{FILE_ANNOTATION_PREFIX}{}", key(name)), text.clone())),
         )
         .collect();
     let item = |annotation: &str, path: &str| DownwardAPIVolumeFile {
@@ -56,7 +71,7 @@ pub(super) fn inline_source(func: &Function, source_file: &str) -> Option<(BTree
             func.spec
                 .files
                 .keys()
-                .map(|name| item(&format!("{FILE_ANNOTATION_PREFIX}{name}"), name)),
+                .map(|name| item(&format!("{FILE_ANNOTATION_PREFIX}{}", key(name)), name)),
         )
         .collect();
     let volume = Volume {
@@ -71,7 +86,7 @@ pub(super) fn inline_source(func: &Function, source_file: &str) -> Option<(BTree
 }
 
 /// The source ConfigMap, the source mounted under the file name the compiler expects and
-/// each of `spec.files` under its own.
+/// each of `spec.files` under its own path (folders made by the kubelet).
 pub(super) fn source_volume(configmap: &str, source_file: &str, func: &Function) -> Volume {
     let item = |key: &str, path: &str| KeyToPath {
         key: key.into(),
@@ -79,7 +94,12 @@ pub(super) fn source_volume(configmap: &str, source_file: &str, func: &Function)
         ..Default::default()
     };
     let items = std::iter::once(item(SOURCE_KEY, source_file))
-        .chain(func.spec.files.keys().map(|name| item(name, name)))
+        .chain(
+            func.spec
+                .files
+                .keys()
+                .map(|name| item(&file_key(func.spec.language, name), name)),
+        )
         .collect();
     Volume {
         name: "source".into(),

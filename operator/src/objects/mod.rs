@@ -127,8 +127,8 @@ fn meta(func: &Function, name: String, labels: BTreeMap<String, String>) -> Obje
 
 /// The source of one digest, immutable: a build Job pending while the source changes
 /// must never read the newer source and label its module with the older digest. The
-/// source under [`SOURCE_KEY`], each of `spec.files` under its own name (which
-/// `FunctionSpec::problems` has checked is a plain file name, never `source`).
+/// source under [`SOURCE_KEY`], each of `spec.files` under its key
+/// (`build_source::file_key`, never `source`; the names `FunctionSpec::problems` checked).
 pub fn source_configmap(func: &Function, source: &str, digest: &Digest) -> ConfigMap {
     let mut labels = labels_for(func, "source");
     labels.insert(labels::SOURCE_DIGEST.into(), labels::digest_value(digest));
@@ -141,7 +141,12 @@ pub fn source_configmap(func: &Function, source: &str, digest: &Digest) -> Confi
         metadata: meta,
         data: Some(
             std::iter::once((SOURCE_KEY.to_string(), source.to_string()))
-                .chain(func.spec.files.clone())
+                .chain(
+                    func.spec
+                        .files
+                        .iter()
+                        .map(|(name, text)| (build_source::file_key(func.spec.language, name), text.clone())),
+                )
                 .collect(),
         ),
         immutable: Some(true),
