@@ -7,6 +7,9 @@ mod support;
 /// Handlers written for native Go answer as under native Go.
 mod native_go;
 
+/// Files beside the handler: templates embedded, data read at start-up and per request.
+mod files_beside;
+
 use serde_json::Value;
 use std::path::Path;
 use support::*;

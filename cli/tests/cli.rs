@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 #[path = "cli/runtime_args.rs"]
 mod runtime_args;
 
+#[path = "cli/files.rs"]
+mod files;
+
 fn wasmless() -> Command {
     Command::new(env!("CARGO_BIN_EXE_wasmless"))
 }

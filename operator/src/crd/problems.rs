@@ -139,3 +139,55 @@ impl FunctionSpec {
         problems
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(files: serde_json::Value) -> FunctionSpec {
+        serde_json::from_value(json!({"language": "go", "source": "package handlers\n", "files": files})).unwrap()
+    }
+
+    #[test]
+    fn files_beside_a_go_handler_may_be_in_folders_and_say_what_to_do_when_wrong() {
+        let ok = spec(json!({"countries.csv": "fr\n", "templates/index.html": "<p>", "go.mod": "module f\n"}));
+        assert_eq!(ok.problems(), Vec::<String>::new());
+        assert!(ok.ships_files());
+        assert!(!spec(json!({"go.mod": "module f\n", "routes.go": "package handlers\n"})).ships_files());
+        for (name, said) in [
+            ("../x.csv", ".. segment"),
+            ("/etc/passwd", "absolute path"),
+            ("a//b.csv", "empty segment"),
+            ("templates/.secret", "starts with '.'"),
+            ("handler.go", "the name the source itself is built as"),
+            ("wasmless_main/main.go", "the builder writes its own code"),
+        ] {
+            let problems = spec(json!({ name: "x" })).problems();
+            assert!(problems.iter().any(|p| p.contains(said)), "{name}: {problems:?}");
+        }
+        let half = "x".repeat(MAX_SOURCE_BYTES / 2);
+        let problems = spec(json!({"a.csv": half, "b.csv": half})).problems();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("over the") && p.contains("a.csv (") && p.contains("leave out")),
+            "{problems:?}"
+        );
+        let many: serde_json::Map<String, serde_json::Value> =
+            (0..=64).map(|i| (format!("data/{i}.txt"), json!("x"))).collect();
+        let problems = spec(serde_json::Value::Object(many)).problems();
+        assert!(
+            problems.iter().any(|p| p.contains("over the limit of 64")),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn a_rust_handler_ships_no_data_files_yet_and_says_how_instead() {
+        let rust: FunctionSpec =
+            serde_json::from_value(json!({"language": "rust", "source": "x", "files": {"data.csv": "1"}})).unwrap();
+        assert!(rust.problems().iter().any(|p| p.contains("include_str!")));
+        assert!(!rust.ships_files());
+    }
+}

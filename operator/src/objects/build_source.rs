@@ -111,3 +111,64 @@ pub(super) fn source_volume(configmap: &str, source_file: &str, func: &Function)
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn function(files: serde_json::Value) -> Function {
+        serde_json::from_value(json!({
+            "apiVersion": "wasmless.io/v1alpha1",
+            "kind": "Function",
+            "metadata": {"name": "hello", "namespace": "shop", "uid": "u"},
+            "spec": {"language": "go", "source": "package handlers\n", "files": files},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn files_in_folders_reach_the_build_at_their_paths_under_keys_without_a_slash() {
+        let func = function(json!({
+            "go.mod": "module example.com/f\n",
+            "countries.csv": "fr\n",
+            "templates/index.html": "<p>",
+        }));
+        let (annotations, volume) = inline_source(&func, "handler.go").unwrap();
+        assert_eq!(annotations["wasmless.io/file.go.mod"], "module example.com/f\n");
+        assert_eq!(annotations["wasmless.io/file.data.templates..index.html"], "<p>");
+        let paths: Vec<String> = volume
+            .downward_api
+            .unwrap()
+            .items
+            .unwrap()
+            .into_iter()
+            .map(|i| i.path)
+            .collect();
+        assert_eq!(paths, ["handler.go", "countries.csv", "go.mod", "templates/index.html"]);
+
+        let volume = source_volume("hello-source", "handler.go", &func);
+        let items: Vec<(String, String)> = volume
+            .config_map
+            .unwrap()
+            .items
+            .unwrap()
+            .into_iter()
+            .map(|i| (i.key, i.path))
+            .collect();
+        assert_eq!(
+            items[1..],
+            [
+                ("data.countries.csv".to_string(), "countries.csv".to_string()),
+                ("go.mod".to_string(), "go.mod".to_string()),
+                (
+                    "data.templates..index.html".to_string(),
+                    "templates/index.html".to_string()
+                ),
+            ]
+        );
+        // A file the handler ships may be named `source`: its key is not the source's.
+        assert_eq!(file_key(crate::crd::Language::Go, "source"), "data.source");
+        assert_eq!(file_key(crate::crd::Language::Go, "routes.go"), "routes.go");
+    }
+}
