@@ -56,9 +56,34 @@ impl GuestRoot {
         Ok(root)
     }
 
-    /// Removes what earlier processes left under `base` (only this process writes there).
+    /// Removes what processes that are gone left under `base`. Another live runtime may
+    /// share the cache directory (two `wasmless dev`s, a test's servers), so only the roots
+    /// of processes that no longer run go, and this process's own from an earlier life of
+    /// its id (a container restarted as pid 1) only on its first call.
     pub fn clear(base: &Path) {
-        let _ = std::fs::remove_dir_all(base.join(DIR_NAME));
+        static FIRST: std::sync::Once = std::sync::Once::new();
+        let mut first = false;
+        FIRST.call_once(|| first = true);
+        let own = std::process::id();
+        let Ok(entries) = std::fs::read_dir(base.join(DIR_NAME)) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let pid = name
+                .to_str()
+                .and_then(|name| name.strip_prefix("root-"))
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<u32>().ok());
+            let stale = match pid {
+                Some(pid) if pid == own => first,
+                Some(pid) => !Path::new(&format!("/proc/{pid}")).exists(),
+                None => true,
+            };
+            if stale {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
     }
 
     /// How many files the guest sees.
@@ -101,6 +126,29 @@ mod tests {
         let path = root.path.clone();
         drop(root);
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn clearing_keeps_the_roots_of_live_runtimes_and_removes_those_of_gone_ones() {
+        let base = std::env::temp_dir().join(format!("wasmless-guest-root-clear-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        GuestRoot::clear(&base);
+        let live = GuestRoot::new(
+            Some(&base),
+            &[GuestFile {
+                name: "a.txt".into(),
+                bytes: b"a".to_vec(),
+            }],
+        )
+        .unwrap();
+        // No process has id 0: what such a runtime left is stale.
+        let gone = base.join(DIR_NAME).join("root-0-7");
+        std::fs::create_dir_all(&gone).unwrap();
+        GuestRoot::clear(&base);
+        assert!(live.path.join("a.txt").exists());
+        assert!(!gone.exists());
+        drop(live);
+        let _ = std::fs::remove_dir_all(&base);
     }
 
     #[test]
