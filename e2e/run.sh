@@ -45,6 +45,7 @@ steps=(
   call_another_function secret_rotation                       # steps/outbound.sh
   go_modules build_time_code                                   # steps/modules.sh
   go_as_written                                                # steps/handlers.sh
+  files_beside                                                 # steps/handlers.sh
   prometheus_scrapes dashboard_queries                         # steps/prometheus.sh
   port_clash                                                   # steps/lifecycle.sh
   rolling_update build_cache_hit rollback traffic_split compile_error oci_storage failover  # steps/updates.sh

@@ -1,5 +1,6 @@
 # Go handlers as people write them, on the installed operator and the real builder: Go 1.22
-# routing, and a package initialiser that fails, which the user reads on status.
+# routing, streams, a package initialiser that fails, which the user reads on status, and
+# files shipped beside the handler.
 # Sourced by e2e/run.sh, which runs the steps in its order; e2e/lib.sh has the helpers.
 
 # apply_go_function NAME SOURCE: applies a Go Function of SOURCE (as JSON: Go's tabs stay).
@@ -7,6 +8,8 @@ apply_go_function() {
   python3 -c 'import json, sys; print(json.dumps({"apiVersion": "wasmless.io/v1alpha1", "kind": "Function", "metadata": {"name": sys.argv[1]}, "spec": {"language": "go", "source": sys.argv[2]}}))' \
     "$1" "$2" | kubectl apply -n "$NS" -f - >/dev/null
 }
+
+as_written_settled() { [[ $(fn_field "$1" .status.phase) =~ ^(Ready|Failed)$ ]]; }
 
 go_as_written() {
   step "Go as people write it: Go 1.22 routes with r.PathValue; Server-Sent Events that leave when flushed and a 20 MB export, through the Service; an initialiser's panic is Go's own message and stack on status.buildMessage and in the Event"
@@ -82,7 +85,6 @@ GO
   apply_go_function routes "$routes_source"
   apply_go_function countries "$panicking_source"
   apply_go_function streaming "$streaming_source"
-  as_written_settled() { [[ $(fn_field "$1" .status.phase) =~ ^(Ready|Failed)$ ]]; }
   wait_until 600 "routes Ready or Failed" as_written_settled routes
   phase_is routes Ready || fail "routes: $(fn_field routes .status.buildMessage)"
   local url deadline status
@@ -118,5 +120,73 @@ GO
   events=$(kubectl get events -n "$NS" --field-selector involvedObject.name=countries -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}')
   expect_contains "$events" "panic: open countries.csv: no such file or directory" "the BuildFailed Event"
   kubectl delete fn routes countries streaming -n "$NS" >/dev/null
+  ok
+}
+
+files_beside() {
+  step "Files beside the handler: templates embedded with //go:embed and a data file read with os.ReadFile, from spec.files in folders; served from the pool at zero and from the Function's own pods"
+  local source manifest url
+  source=$(cat <<'GO'
+package handlers
+
+import (
+	"embed"
+	"html/template"
+	"net/http"
+	"os"
+	"strings"
+)
+
+//go:embed templates/*.html
+var pages embed.FS
+
+var page = template.Must(template.ParseFS(pages, "templates/*.html"))
+
+var countries = mustRead("countries.csv")
+
+func mustRead(name string) string {
+	data, err := os.ReadFile(name)
+	if err != nil {
+		panic(err)
+	}
+	return string(data)
+}
+
+func Handler(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/page" {
+		page.ExecuteTemplate(w, "index.html", strings.Count(countries, "\n"))
+		return
+	}
+	data, err := os.ReadFile("data/" + strings.TrimPrefix(r.URL.Path, "/"))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusNotFound)
+		return
+	}
+	w.Write(data)
+}
+GO
+)
+  manifest=$(python3 -c 'import json, sys; print(json.dumps({"apiVersion": "wasmless.io/v1alpha1", "kind": "Function",
+    "metadata": {"name": "gallery"},
+    "spec": {"language": "go", "source": sys.argv[1], "scale": {"min": 0},
+             "files": {"countries.csv": "fr,France\nde,Germany\n", "templates/index.html": "<h1>{{.}} countries</h1>",
+                       "data/today.txt": "monday"}}}))' "$source")
+  kubectl apply -n "$NS" -f - <<<"$manifest" >/dev/null
+  wait_until 600 "gallery Ready or Failed" as_written_settled gallery
+  phase_is gallery Ready || fail "gallery: $(fn_field gallery .status.buildMessage)"
+  expect_eq "$(fn_field gallery .status.servedBy)" pool "gallery's status.servedBy"
+  url=$(service_url gallery)
+  expect_eq "$(get "${url}page")" "<h1>2 countries</h1>" "the embedded template, from the pool"
+  expect_eq "$(get "${url}today.txt")" "monday" "a data file read per request, from the pool"
+  expect_contains "$(curl -s --max-time 5 "${url}missing.txt")" "open data/missing.txt: no such file or directory" "a file not shipped"
+
+  kubectl patch fn gallery -n "$NS" --type merge -p '{"spec": {"scale": {"min": 1}}}' >/dev/null
+  gallery_has_pods() { served_by_is gallery pods && (($(ready_pods gallery) >= 1)); }
+  wait_until 120 "gallery served by its own pods" gallery_has_pods
+  expect_eq "$(served_requests gallery runtime)" 0 "requests gallery's own pods served before any was sent"
+  expect_eq "$(get "${url}page")" "<h1>2 countries</h1>" "the embedded template, from the Function's pods"
+  expect_eq "$(get "${url}today.txt")" "monday" "a data file, from the Function's pods"
+  (($(served_requests gallery runtime) >= 2)) || fail "gallery's own pods did not serve the requests sent to them"
+  kubectl delete fn gallery -n "$NS" >/dev/null
   ok
 }
