@@ -68,15 +68,12 @@ pub fn path_problem(name: &str) -> Option<&'static str> {
 /// The module `wasm` with `files` appended as a [`SECTION`] custom section, sorted by
 /// name; `wasm` unchanged when there are none.
 pub fn append(wasm: &[u8], files: &[GuestFile]) -> Vec<u8> {
-    let mut out = wasm.to_vec();
     if files.is_empty() {
-        return out;
+        return wasm.to_vec();
     }
     let mut sorted: Vec<&GuestFile> = files.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
     let mut payload = Vec::new();
-    leb128(&mut payload, SECTION.len() as u64);
-    payload.extend_from_slice(SECTION.as_bytes());
     payload.extend_from_slice(MAGIC);
     payload.extend_from_slice(&(sorted.len() as u32).to_le_bytes());
     for file in sorted {
@@ -85,6 +82,17 @@ pub fn append(wasm: &[u8], files: &[GuestFile]) -> Vec<u8> {
         payload.extend_from_slice(&(file.bytes.len() as u64).to_le_bytes());
         payload.extend_from_slice(&file.bytes);
     }
+    with_custom_section(wasm, SECTION, &payload)
+}
+
+/// `wasm` with a custom section `name` holding `content` appended (a custom section may
+/// come anywhere, and changes nothing a module does).
+pub fn with_custom_section(wasm: &[u8], name: &str, content: &[u8]) -> Vec<u8> {
+    let mut payload = Vec::new();
+    leb128(&mut payload, name.len() as u64);
+    payload.extend_from_slice(name.as_bytes());
+    payload.extend_from_slice(content);
+    let mut out = wasm.to_vec();
     out.push(0);
     leb128(&mut out, payload.len() as u64);
     out.extend_from_slice(&payload);

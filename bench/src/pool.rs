@@ -216,26 +216,7 @@ fn wasmtime_error(error: wasmtime::Error) -> anyhow::Error {
 }
 
 pub(crate) fn with_custom_section(wasm: &[u8], name: &str) -> Vec<u8> {
-    let mut payload = Vec::new();
-    leb128(&mut payload, name.len());
-    payload.extend_from_slice(name.as_bytes());
-    let mut out = wasm.to_vec();
-    out.push(0);
-    leb128(&mut out, payload.len());
-    out.extend_from_slice(&payload);
-    out
-}
-
-fn leb128(out: &mut Vec<u8>, mut value: usize) {
-    loop {
-        let byte = (value & 0x7f) as u8;
-        value >>= 7;
-        if value == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
+    wasmless_artifact::guest_files::with_custom_section(wasm, name, &[])
 }
 
 fn wait_ready(admin: u16, pool: &mut Server) -> anyhow::Result<()> {
