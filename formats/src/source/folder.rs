@@ -139,7 +139,7 @@ pub fn read_folder(dir: &Path, ignore: &Ignore) -> Result<Vec<SourceFile>, Sourc
     let total: u64 = found.iter().map(|f| f.2).sum();
     if total > MAX_SOURCE_BYTES as u64 {
         let mut largest: Vec<&(String, PathBuf, u64)> = found.iter().collect();
-        largest.sort_by(|a, b| b.2.cmp(&a.2));
+        largest.sort_by_key(|file| std::cmp::Reverse(file.2));
         let named: Vec<String> = largest
             .iter()
             .take(3)

@@ -119,7 +119,7 @@ impl FunctionSpec {
         let total = source.len() + self.files.values().map(String::len).sum::<usize>();
         if total > MAX_SOURCE_BYTES {
             let mut largest: Vec<(&String, usize)> = self.files.iter().map(|(name, text)| (name, text.len())).collect();
-            largest.sort_by(|a, b| b.1.cmp(&a.1));
+            largest.sort_by_key(|file| std::cmp::Reverse(file.1));
             let named: Vec<String> = largest
                 .iter()
                 .take(3)
