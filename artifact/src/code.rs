@@ -72,6 +72,10 @@ pub struct CodeHeader {
     pub kind: CodeKind,
     /// The CPU feature level the code was compiled for (`x86-64-v3`, `aarch64`).
     pub target: String,
+    /// The module carries files for the guest's working directory (`guest_files`), which
+    /// only the module holds: a runtime loading this code reads the module too. Written
+    /// only when set, so code of a module without files is what it always was.
+    pub module_files: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +117,9 @@ pub fn encode_code(header: &CodeHeader, cwasm: &[u8]) -> Vec<u8> {
         header.target
     )
     .into_bytes();
+    if header.module_files {
+        plain.extend_from_slice(b"module-files: true\n");
+    }
     assert!(plain.len() < CODE_HEADER_BYTES, "a header of a few lines");
     plain.resize(CODE_HEADER_BYTES, b'\n');
     plain.extend_from_slice(cwasm);
@@ -350,6 +357,7 @@ fn parse_header(block: &str) -> Result<CodeHeader, CodeError> {
         )));
     }
     let (mut module_digest, mut engine, mut kind, mut target) = (None, None, None, None);
+    let mut module_files = false;
     for line in block.trim_end_matches('\n').split('\n').skip(1) {
         // Values end up in logs and errors; the writer only writes text.
         if line.contains(char::is_control) {
@@ -375,6 +383,7 @@ fn parse_header(block: &str) -> Result<CodeHeader, CodeError> {
                 })
             }
             "target" => target = Some(value.to_string()),
+            "module-files" => module_files = value == "true",
             // Keys a newer builder adds are ignored: the engine hash decides compatibility.
             _ => {}
         }
@@ -385,6 +394,7 @@ fn parse_header(block: &str) -> Result<CodeHeader, CodeError> {
         engine: engine.ok_or_else(|| missing("engine"))?,
         kind: kind.ok_or_else(|| missing("kind"))?,
         target: target.ok_or_else(|| missing("target"))?,
+        module_files,
     })
 }
 
@@ -398,7 +408,31 @@ mod tests {
             engine: "ab".repeat(32),
             kind: CodeKind::Component,
             target: "x86-64-v3".into(),
+            module_files: false,
         }
+    }
+
+    #[test]
+    fn code_of_a_module_with_files_says_so_and_code_without_is_unchanged() {
+        let plain = encode_code(&header(), b"code");
+        let with_files = encode_code(
+            &CodeHeader {
+                module_files: true,
+                ..header()
+            },
+            b"code",
+        );
+        assert!(decode_code(&with_files).unwrap().0.module_files);
+        assert!(!decode_code(&plain).unwrap().0.module_files);
+        let (decoded, _) = decode_code(&plain).unwrap();
+        assert!(!String::from_utf8_lossy(&decoded_bytes(&plain)).contains("module-files"));
+        assert_eq!(decoded, header());
+    }
+
+    fn decoded_bytes(encoded: &[u8]) -> Vec<u8> {
+        let mut plain = vec![0; decoded_code_size(encoded).unwrap()];
+        decode_code_into(encoded, &mut plain).unwrap();
+        plain
     }
 
     #[test]

@@ -188,7 +188,7 @@ fn write_variants(
         if index == first {
             identical = compile_native(engine, abi, &variant).map_err(wasmtime_error)? == cwasm;
         }
-        let code = package(engine, abi, &cwasm, digest);
+        let code = package(engine, abi, &cwasm, digest, false);
         let module_path = modules.join(format!("{name}.wasm"));
         let code_path = modules.join(format!("{name}.cwasm.lz4"));
         std::fs::write(&module_path, &variant)?;

@@ -227,7 +227,7 @@ async fn publish_group(
             builder_version,
             variant_source(source, index).as_bytes(),
         );
-        let artifact = package(&engine, abi, &cwasm, digest);
+        let artifact = package(&engine, abi, &cwasm, digest, false);
         let bytes = variant.len() + artifact.len();
         let code = wasmless_builder::CompiledCode {
             digest: Digest::of(&artifact),

@@ -60,6 +60,7 @@ pub fn compile(
     bytes: &[u8],
     digest: &Digest,
     cache_dir: Option<&Path>,
+    module_files: bool,
 ) -> Result<(Compiled, CacheOutcome), CompileError> {
     let Some(cache_dir) = cache_dir else {
         return Ok((compile_fresh(engine, abi, bytes)?, CacheOutcome::Disabled));
@@ -73,7 +74,12 @@ pub fn compile(
         Abi::CgiCommand | Abi::GoReactor => engine.precompile_module(bytes),
     }
     .map_err(|e| CompileError(format!("{e:?}")))?;
-    if let Err(err) = write_atomically(&path, &serialized) {
+    // The mark first: an entry is never found without it when its module carries files.
+    let marked = match module_files {
+        true => std::fs::write(files_mark(&path), b""),
+        false => Ok(()),
+    };
+    if let Err(err) = marked.and_then(|()| write_atomically(&path, &serialized)) {
         tracing::warn!(path = %path.display(), error = %err, "cannot write the compiled-code cache; continuing without it");
     }
     // SAFETY: `serialized` was produced by this engine a moment ago.
@@ -91,9 +97,17 @@ pub fn compile(
 
 /// The code a previous process compiled for `digest`, found without the module's
 /// bytes: entries are written only for modules that passed the digest check, under
-/// that digest, so a hit needs neither reading nor hashing the module again.
-pub fn load_cached(engine: &Engine, digest: &Digest, cache_dir: &Path) -> Option<(Compiled, Abi)> {
-    load_entry(engine, &cache_path(engine, cache_dir, digest))
+/// that digest, so a hit needs neither reading nor hashing the module again — unless the
+/// module carries files (`true`: the entry's mark), which only the module holds.
+pub fn load_cached(engine: &Engine, digest: &Digest, cache_dir: &Path) -> Option<(Compiled, Abi, bool)> {
+    let path = cache_path(engine, cache_dir, digest);
+    let (compiled, abi) = load_entry(engine, &path)?;
+    Some((compiled, abi, files_mark(&path).exists()))
+}
+
+/// Beside a cache entry whose module carries files (`guest_files`).
+fn files_mark(entry: &Path) -> PathBuf {
+    entry.with_extension("files")
 }
 
 fn load_entry(engine: &Engine, path: &Path) -> Option<(Compiled, Abi)> {

@@ -76,13 +76,6 @@ pub struct Config {
     #[arg(long, env = "WASMLESS_CODE_DIGEST")]
     pub code_digest: Option<wasmless_artifact::Digest>,
 
-    /// The module carries files for the guest's working directory (a Function's files
-    /// beside its handler): read and verify the module even where `--code` or the
-    /// compiled-code cache would spare reading it, since only the module holds them. A
-    /// module that is read has its files served either way.
-    #[arg(long, env = "WASMLESS_MODULE_FILES")]
-    pub module_files: bool,
-
     /// Port that serves the function.
     #[arg(long, env = "WASMLESS_PORT", default_value_t = wasmless_artifact::ports::HTTP)]
     pub port: u16,
@@ -396,6 +389,17 @@ fn parse_env_pair(text: &str) -> Result<(String, String), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flags_reference() {
+        use clap::CommandFactory;
+        let page = wasmless_testkit::flags_reference::page(
+            Config::command(),
+            "The runtime's flags, each also an environment variable: what the operator gives a Function's pods and its namespace's pool (`docs/architecture.md`), and what `wasmless dev` gives the runtime it starts.",
+        );
+        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+        wasmless_testkit::flags_reference::check(root, "docs/reference/wasmless-runtime.md", &page);
+    }
 
     #[test]
     fn edge_limits_refuse_nonsense() {

@@ -37,6 +37,27 @@ pub enum ModuleError {
 /// The files of a handler, made ready for its guests: `None` when it ships none.
 pub type Files = Option<Arc<GuestRoot>>;
 
+/// Code ready to link: compiled here, from the cache, or the builder's.
+pub struct OpenedCode {
+    compiled: Compiled,
+    abi: Abi,
+    residence: Residence,
+    digest: Digest,
+    cache: CacheOutcome,
+    started: Instant,
+    /// The module carries files (the code's header, or the cache's mark): only the module
+    /// holds them, so it is read before this code is linked.
+    pub needs_files: bool,
+}
+
+impl OpenedCode {
+    /// Whether this came from the compiled-code cache (a link that fails there falls back to
+    /// the module).
+    pub fn from_cache(&self) -> bool {
+        self.cache == CacheOutcome::Hit
+    }
+}
+
 /// The engine every module of this process runs on, and where compiled code is cached:
 /// made once, shared by each Function's [`Loader`].
 #[derive(Clone)]
@@ -143,76 +164,91 @@ impl Loader {
         &self.shared.limits
     }
 
-    /// The files a verified module carries, written out for its guests.
-    pub fn files(&self, module: &VerifiedModule) -> Result<Files, ModuleError> {
+    /// The files a verified module carries, written out for its guests (off the async
+    /// threads: up to 64 files).
+    pub async fn files(&self, module: &VerifiedModule) -> Result<Files, ModuleError> {
         let files =
             wasmless_artifact::guest_files::read(&module.bytes).map_err(|e| ModuleError::Files(e.to_string()))?;
         if files.is_empty() {
             return Ok(None);
         }
-        let root = GuestRoot::new(self.cache_dir.as_deref(), &files).map_err(|e| ModuleError::Files(e.to_string()))?;
+        let base = self.cache_dir.clone();
+        let root = tokio::task::spawn_blocking(move || GuestRoot::new(base.as_deref(), &files))
+            .await
+            .map_err(|e| ModuleError::Engine(e.to_string()))?
+            .map_err(|e| ModuleError::Files(e.to_string()))?;
         Ok(Some(Arc::new(root)))
     }
 
     /// Compiles (off the async threads) and links a verified module, with its files.
     pub async fn load(&self, module: VerifiedModule) -> Result<LoadedHandler, ModuleError> {
         let started = Instant::now();
-        let files = self.files(&module)?;
+        let files = self.files(&module).await?;
         let abi = abi::detect(&module.bytes)?;
         let engine = self.engine.clone();
         let cache_dir = self.cache_dir.clone();
         let digest = module.digest;
+        let carries_files = files.is_some();
         let (compiled, cache) = tokio::task::spawn_blocking(move || {
-            compile::compile(&engine, abi, &module.bytes, &digest, cache_dir.as_deref())
+            compile::compile(
+                &engine,
+                abi,
+                &module.bytes,
+                &digest,
+                cache_dir.as_deref(),
+                carries_files,
+            )
         })
         .await
         .map_err(|e| ModuleError::Engine(e.to_string()))??;
         // A hit is mapped from the cache's file, but its metadata is not measured here:
         // counted whole as private, as a copy is (the pool compiles only when the builder's
         // code cannot be used).
-        self.link(compiled, abi, Residence::Copied, digest, cache, started, files)
-    }
-
-    /// Links the code the compiled-code cache holds for `digest`, if it holds any,
-    /// without reading the module: a restart then needs neither the module's source
-    /// (a registry, say) nor the time to read and hash it.
-    pub async fn load_cached(&self, digest: Digest, files: Files) -> Option<LoadedHandler> {
-        let started = Instant::now();
-        let engine = self.engine.clone();
-        let cache_dir = self.cache_dir.clone()?;
-        let (compiled, abi) = tokio::task::spawn_blocking(move || compile::load_cached(&engine, &digest, &cache_dir))
-            .await
-            .ok()??;
-        match self.link(
+        let opened = OpenedCode {
             compiled,
             abi,
-            Residence::Copied,
+            residence: Residence::Copied,
             digest,
-            CacheOutcome::Hit,
+            cache,
             started,
-            files,
-        ) {
-            Ok(handler) => Some(handler),
-            Err(error) => {
-                tracing::warn!(%error, "compiled-code cache entry does not link; loading the module instead");
-                None
-            }
-        }
+            needs_files: carries_files,
+        };
+        self.link(opened, files)
     }
 
-    /// Links the code the builder compiled for `module`, read and verified by
+    /// The code the compiled-code cache holds for `digest`, if it holds any, without
+    /// reading the module: a restart then needs neither the module's source (a registry,
+    /// say) nor the time to read and hash it.
+    pub async fn open_cached(&self, digest: Digest, started: Instant) -> Option<OpenedCode> {
+        let engine = self.engine.clone();
+        let cache_dir = self.cache_dir.clone()?;
+        let (compiled, abi, needs_files) =
+            tokio::task::spawn_blocking(move || compile::load_cached(&engine, &digest, &cache_dir))
+                .await
+                .ok()??;
+        Some(OpenedCode {
+            compiled,
+            abi,
+            residence: Residence::Copied,
+            digest,
+            cache: CacheOutcome::Hit,
+            started,
+            needs_files,
+        })
+    }
+
+    /// Opens the code the builder compiled for `module`, read and verified by
     /// [`CodeSource::load_code`] since `started`, so that nothing is compiled here.
     /// `Ok(None)`: the code cannot be used on this host (logged and counted); compile the
     /// module instead. `Err`: the code is not what was pinned, or not made from `module`,
     /// and nothing may run.
-    pub async fn load_precompiled(
+    pub async fn open_precompiled(
         &self,
         source: &CodeSource,
         code: Result<Result<VerifiedCode, Fallback>, CodeRefused>,
         module: Digest,
         started: Instant,
-        files: Files,
-    ) -> Result<Option<LoadedHandler>, ModuleError> {
+    ) -> Result<Option<OpenedCode>, ModuleError> {
         let opened = match code? {
             Ok(verified) => {
                 let read_and_verified = started.elapsed();
@@ -235,17 +271,15 @@ impl Loader {
             Err(fallback) => Opened::Fallback(fallback),
         };
         match opened {
-            Opened::Loaded(compiled, abi, residence) => self
-                .link(
-                    compiled,
-                    abi,
-                    residence,
-                    module,
-                    CacheOutcome::Precompiled,
-                    started,
-                    files,
-                )
-                .map(Some),
+            Opened::Loaded(compiled, abi, residence, needs_files) => Ok(Some(OpenedCode {
+                compiled,
+                abi,
+                residence,
+                digest: module,
+                cache: CacheOutcome::Precompiled,
+                started,
+                needs_files,
+            })),
             Opened::Fallback(reason) => {
                 self.shared.metrics.compile_fallback(reason.reason());
                 tracing::warn!(code = %source, reason = reason.reason(), error = %reason, "not using the precompiled code: compiling the module here");
@@ -254,17 +288,23 @@ impl Loader {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn link(
-        &self,
-        compiled: Compiled,
-        abi: Abi,
-        residence: Residence,
-        digest: Digest,
-        cache: CacheOutcome,
-        started: Instant,
-        files: Files,
-    ) -> Result<LoadedHandler, ModuleError> {
+    /// Links opened code with its module's files (`None` when [`OpenedCode::needs_files`]
+    /// is false): a handler for requests.
+    pub fn link(&self, opened: OpenedCode, files: Files) -> Result<LoadedHandler, ModuleError> {
+        let OpenedCode {
+            compiled,
+            abi,
+            residence,
+            digest,
+            cache,
+            started,
+            needs_files,
+        } = opened;
+        if needs_files && files.is_none() {
+            return Err(ModuleError::Files(
+                "the code says its module carries files, and they were not read".into(),
+            ));
+        }
         let file_count = files.as_ref().map_or(0, |root| root.files());
         // The files are the module's: a module swapped in brings its own.
         let shared = match files {

@@ -44,8 +44,6 @@ pub struct Tenant {
     /// `--module-digest`, as given (the digest file beside the module is read at load).
     pub pinned: Option<Digest>,
     code: Option<(precompiled::CodeSource, Option<Digest>)>,
-    /// `--module-files`: the module is read even when its code is not compiled from it.
-    module_files: bool,
     /// One load at a time: the requests that arrive meanwhile wait for it.
     loading: tokio::sync::Mutex<()>,
     /// Code being read and verified since before the engine was made (a new pod).
@@ -121,7 +119,6 @@ impl Tenant {
                 Some(code) => Some((precompiled::CodeSource::parse(code)?, config.code_digest)),
                 None => None,
             },
-            module_files: config.module_files,
             loading: tokio::sync::Mutex::new(()),
             prefetched: std::sync::Mutex::new(None),
             on_load: None,
@@ -216,36 +213,38 @@ impl Tenant {
             }
             None => None,
         };
-        // Only the module holds its files: read (and verified) first when it has them.
-        let module = match self.module_files {
-            true => Some(self.source.load(expected).await?),
-            false => None,
-        };
-        let files = module
-            .as_ref()
-            .map(|module| self.loader.files(module))
-            .transpose()?
-            .flatten();
-        let mut handler = None;
+        let mut opened = None;
         if let Some((code, module, loading)) = code {
             let loaded = loading
                 .await
                 .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()));
-            handler = self
-                .loader
-                .load_precompiled(&code, loaded, module, started, files.clone())
-                .await?;
+            opened = self.loader.open_precompiled(&code, loaded, module, started).await?;
         }
-        if handler.is_none()
+        if opened.is_none()
             && let Some(digest) = expected
         {
-            handler = self.loader.load_cached(digest, files).await;
+            opened = self.loader.open_cached(digest, started).await;
         }
-        Ok(match (handler, module) {
-            (Some(handler), _) => handler,
-            (None, Some(module)) => self.loader.load(module).await?,
-            // The digest read above is the one to check against; no second read of the digest file.
-            (None, None) => self.loader.load(self.source.load(expected).await?).await?,
-        })
+        // The digest read above is the one to check against; no second read of the digest file.
+        let Some(opened) = opened else {
+            return Ok(self.loader.load(self.source.load(expected).await?).await?);
+        };
+        // Only the module holds its files: read (and verified) when the code says it has them.
+        let files = match opened.needs_files {
+            true => {
+                let module = self.source.load(expected).await?;
+                self.loader.files(&module).await?
+            }
+            false => None,
+        };
+        let from_cache = opened.from_cache();
+        match self.loader.link(opened, files) {
+            Ok(handler) => Ok(handler),
+            Err(error) if from_cache => {
+                tracing::warn!(%error, "compiled-code cache entry does not link; loading the module instead");
+                Ok(self.loader.load(self.source.load(expected).await?).await?)
+            }
+            Err(error) => Err(error.into()),
+        }
     }
 }

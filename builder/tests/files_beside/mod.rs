@@ -1,7 +1,8 @@
 //! Files beside the handler: a Go handler that embeds its templates (`//go:embed`) and reads
 //! a data file it ships with `os.ReadFile`, in a package initialiser (run once, at build
 //! time, in the snapshot) and per request, built from its folder and served by the runtime
-//! as the cluster serves it (its compiled code, `--module-files`).
+//! as the cluster serves it (its compiled code, whose header says to read the module for its
+//! files).
 
 use super::support::*;
 use std::path::Path;
@@ -106,7 +107,7 @@ async fn a_go_handler_embeds_its_templates_and_reads_its_data_files_at_start_up_
     let code = format!("{}.cwasm.lz4", output.display());
     let code_digest = built["code"]["digest"].as_str().unwrap().to_string();
     // As a pod serves it: from the builder's code, the module read for its files.
-    let flags = ["--code", &code, "--code-digest", &code_digest, "--module-files"];
+    let flags = ["--code", &code, "--code-digest", &code_digest];
     let served = Served::start_with(output.to_str().unwrap(), &digest, &[], &flags).await;
     assert_eq!(
         served.get("/page").await,

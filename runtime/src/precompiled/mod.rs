@@ -29,7 +29,9 @@ mod streaming;
 /// `engine` must come from [`engine::compiler_config`] with [`CompileTarget::Portable`].
 pub fn precompile(engine: &Engine, abi: Abi, wasm: &[u8], module_digest: Digest) -> wasmtime::Result<Vec<u8>> {
     let cwasm = compile_native(engine, abi, wasm)?;
-    Ok(package(engine, abi, &cwasm, module_digest))
+    // A section that does not read is still one the runtime must see (and refuse) at load.
+    let module_files = wasmless_artifact::guest_files::read(wasm).map_or(true, |files| !files.is_empty());
+    Ok(package(engine, abi, &cwasm, module_digest, module_files))
 }
 
 /// wasmtime's native code for `wasm`, as `engine` compiles it.
@@ -41,13 +43,15 @@ pub fn compile_native(engine: &Engine, abi: Abi, wasm: &[u8]) -> wasmtime::Resul
 }
 
 /// The code artifact a runtime loads with `--code`: `cwasm`, which `engine` compiled from
-/// the module `module_digest`, behind the header that says so.
-pub fn package(engine: &Engine, abi: Abi, cwasm: &[u8], module_digest: Digest) -> Vec<u8> {
+/// the module `module_digest`, behind the header that says so (and whether that module
+/// carries files, which the runtime then reads it for).
+pub fn package(engine: &Engine, abi: Abi, cwasm: &[u8], module_digest: Digest, module_files: bool) -> Vec<u8> {
     let header = CodeHeader {
         module_digest,
         engine: engine::engine_hash(engine),
         kind: code_kind(abi),
         target: engine::PORTABLE_TARGET.to_string(),
+        module_files,
     };
     encode_code(&header, cwasm)
 }
@@ -134,7 +138,8 @@ impl Fallback {
 /// The outcome of trying the code: refused (nothing runs), fall back, or loaded (mapped
 /// from a file, or in the process's own memory).
 pub enum Opened {
-    Loaded(Compiled, Abi, Residence),
+    /// Loaded; `bool`: the module carries files, which only it holds (the code's header).
+    Loaded(Compiled, Abi, Residence, bool),
     Fallback(Fallback),
 }
 
@@ -336,7 +341,13 @@ pub fn open(
             .map_err(wasmtime::Error::from)
             .and_then(|file| unsafe { mapped::load(engine, header.kind, file) });
         match loaded {
-            Ok(compiled) => return Ok(loaded_or_fallback(Ok(compiled), Residence::Mapped { metadata })),
+            Ok(compiled) => {
+                return Ok(loaded_or_fallback(
+                    Ok(compiled),
+                    Residence::Mapped { metadata },
+                    header.module_files,
+                ));
+            }
             Err(error) => tracing::warn!(
                 dir = %dir.display(),
                 error = %format!("{error:#}"),
@@ -372,15 +383,15 @@ pub fn open(
         (true, false) => IN_PLACE_TAKEN.store(false, Ordering::Release),
         (false, _) => {}
     }
-    Ok(loaded_or_fallback(loaded, Residence::Copied))
+    Ok(loaded_or_fallback(loaded, Residence::Copied, header.module_files))
 }
 
-fn loaded_or_fallback(loaded: wasmtime::Result<Compiled>, residence: Residence) -> Opened {
+fn loaded_or_fallback(loaded: wasmtime::Result<Compiled>, residence: Residence, module_files: bool) -> Opened {
     match loaded {
         // A core module's ABI is read from its exports: the reactor is a core module too.
         Ok(compiled) => {
             let abi = compiled.abi();
-            Opened::Loaded(compiled, abi, residence)
+            Opened::Loaded(compiled, abi, residence, module_files)
         }
         Err(error) => Opened::Fallback(Fallback::Deserialize(format!("{error:#}"))),
     }

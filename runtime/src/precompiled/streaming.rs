@@ -292,6 +292,7 @@ mod tests {
             engine: "ab".repeat(32),
             kind: CodeKind::Module,
             target: "x86-64-v3".into(),
+            module_files: false,
         };
         (encode_code(&header, &cwasm), cwasm)
     }

@@ -78,11 +78,6 @@ pub fn function_args(func: &Function) -> Vec<String> {
     if limits.isolation == Isolation::Shared {
         args.extend(["--isolation".into(), "shared".into()]);
     }
-    // Only a module that carries files needs reading beside its code; the flag is absent
-    // otherwise, so a Function without files keeps its pod template.
-    if func.spec.ships_files() {
-        args.push("--module-files".into());
-    }
     if let Some(outbound) = &func.spec.outbound {
         for pattern in &outbound.allow {
             args.extend(["--outbound-allow".into(), pattern.clone()]);
