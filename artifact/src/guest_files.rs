@@ -11,6 +11,12 @@ pub const SECTION: &str = "wasmless.files";
 const MAGIC: &[u8; 8] = b"wlfiles1";
 /// Most a file's name may hold: the builder's rule is stricter still.
 const MAX_NAME_BYTES: usize = 255;
+/// Most files a module carries, and most bytes they hold together: what a Function's
+/// `spec.files` may hold (`wasmless_formats::source`), held again here because a module
+/// reaches a runtime from more than the builder (`language: wasm`, a section a Rust handler
+/// writes itself), and the files are written to the runtime's disk.
+pub const MAX_FILES: usize = 64;
+pub const MAX_BYTES: usize = 512 * 1024;
 
 /// One file, by its path relative to the guest's working directory (`templates/a.html`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +39,10 @@ pub enum GuestFilesError {
     BadName(String, &'static str),
     #[error("the {SECTION} section holds {0} twice")]
     Duplicate(String),
+    #[error(
+        "the {SECTION} section holds more than {MAX_FILES} files or {MAX_BYTES} bytes: a Function ships at most that"
+    )]
+    TooMuch,
 }
 
 /// Why `name` cannot be a path below the guest's working directory, or `None`: relative,
@@ -149,8 +159,12 @@ fn decode(payload: &[u8]) -> Result<Vec<GuestFile>, GuestFilesError> {
         at = end;
         Ok(bytes)
     };
-    let count = u32::from_le_bytes(take(4)?.try_into().unwrap());
-    let mut files: Vec<GuestFile> = Vec::new();
+    let count = u32::from_le_bytes(take(4)?.try_into().unwrap()) as usize;
+    if count > MAX_FILES {
+        return Err(GuestFilesError::TooMuch);
+    }
+    let mut files: Vec<GuestFile> = Vec::with_capacity(count);
+    let mut total = 0usize;
     for _ in 0..count {
         let name_len = u32::from_le_bytes(take(4)?.try_into().unwrap()) as usize;
         let name = String::from_utf8(take(name_len)?.to_vec())
@@ -159,14 +173,26 @@ fn decode(payload: &[u8]) -> Result<Vec<GuestFile>, GuestFilesError> {
             return Err(GuestFilesError::BadName(name, problem));
         }
         let size = u64::from_le_bytes(take(8)?.try_into().unwrap());
-        let bytes = take(usize::try_from(size).map_err(|_| GuestFilesError::Truncated)?)?.to_vec();
-        // A file that is also a folder of another (`a` and `a/b`) cannot be written either.
-        if files.iter().any(|f| {
-            f.name == name || name.starts_with(&format!("{}/", f.name)) || f.name.starts_with(&format!("{name}/"))
-        }) {
-            return Err(GuestFilesError::Duplicate(name));
+        let size = usize::try_from(size).map_err(|_| GuestFilesError::TooMuch)?;
+        total = total.saturating_add(size);
+        if total > MAX_BYTES {
+            return Err(GuestFilesError::TooMuch);
         }
+        let bytes = take(size)?.to_vec();
         files.push(GuestFile { name, bytes });
+    }
+    // A repeat, or a file that is also a folder of another (`a` and `a/b`), cannot be written.
+    let mut names = std::collections::BTreeSet::new();
+    for file in &files {
+        if !names.insert(file.name.as_str()) {
+            return Err(GuestFilesError::Duplicate(file.name.clone()));
+        }
+    }
+    for file in &files {
+        let mut folders = file.name.match_indices('/').map(|(at, _)| &file.name[..at]);
+        if let Some(folder) = folders.find(|folder| names.contains(folder)) {
+            return Err(GuestFilesError::Duplicate(folder.to_string()));
+        }
     }
     Ok(files)
 }
@@ -241,8 +267,23 @@ mod tests {
             let packed = append(EMPTY_MODULE, &[file(name, "x")]);
             assert!(matches!(read(&packed), Err(GuestFilesError::BadName(..))), "{name}");
         }
-        let clash = append(EMPTY_MODULE, &[file("a", "x"), file("a/b", "y")]);
+        let clash = append(EMPTY_MODULE, &[file("a", "x"), file("a.txt", "z"), file("a/b", "y")]);
         assert!(matches!(read(&clash), Err(GuestFilesError::Duplicate(_))));
+        let twice = append(EMPTY_MODULE, &[file("a", "x"), file("a", "y")]);
+        assert!(matches!(read(&twice), Err(GuestFilesError::Duplicate(_))));
+    }
+
+    #[test]
+    fn a_module_carrying_more_than_a_function_may_ship_is_refused() {
+        let many: Vec<GuestFile> = (0..=MAX_FILES).map(|i| file(&format!("{i}.txt"), "x")).collect();
+        assert_eq!(read(&append(EMPTY_MODULE, &many)), Err(GuestFilesError::TooMuch));
+        let big = [
+            file("a.csv", &"x".repeat(MAX_BYTES / 2 + 1)),
+            file("b.csv", &"x".repeat(MAX_BYTES / 2)),
+        ];
+        assert_eq!(read(&append(EMPTY_MODULE, &big)), Err(GuestFilesError::TooMuch));
+        let most: Vec<GuestFile> = (0..MAX_FILES).map(|i| file(&format!("{i}.txt"), "x")).collect();
+        assert_eq!(read(&append(EMPTY_MODULE, &most)).unwrap().len(), MAX_FILES);
     }
 
     #[test]

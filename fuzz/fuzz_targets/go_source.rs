@@ -1,7 +1,8 @@
 //! Go handler source, before any compiler sees it: the package clause
 //! (`wasmless_artifact::go_package`), the builder's checks (`Source::check`), and a
-//! Function's several files (`spec.files`: names the user chose, `go.mod`, `go.sum`). The
-//! input is the handler, then `\0`-separated files, each `name\ncontent`.
+//! Function's several files (`spec.files`: names the user chose, `go.mod`, `go.sum`, data
+//! files in folders). The input is the handler, then `\0`-separated files, each
+//! `name\ncontent`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -33,9 +34,12 @@ fuzz_target!(|bytes: &[u8]| {
         };
         let name = String::from_utf8_lossy(name).into_owned();
         if file_name_problem(Language::Go, &name).is_none() {
-            // What becomes a ConfigMap key and a file in the build's directory.
-            assert!(!name.contains('/') && !name.contains("..") && !name.starts_with('.'), "{name:?}");
-            assert!(name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)), "{name:?}");
+            // What becomes a ConfigMap key (`/` written `..`) and a file below the build's
+            // directory and the guest's: never one that leaves them, or is hidden.
+            assert!(!name.contains("..") && !name.starts_with('/') && !name.ends_with('/'), "{name:?}");
+            assert!(name.split('/').all(|segment| !segment.is_empty() && !segment.starts_with('.')), "{name:?}");
+            assert!(name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b)), "{name:?}");
+            assert!(wasmless_artifact::guest_files::path_problem(&name).is_none(), "{name:?}");
         }
         files.push(SourceFile {
             name,
@@ -44,7 +48,7 @@ fuzz_target!(|bytes: &[u8]| {
     }
     let count = files.len();
     let source = Source::from_files(Language::Go, files);
-    assert_eq!(source.files.len() + source.module_files.len(), count);
+    assert_eq!(source.all_files().count(), count);
     let checked = source.check();
     if checked.is_ok() {
         assert!(source.total_bytes() <= wasmless_formats::source::MAX_SOURCE_BYTES);

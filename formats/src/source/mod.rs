@@ -4,14 +4,14 @@
 mod file_names;
 pub mod folder;
 
-pub use file_names::file_name_problem;
+pub use file_names::{case_clash, file_name_problem};
 use std::path::{Path, PathBuf};
 use wasmless_artifact::Digest;
 
 /// Largest source the builder accepts, as the CRD does: all its files together.
-pub const MAX_SOURCE_BYTES: usize = 512 * 1024;
+pub const MAX_SOURCE_BYTES: usize = wasmless_artifact::guest_files::MAX_BYTES;
 /// Most files a Function's `spec.files` holds (data and templates included).
-pub const MAX_FILES: usize = 64;
+pub const MAX_FILES: usize = wasmless_artifact::guest_files::MAX_FILES;
 /// Longest name of one of those files.
 pub const MAX_FILE_NAME_BYTES: usize = 128;
 
@@ -131,10 +131,12 @@ pub enum SourceError {
     NestedModule(PathBuf),
     #[error("{}: line {line:?} is not one wasmless reads: write a name or a glob a line (`*.log`, `raw/`, `/notes.txt`), without `!`", path.display())]
     IgnoreFile { path: PathBuf, line: String },
-    #[error("{} holds {count} files or more, over the limit of {MAX_FILES}: list what the handler does not need in {}", dir.display(), folder::IGNORE_FILE)]
+    #[error("{} holds {count} files or more, over the limit of the handler and {MAX_FILES} files beside it: list what the handler does not need in {}", dir.display(), folder::IGNORE_FILE)]
     TooManyFiles { dir: PathBuf, count: usize },
     #[error("{} holds {total} bytes of files, over the {MAX_SOURCE_BYTES}-byte limit; the largest: {largest}. List what the handler does not need in {}, or build the module yourself and use language wasm", dir.display(), folder::IGNORE_FILE)]
     FolderTooLarge { dir: PathBuf, total: u64, largest: String },
+    #[error("{} is not UTF-8 text: a Function holds its files as text (spec.files is a map of strings). List it in {}, or ship it as text (base64, say) and decode it in the handler", .0.display(), folder::IGNORE_FILE)]
+    NotText(PathBuf),
     #[error("{} is a link to {}, outside the handler's folder: copy the file in, or list it in {}", link.display(), target.display(), folder::IGNORE_FILE)]
     LinkOutside { link: PathBuf, target: PathBuf },
     #[error("{}: folders nest too deep (a link to a folder above?)", .0.display())]
@@ -352,6 +354,9 @@ impl Source {
                 if let Some(problem) = file_name_problem(self.language, &file.name) {
                     return Err(SourceError::FileName(problem));
                 }
+            }
+            if let Some(problem) = case_clash(self.all_files().map(|file| file.name.as_str())) {
+                return Err(SourceError::FileName(problem));
             }
         }
         if self.module_file("go.sum").is_some() && self.module_file("go.mod").is_none() {
