@@ -133,14 +133,14 @@ impl LocalFunction {
                 .filter(|p| p.exists())
                 .collect();
             return match sources.as_slice() {
-                [one] => Self::from_source_file(one),
+                [one] => Self::from_source_file(one, true),
                 [] => Err(FunctionFileError::NoHandler(path.to_path_buf())),
                 _ => Err(FunctionFileError::SeveralHandlers(path.to_path_buf())),
             };
         }
         match path.extension().and_then(|e| e.to_str()) {
             Some("yaml" | "yml") => Self::from_yaml(path),
-            _ => Self::from_source_file(path),
+            _ => Self::from_source_file(path, false),
         }
     }
 
@@ -193,7 +193,7 @@ impl LocalFunction {
         })
     }
 
-    fn from_source_file(path: &Path) -> Result<Self, FunctionFileError> {
+    fn from_source_file(path: &Path, folder_named: bool) -> Result<Self, FunctionFileError> {
         let language = match path.extension().and_then(|e| e.to_str()) {
             Some("go") => Language::Go,
             Some("rs") => Language::Rust,
@@ -212,8 +212,10 @@ impl LocalFunction {
             .filter(|dir| !dir.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
         let is_module = language.module_file_names().iter().any(|name| dir.join(name).is_file());
+        // The files a Go handler ships beside it come with a folder named as the Function,
+        // never with a file named in a folder that happens to hold others.
         let beside = match (is_module, language) {
-            (false, Language::Go) => crate::folder::files_beside(language, dir)?,
+            (false, Language::Go) if folder_named => crate::folder::files_beside(language, dir)?,
             _ => Vec::new(),
         };
         let (source, watched) = if is_module {
@@ -275,6 +277,28 @@ mod tests {
             from_yaml.source.digest("1"),
             crate::source::files_digest("go", "1", &files),
             "the digest the operator computes from the Function"
+        );
+    }
+
+    #[test]
+    fn a_folder_named_brings_its_files_and_a_file_named_brings_none() {
+        let dir = std::env::temp_dir().join(format!("wasmless-function-file-beside-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("templates")).unwrap();
+        std::fs::write(dir.join("handler.go"), HANDLER).unwrap();
+        std::fs::write(dir.join("templates/index.html"), "<p>").unwrap();
+        std::fs::write(dir.join("credentials.json"), "{}").unwrap();
+        std::fs::write(dir.join(".wasmlessignore"), "credentials.json\n").unwrap();
+        let folder = LocalFunction::load(&dir).unwrap();
+        let names: Vec<&str> = folder.source.all_files().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["handler.go", "templates/index.html"]);
+        assert_eq!(folder.watched, dir);
+        std::fs::remove_file(dir.join(".wasmlessignore")).unwrap();
+        let file = LocalFunction::load(&dir.join("handler.go")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            file.source.all_files().count(),
+            1,
+            "the folder a named file is in is not shipped"
         );
     }
 }

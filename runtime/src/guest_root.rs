@@ -25,14 +25,17 @@ impl GuestRoot {
     /// one, the system's temporary directory. Names are checked again: they come from a
     /// verified module, but a name that could leave the directory is never joined to it.
     pub fn new(base: Option<&Path>, files: &[GuestFile]) -> std::io::Result<Self> {
-        static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let parent = base.map_or_else(std::env::temp_dir, |base| base.join(DIR_NAME));
+        let (parent, prefix) = match base {
+            Some(base) => (base.join(DIR_NAME), format!("root-{}-", std::process::id())),
+            None => (
+                std::env::temp_dir(),
+                format!("wasmless-guest-root-{}-", std::process::id()),
+            ),
+        };
         std::fs::create_dir_all(&parent)?;
-        let path = parent.join(format!("root-{}-{made}", std::process::id()));
-        // A directory left by an earlier process of the same id is not ours to trust.
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir(&path)?;
+        // A new directory of a random name, made by this call (mode 0700): nothing another
+        // process (or an earlier one of the same id) made can be taken for it.
+        let path = tempfile::Builder::new().prefix(&prefix).tempdir_in(&parent)?.keep();
         let root = Self {
             path,
             files: files.len(),

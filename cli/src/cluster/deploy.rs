@@ -365,8 +365,9 @@ fn from_handler(path: &Path) -> anyhow::Result<Value> {
             .cloned()
             .collect();
         function["spec"]["files"] = files_json(&others)?;
-    } else {
-        // Without a module, the files a Go handler ships beside it: data, templates.
+    } else if path.is_dir() {
+        // Without a module, the files a Go handler ships beside it (data, templates): only
+        // from a folder named as the Function, never the folder a named file happens to be in.
         let beside = wasmless_formats::folder::files_beside(parsed_language, dir)?;
         if !beside.is_empty() {
             function["spec"]["files"] = files_json(&beside)?;

@@ -6,6 +6,10 @@ use super::{Language, MAX_FILE_NAME_BYTES};
 /// First folders of a Go module's root that the builder writes itself (the generated
 /// `main`, the SDK): no file of a handler may be in them.
 const GO_RESERVED_FOLDERS: [&str; 2] = ["wasmless_main", "wasmless-sdk"];
+/// What `go build` compiles, or refuses without cgo, when it lies in a package's directory.
+const GO_BUILT_EXTENSIONS: [&str; 16] = [
+    "c", "h", "s", "S", "sx", "syso", "cc", "cpp", "cxx", "hh", "hpp", "hxx", "m", "f", "F", "swig",
+];
 
 /// Why `name` cannot name one of a source's files in `language`, in words for a person;
 /// `None` when it can. A name is a path from the handler's folder (`countries.csv`,
@@ -48,10 +52,21 @@ pub fn file_name_problem(language: Language, name: &str) -> Option<String> {
     match language {
         Language::Go => {
             let first = name.split('/').next().unwrap_or_default();
-            if name.contains('/') && GO_RESERVED_FOLDERS.contains(&first) {
+            // Any case: on a case-insensitive disk (a Mac's, under `wasmless dev`) it is the folder.
+            if GO_RESERVED_FOLDERS
+                .iter()
+                .any(|reserved| reserved.eq_ignore_ascii_case(first))
+            {
                 return refused(&format!(
-                    "{first}/ is where the builder writes its own code: use another folder"
+                    "{first} is where the builder writes its own code: use another name"
                 ));
+            }
+            // Beside the handler's .go files, `go build` would compile these too (or refuse them).
+            let extension = name.rsplit_once('.').map(|(_, extension)| extension);
+            if !name.contains('/') && extension.is_some_and(|extension| GO_BUILT_EXTENSIONS.contains(&extension)) {
+                return refused(
+                    "beside the handler's .go files Go would build it (C, assembly, .syso): put it in a folder (data/), or leave it out",
+                );
             }
             if matches!(name, "go.work" | "go.work.sum") {
                 return refused("a handler builds as its own module, not a workspace: leave go.work out");
@@ -66,6 +81,23 @@ pub fn file_name_problem(language: Language, name: &str) -> Option<String> {
             language.name()
         )),
     }
+}
+
+/// Two names of one source that differ only by case (`A.txt`, `a.txt`), in words for a
+/// person: on a case-insensitive disk (a Mac's, under `wasmless dev`) they are one file, so
+/// the Function would not be the same there and on the cluster.
+pub fn case_clash<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let mut seen = std::collections::BTreeMap::new();
+    for name in names {
+        if let Some(other) = seen.insert(name.to_ascii_lowercase(), name)
+            && other != name
+        {
+            return Some(format!(
+                "file names {other:?} and {name:?} differ only by case, which a case-insensitive disk takes for one file: rename one"
+            ));
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -161,5 +193,31 @@ mod tests {
         let shipped: Vec<&str> = source.data_files.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(shipped, ["countries.csv", "templates/index.html"]);
         assert_eq!(source.all_files().count(), 3, "every file is in the digest");
+    }
+
+    #[test]
+    fn names_the_builder_uses_or_go_would_build_are_refused_in_any_case() {
+        for name in [
+            "wasmless_main",
+            "Wasmless_Main/x.go",
+            "wasmless-sdk",
+            "WASMLESS-SDK/go.mod",
+        ] {
+            let problem = file_name_problem(Language::Go, name).unwrap_or_default();
+            assert!(problem.contains("the builder writes its own code"), "{name}: {problem}");
+        }
+        for name in ["helper.c", "asm.s", "blob.syso", "lib.h"] {
+            let problem = file_name_problem(Language::Go, name).unwrap_or_default();
+            assert!(problem.contains("Go would build it"), "{name}: {problem}");
+        }
+        assert_eq!(file_name_problem(Language::Go, "data/helper.c"), None);
+        assert_eq!(file_name_problem(Language::Go, "countries.csv"), None);
+    }
+
+    #[test]
+    fn names_that_differ_only_by_case_clash() {
+        let clash = case_clash(["A.txt", "b.txt", "a.txt"]).unwrap();
+        assert!(clash.contains("\"A.txt\" and \"a.txt\""), "{clash}");
+        assert_eq!(case_clash(["a.txt", "b.txt", "data/a.txt"]), None);
     }
 }

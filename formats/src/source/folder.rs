@@ -117,6 +117,10 @@ pub fn files_beside(language: Language, dir: &Path) -> Result<Vec<SourceFile>, S
         .collect())
 }
 
+/// Most files a folder holds: the handler's source and the [`MAX_FILES`] a Function's
+/// `spec.files` may hold beside it.
+const MAX_FOLDER_FILES: usize = MAX_FILES + 1;
+
 /// Every file below `dir` that `ignore` keeps, by its `/`-separated path, sorted. A
 /// symbolic link is followed only to somewhere inside `dir` (a ConfigMap volume's links
 /// are); one that leads out is refused, as are more than [`MAX_FILES`] files or more than
@@ -130,7 +134,7 @@ pub fn read_folder(dir: &Path, ignore: &Ignore) -> Result<Vec<SourceFile>, Sourc
     let mut found = Vec::new();
     walk(&root, &root, "", 0, ignore, &mut found)?;
     found.sort_by(|a, b| a.0.cmp(&b.0));
-    if found.len() > MAX_FILES {
+    if found.len() > MAX_FOLDER_FILES {
         return Err(SourceError::TooManyFiles {
             dir: dir.to_path_buf(),
             count: found.len(),
@@ -155,6 +159,10 @@ pub fn read_folder(dir: &Path, ignore: &Ignore) -> Result<Vec<SourceFile>, Sourc
         .into_iter()
         .map(|(name, path, _)| {
             let bytes = std::fs::read(&path).map_err(read_error(&path))?;
+            // As the cluster holds them, so `dev` serves what `deploy` can send.
+            if std::str::from_utf8(&bytes).is_err() {
+                return Err(SourceError::NotText(path));
+            }
             Ok(SourceFile { name, bytes })
         })
         .collect()
@@ -181,7 +189,12 @@ fn walk(
             continue;
         }
         let mut real = entry.path();
-        if entry.file_type().map_err(read_error(&real))?.is_symlink() {
+        let own_type = entry.file_type().map_err(read_error(&real))?;
+        // Left out as it is first, so a listed link (one leading out, or broken) is never followed.
+        if ignore.ignores(&path, own_type.is_dir()) {
+            continue;
+        }
+        if own_type.is_symlink() {
             let target = real.canonicalize().map_err(read_error(&real))?;
             if !target.starts_with(root) {
                 return Err(SourceError::LinkOutside { link: real, target });
@@ -200,7 +213,7 @@ fn walk(
         } else if meta.is_file() {
             found.push((path, real, meta.len()));
             // Enough to say there are too many, without walking a huge tree to the end.
-            if found.len() > MAX_FILES {
+            if found.len() > MAX_FOLDER_FILES {
                 return Ok(());
             }
         }
@@ -277,6 +290,36 @@ mod tests {
         let error = read_folder(&dir, &Ignore::default()).unwrap_err();
         assert!(matches!(error, SourceError::LinkOutside { .. }), "{error}");
         assert!(error.to_string().contains("outside"), "{error}");
+        // As the error says: listed, the link is left alone (a broken one too).
+        std::os::unix::fs::symlink("/nowhere", dir.join("broken")).unwrap();
+        std::fs::write(dir.join(IGNORE_FILE), "etc\nbroken\n").unwrap();
+        let names: Vec<String> = read_folder(&dir, &Ignore::of(&dir).unwrap())
+            .unwrap()
+            .into_iter()
+            .map(|f| f.name)
+            .collect();
+        assert_eq!(names, ["alias.csv", "real.csv"]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_folder_holds_the_handler_and_as_many_files_as_a_function_and_text_only() {
+        let dir = tempfile_dir();
+        std::fs::write(dir.join("handler.go"), "package handlers\n").unwrap();
+        for i in 0..MAX_FILES {
+            std::fs::write(dir.join(format!("{i}.txt")), "x").unwrap();
+        }
+        assert_eq!(read_folder(&dir, &Ignore::default()).unwrap().len(), MAX_FILES + 1);
+        std::fs::write(dir.join("one-more.txt"), "x").unwrap();
+        let error = read_folder(&dir, &Ignore::default()).unwrap_err();
+        assert!(matches!(error, SourceError::TooManyFiles { .. }), "{error}");
+        std::fs::remove_file(dir.join("one-more.txt")).unwrap();
+        std::fs::write(dir.join("0.txt"), [0xff, 0xd8, 0xff]).unwrap();
+        let error = read_folder(&dir, &Ignore::default()).unwrap_err().to_string();
+        assert!(
+            error.contains("0.txt is not UTF-8 text") && error.contains(IGNORE_FILE),
+            "{error}"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 

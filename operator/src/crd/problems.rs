@@ -74,18 +74,6 @@ impl FunctionSpec {
 }
 
 impl FunctionSpec {
-    /// Whether `files` holds files the handler ships beside its source (data, templates,
-    /// anything in a folder): the builder packs those into the module, and the runtime
-    /// must read the module to serve them (`--module-files`).
-    pub fn ships_files(&self) -> bool {
-        let language = wasmless_formats::source::Language::Go;
-        self.language == Language::Go
-            && self
-                .files
-                .keys()
-                .any(|name| !language.is_handler_file(name) && !language.module_file_names().contains(&name.as_str()))
-    }
-
     /// What is wrong with `files` beside the inline `source`: names, the total size, and
     /// what the builder would refuse of them anyway.
     fn files_problems(&self, source: &str) -> Vec<String> {
@@ -115,6 +103,10 @@ impl FunctionSpec {
             } else if let Some(problem) = formats::file_name_problem(language, name) {
                 problems.push(format!("files: {problem}"));
             }
+        }
+        let names = self.files.keys().map(String::as_str);
+        if let Some(problem) = formats::case_clash(names.chain([self.language.source_file_name()])) {
+            problems.push(format!("files: {problem}"));
         }
         let total = source.len() + self.files.values().map(String::len).sum::<usize>();
         if total > MAX_SOURCE_BYTES {
@@ -153,8 +145,6 @@ mod tests {
     fn files_beside_a_go_handler_may_be_in_folders_and_say_what_to_do_when_wrong() {
         let ok = spec(json!({"countries.csv": "fr\n", "templates/index.html": "<p>", "go.mod": "module f\n"}));
         assert_eq!(ok.problems(), Vec::<String>::new());
-        assert!(ok.ships_files());
-        assert!(!spec(json!({"go.mod": "module f\n", "routes.go": "package handlers\n"})).ships_files());
         for (name, said) in [
             ("../x.csv", ".. segment"),
             ("/etc/passwd", "absolute path"),
@@ -188,6 +178,5 @@ mod tests {
         let rust: FunctionSpec =
             serde_json::from_value(json!({"language": "rust", "source": "x", "files": {"data.csv": "1"}})).unwrap();
         assert!(rust.problems().iter().any(|p| p.contains("include_str!")));
-        assert!(!rust.ships_files());
     }
 }

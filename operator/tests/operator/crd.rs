@@ -553,13 +553,13 @@ fn files_go_beside_an_inline_source_with_plain_names() {
         lock_alone[0].contains("Cargo.lock without Cargo.toml"),
         "{lock_alone:?}"
     );
-    let many: serde_json::Map<String, Value> = (0..17)
+    let many: serde_json::Map<String, Value> = (0..65)
         .map(|i| (format!("f{i}.go"), json!("package handlers\n")))
         .collect();
     assert!(
         problems("go", Value::Object(many))
             .iter()
-            .any(|p| p.contains("over the limit of 16"))
+            .any(|p| p.contains("over the limit of 64"))
     );
 }
 
