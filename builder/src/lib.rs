@@ -11,6 +11,7 @@
 
 pub mod cache;
 pub mod command;
+pub mod flags;
 pub mod publish;
 pub mod publish_step;
 // The handler's source and its checks: a format of bytes we did not write, fuzzed apart.

@@ -1,45 +1,10 @@
 //! `wasmless-builder`: the build Job's steps (`prepare-cache`, `build`, `publish`), a thin
 //! front on the library.
 
-use clap::{Parser, Subcommand};
-use std::path::PathBuf;
-use wasmless_builder::command::{self, BuildArgs};
-use wasmless_builder::publish_step::{self, PublishArgs};
-
-#[derive(Parser)]
-#[command(
-    name = "wasmless-builder",
-    version,
-    about = "Compile a Function's source to WebAssembly once, and publish it"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Build (or take from the cache), validate, write and optionally publish a module.
-    Build(Box<BuildArgs>),
-    /// A build Job's last step: validate the module the compile step wrote, compile it to
-    /// native code and publish both, with the token the compile step never had.
-    Publish(Box<PublishArgs>),
-    /// A build Job's first step: make the namespace's compile directory and the publish
-    /// steps' under the persistent cache's root, private to the builder. Never fails.
-    PrepareCache {
-        /// The persistent cache's root (the node's directory, or the claim).
-        #[arg(long)]
-        root: PathBuf,
-        /// The build's namespace.
-        #[arg(long)]
-        namespace: String,
-    },
-    /// Download the Rust SDK's dependencies, for builds with --vendor-dir and no network.
-    Vendor {
-        /// Directory to fill.
-        dir: PathBuf,
-    },
-}
+use clap::Parser;
+use wasmless_builder::command;
+use wasmless_builder::flags::{Cli, Command};
+use wasmless_builder::publish_step;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

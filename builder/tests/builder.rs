@@ -14,6 +14,18 @@ use serde_json::Value;
 use std::path::Path;
 use support::*;
 
+/// The builder's flags reference page is what its `--help` says.
+#[test]
+fn flags_reference() {
+    use clap::CommandFactory;
+    let page = wasmless_testkit::flags_reference::page(
+        wasmless_builder::flags::Cli::command(),
+        "The builder's steps, as a build Job runs them (`docs/architecture.md`, \"Builder\"): the operator writes these flags; a person runs `build` to build a handler by hand.",
+    );
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    wasmless_testkit::flags_reference::check(root, "docs/reference/wasmless-builder.md", &page);
+}
+
 fn write_example_source(dir: &Path, name: &str) -> (Example, std::path::PathBuf) {
     let example = example(name);
     let extension = match example.language.as_str() {

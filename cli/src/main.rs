@@ -87,3 +87,18 @@ fn init_readable_logs() {
         .with_env_filter(filter)
         .init();
 }
+
+#[cfg(test)]
+mod flags_reference_test {
+    use clap::CommandFactory;
+
+    #[test]
+    fn flags_reference() {
+        let page = wasmless_testkit::flags_reference::page(
+            super::Cli::command(),
+            "The `wasmless` command and each of its sub-commands: `dev` on this machine, `deploy`, `get`, `logs` and `rollback` on the current kubeconfig's cluster (`docs/guide.md`).",
+        );
+        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+        wasmless_testkit::flags_reference::check(root, "docs/reference/wasmless.md", &page);
+    }
+}

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod controller;
 pub mod crd;
+pub mod flags;
 pub mod leader;
 pub mod metrics;
 pub mod module;

@@ -31,6 +31,9 @@ mod metrics;
 #[path = "operator/crd.rs"]
 mod crd;
 
+#[path = "operator/flags.rs"]
+mod flags;
+
 #[path = "operator/install.rs"]
 mod install;
 

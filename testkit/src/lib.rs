@@ -5,6 +5,8 @@
 
 #[cfg(feature = "fake-api")]
 mod fake_api;
+#[cfg(feature = "flags-reference")]
+pub mod flags_reference;
 pub mod otelcol;
 mod registry;
 
