@@ -34,7 +34,10 @@ echo "helm lint: clean with the default, namespaced and Prometheus values"
 # Lease its Role names, and the builder version, which is the builder image the chart sets.
 chart_fixes="WASMLESS_METRICS_ADDR WASMLESS_LEASE_NAME WASMLESS_BUILDER_VERSION"
 missing=""
-for setting in $(grep -o 'env = "WASMLESS_[A-Z_]*"' operator/src/main.rs | cut -d'"' -f2 | sort -u); do
+settings=$(grep -o 'env = "WASMLESS_[A-Z_]*"' operator/src/flags.rs | cut -d'"' -f2 | sort -u)
+# Fewer than there are would mean the flags moved again and this check read nothing.
+(($(wc -w <<<"$settings") >= 15)) || { echo "found only $(wc -w <<<"$settings") operator settings in operator/src/flags.rs: where did the flags go?" >&2; exit 1; }
+for setting in $settings; do
   [[ " $chart_fixes " == *" $setting "* ]] && continue
   grep -q "name: $setting\$" "$CHART/templates/operator.yaml" || missing+=" $setting"
 done
