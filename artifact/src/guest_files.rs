@@ -145,6 +145,12 @@ pub fn read(wasm: &[u8]) -> Result<Vec<GuestFile>, GuestFilesError> {
     }
 }
 
+/// Whether `wasm` carries files: a section that does not read counts, so that code compiled
+/// from it sends the runtime to the module, which then refuses it with the reason.
+pub fn carried(wasm: &[u8]) -> bool {
+    read(wasm).map_or(true, |files| !files.is_empty())
+}
+
 fn decode(payload: &[u8]) -> Result<Vec<GuestFile>, GuestFilesError> {
     let rest = payload
         .strip_prefix(MAGIC.as_slice())

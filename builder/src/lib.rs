@@ -277,7 +277,14 @@ fn precompile_with(built: &Built, cache: Option<&cache::BuildCache>) -> Result<C
     };
     let lookup = cache.map_or(cache::Lookup::Miss, |c| c.get_code(&built.digest, &engine_hash, target));
     let cache_problem = match lookup {
-        cache::Lookup::Hit(artifact) => return Ok(code(artifact, "hit", None)),
+        cache::Lookup::Hit(artifact) => {
+            match says_module_files(&artifact) == wasmless_artifact::guest_files::carried(&built.wasm) {
+                true => return Ok(code(artifact, "hit", None)),
+                // Code cached before its header said whether the module carries files: a
+                // runtime loading it would not read the module for them.
+                false => Some("its header does not say the module carries files".to_string()),
+            }
+        }
         cache::Lookup::Corrupt(why) => Some(why),
         cache::Lookup::Miss => None,
     };
@@ -293,6 +300,11 @@ fn precompile_with(built: &Built, cache: Option<&cache::BuildCache>) -> Result<C
         cache.put_code(&built.digest, &engine_hash, target, &artifact)?;
     }
     Ok(code(artifact, answer, cache_problem))
+}
+
+/// What a code artifact's header says of its module's files (`false` when it does not read).
+fn says_module_files(artifact: &[u8]) -> bool {
+    wasmless_artifact::decode_code(artifact).is_ok_and(|(header, _)| header.module_files)
 }
 
 pub fn build(source: &Source, options: &BuildOptions, progress: &dyn Fn(Step)) -> Result<Built, BuildError> {
@@ -381,4 +393,69 @@ fn guest_files(source: &Source) -> Vec<wasmless_artifact::guest_files::GuestFile
             bytes: file.bytes.clone(),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmless_artifact::guest_files::{self, GuestFile};
+
+    fn built(wasm: Vec<u8>) -> Built {
+        Built {
+            digest: Digest::of(&wasm),
+            source_digest: Digest::of(b"source"),
+            wasm,
+            cached: false,
+            snapshot: None,
+            cache: "miss",
+            cache_problem: None,
+            phases: Phases::default(),
+        }
+    }
+
+    fn header(code: &CompiledCode) -> wasmless_artifact::CodeHeader {
+        wasmless_artifact::decode_code(&code.artifact).unwrap().0
+    }
+
+    /// The code of a module that ships files says so, so a runtime reads the module for
+    /// them; code cached before it said so is compiled again rather than served.
+    #[test]
+    fn code_says_its_module_carries_files_even_from_an_older_cache_entry() {
+        let command = wat::parse_str(r#"(module (memory (export "memory") 1) (func (export "_start")))"#).unwrap();
+        let files = [GuestFile {
+            name: "countries.csv".into(),
+            bytes: b"fr,France\n".to_vec(),
+        }];
+        let with_files = built(guest_files::append(&command, &files));
+        let dir = tempfile::tempdir().unwrap();
+        let code = precompile_cached(&with_files, dir.path()).unwrap();
+        assert!(header(&code).module_files);
+        assert!(!header(&precompile(&built(command.clone())).unwrap()).module_files);
+
+        // As a builder before the header said it left the entry: the same code, no line.
+        let old = wasmless_artifact::CodeHeader {
+            module_files: false,
+            ..header(&code)
+        };
+        let (_, cwasm) = wasmless_artifact::decode_code(&code.artifact).unwrap();
+        let cache = cache::BuildCache::new(dir.path());
+        let old_artifact = wasmless_artifact::encode_code(&old, &cwasm);
+        cache
+            .put_code(&with_files.digest, &code.engine, code.target, &old_artifact)
+            .unwrap();
+        let again = precompile_cached(&with_files, dir.path()).unwrap();
+        assert_eq!(again.cache, "corrupt");
+        assert!(header(&again).module_files);
+
+        // A section the runtime would refuse fails the build instead, with the reason.
+        let escaping = guest_files::append(
+            &command,
+            &[GuestFile {
+                name: "../x".into(),
+                bytes: Vec::new(),
+            }],
+        );
+        let error = validate::validate(wasmless_formats::source::Language::Wasm, &escaping).unwrap_err();
+        assert!(error.to_string().contains("files cannot be served"), "{error}");
+    }
 }

@@ -10,6 +10,8 @@ pub enum ValidateError {
     Abi(#[from] AbiError),
     #[error("the module does not validate: {0}")]
     Invalid(String),
+    #[error("the module's files cannot be served: {0}")]
+    Files(#[from] wasmless_artifact::guest_files::GuestFilesError),
     #[error("a {language} handler must build to a {expected} module, but this one is a {found} module")]
     WrongAbi {
         language: &'static str,
@@ -24,6 +26,8 @@ pub fn validate(language: Language, wasm: &[u8]) -> Result<Abi, ValidateError> {
     validator
         .validate_all(wasm)
         .map_err(|e| ValidateError::Invalid(e.to_string()))?;
+    // As the runtime will read them: a section it would refuse fails here, with the reason.
+    wasmless_artifact::guest_files::read(wasm)?;
     let expected = match language {
         Language::Go => Some(Abi::GoReactor),
         Language::Rust => Some(Abi::HttpComponent),

@@ -67,6 +67,11 @@ pub fn compile(
     };
     let path = cache_path(engine, cache_dir, digest);
     if let Some((compiled, _)) = load_entry(engine, &path) {
+        // An entry an older runtime wrote has no mark: a later restart would then spare
+        // reading the module, and serve it without its files.
+        if module_files && let Err(err) = std::fs::write(files_mark(&path), b"") {
+            tracing::warn!(path = %path.display(), error = %err, "cannot mark the compiled-code cache entry");
+        }
         return Ok((compiled, CacheOutcome::Hit));
     }
     let serialized = match abi {
@@ -76,7 +81,7 @@ pub fn compile(
     .map_err(|e| CompileError(format!("{e:?}")))?;
     // The mark first: an entry is never found without it when its module carries files.
     let marked = match module_files {
-        true => std::fs::write(files_mark(&path), b""),
+        true => std::fs::create_dir_all(cache_dir).and_then(|()| std::fs::write(files_mark(&path), b"")),
         false => Ok(()),
     };
     if let Err(err) = marked.and_then(|()| write_atomically(&path, &serialized)) {

@@ -246,7 +246,8 @@ pub struct Config {
 
     /// Bytes of code files the pool maps (with `--cache-dir`, the builder's code is written
     /// there and mapped, not copied: page cache, shared and paged in where touched) before
-    /// the least recently used Function is unloaded. The files are on the cache
+    /// the least recently used Function is unloaded; the files Functions ship beside their
+    /// handlers, written there for their guests, count too. The files are on the cache
     /// directory's disk, so its volume needs this much room.
     #[arg(long, env = "WASMLESS_POOL_MAPPED_CODE_BUDGET", default_value = "4Gi", value_parser = parse_bytes)]
     pub pool_mapped_code_budget: u64,

@@ -18,6 +18,7 @@ const DIR_NAME: &str = "guest-files";
 pub struct GuestRoot {
     path: PathBuf,
     files: usize,
+    bytes: u64,
 }
 
 impl GuestRoot {
@@ -39,6 +40,7 @@ impl GuestRoot {
         let root = Self {
             path,
             files: files.len(),
+            bytes: files.iter().map(|file| file.bytes.len() as u64).sum(),
         };
         for file in files {
             if let Some(problem) = path_problem(&file.name) {
@@ -92,6 +94,11 @@ impl GuestRoot {
     /// How many files the guest sees.
     pub fn files(&self) -> usize {
         self.files
+    }
+
+    /// The bytes they hold on this process's disk.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 
     /// The directory as the guest's `/` (and so its working directory), read-only: the

@@ -302,7 +302,7 @@ impl Loader {
         } = opened;
         if needs_files && files.is_none() {
             return Err(ModuleError::Files(
-                "the code says its module carries files, and they were not read".into(),
+                "the compiled code says its module carries files, and the module was not read for them".into(),
             ));
         }
         let file_count = files.as_ref().map_or(0, |root| root.files());
@@ -314,8 +314,12 @@ impl Loader {
             }),
             None => self.shared.clone(),
         };
-        let handler = LoadedHandler::new(&self.engine, compiled, abi, residence, digest, shared)
+        let file_bytes = shared.files.as_ref().map_or(0, |root| root.bytes());
+        let mut handler = LoadedHandler::new(&self.engine, compiled, abi, residence, digest, shared)
             .map_err(|e| ModuleError::Link(format!("{e:#}")))?;
+        // On the disk the mapped code's files are on: the pool's mapped-code budget counts
+        // them, so its cache volume holds them too.
+        handler.code.mapped += file_bytes;
         let elapsed = started.elapsed();
         self.shared
             .metrics

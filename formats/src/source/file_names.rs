@@ -7,8 +7,9 @@ use super::{Language, MAX_FILE_NAME_BYTES};
 /// `main`, the SDK): no file of a handler may be in them.
 const GO_RESERVED_FOLDERS: [&str; 2] = ["wasmless_main", "wasmless-sdk"];
 /// What `go build` compiles, or refuses without cgo, when it lies in a package's directory.
-const GO_BUILT_EXTENSIONS: [&str; 16] = [
-    "c", "h", "s", "S", "sx", "syso", "cc", "cpp", "cxx", "hh", "hpp", "hxx", "m", "f", "F", "swig",
+const GO_BUILT_EXTENSIONS: [&str; 19] = [
+    "c", "h", "s", "S", "sx", "syso", "cc", "cpp", "cxx", "hh", "hpp", "hxx", "m", "f", "F", "for", "f90", "swig",
+    "swigcxx",
 ];
 
 /// Why `name` cannot name one of a source's files in `language`, in words for a person;

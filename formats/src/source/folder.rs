@@ -190,8 +190,9 @@ fn walk(
         }
         let mut real = entry.path();
         let own_type = entry.file_type().map_err(read_error(&real))?;
-        // Left out as it is first, so a listed link (one leading out, or broken) is never followed.
-        if ignore.ignores(&path, own_type.is_dir()) {
+        // Left out as it is first, so a listed link (one leading out, or broken) is never
+        // followed; a link may stand for a folder, so `raw/` lists a link named raw too.
+        if ignore.ignores(&path, own_type.is_dir()) || (own_type.is_symlink() && ignore.ignores(&path, true)) {
             continue;
         }
         if own_type.is_symlink() {

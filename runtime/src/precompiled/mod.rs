@@ -29,9 +29,13 @@ mod streaming;
 /// `engine` must come from [`engine::compiler_config`] with [`CompileTarget::Portable`].
 pub fn precompile(engine: &Engine, abi: Abi, wasm: &[u8], module_digest: Digest) -> wasmtime::Result<Vec<u8>> {
     let cwasm = compile_native(engine, abi, wasm)?;
-    // A section that does not read is still one the runtime must see (and refuse) at load.
-    let module_files = wasmless_artifact::guest_files::read(wasm).map_or(true, |files| !files.is_empty());
-    Ok(package(engine, abi, &cwasm, module_digest, module_files))
+    Ok(package(
+        engine,
+        abi,
+        &cwasm,
+        module_digest,
+        wasmless_artifact::guest_files::carried(wasm),
+    ))
 }
 
 /// wasmtime's native code for `wasm`, as `engine` compiles it.

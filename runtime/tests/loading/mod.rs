@@ -48,6 +48,44 @@ async fn chunked_module_loads_and_compiled_code_is_cached() {
     assert!(output.contains("missing chunk 0"), "{output}");
 }
 
+/// A module that ships files (the builder's `wasmless.files` section) still serves them
+/// after a restart that finds its code in the compiled-code cache, which would otherwise
+/// spare reading the module: the entry's mark says the module must be read for them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_module_with_files_serves_them_after_a_restart_from_the_compiled_code_cache() {
+    let module = std::fs::read(go_handler("go-files")).unwrap();
+    let files = [wasmless_artifact::guest_files::GuestFile {
+        name: "data/today.txt".into(),
+        bytes: b"monday".to_vec(),
+    }];
+    let module = wasmless_artifact::guest_files::append(&module, &files);
+    let dir = tempfile::tempdir().unwrap();
+    let (path, digest) = write_module(dir.path(), "files.wasm", &module);
+    let cache = dir.path().join("cache");
+    let args = [
+        "--module-digest",
+        &digest.to_string(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ];
+
+    let first = Runtime::start(&path, &args);
+    first.wait_for_log(&["module loaded", "\"compiled_code\":\"compiled\"", "\"files\":1"]);
+    assert_eq!(get(first.url("/")).await, (200, "monday".to_string()));
+    drop(first);
+
+    let second = Runtime::start(&path, &args);
+    second.wait_for_log(&["module loaded", "\"compiled_code\":\"cache hit\"", "\"files\":1"]);
+    assert_eq!(get(second.url("/")).await, (200, "monday".to_string()));
+
+    // The same handler without the section: the read fails as on a machine without the file.
+    let (bare, bare_digest) = write_module(dir.path(), "bare.wasm", &std::fs::read(go_handler("go-files")).unwrap());
+    let third = Runtime::start(&bare, &["--module-digest", &bare_digest.to_string()]);
+    let (status, body) = get(third.url("/")).await;
+    assert_eq!(status, 500);
+    assert!(body.contains("data/today.txt"), "{body}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn replaced_module_is_swapped_in_without_a_failed_request() {
     let dir = tempfile::tempdir().unwrap();
