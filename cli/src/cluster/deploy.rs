@@ -502,6 +502,14 @@ mod tests {
         let function = manifest(&project, None).unwrap();
         assert_eq!(function["metadata"]["name"], "uuidfn");
         assert_eq!(function["spec"]["source"], handler);
+        // The folder as laid out: a file beside the handler ships, unless .wasmlessignore
+        // lists it.
+        assert_eq!(
+            function["spec"]["files"],
+            json!({"go.mod": go_mod, "go.sum": go_sum, "routes.go": "package handlers\n", "README.md": "not a source file"})
+        );
+        std::fs::write(project.join(".wasmlessignore"), "README.md\n").unwrap();
+        let function = manifest(&project, None).unwrap();
         assert_eq!(
             function["spec"]["files"],
             json!({"go.mod": go_mod, "go.sum": go_sum, "routes.go": "package handlers\n"})
