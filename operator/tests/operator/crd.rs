@@ -494,7 +494,7 @@ const GO_MOD: &str = "module example.com/uuidfn\n\ngo 1.21\n\nrequire github.com
 const GO_SUM: &str = "github.com/google/uuid v1.6.0 h1:NIvaJDMOsjHA8n1jAhLSgzrAzy1Hgr+hNrb57e+94F0=\n";
 
 #[test]
-fn files_go_beside_an_inline_source_with_plain_names() {
+fn files_go_beside_an_inline_source_with_names_from_its_folder_down() {
     let files = json!({"go.mod": GO_MOD, "go.sum": GO_SUM, "routes.go": "package handlers\n"});
     assert_eq!(refused(json!({"source": HELLO, "files": files})), Vec::<String>::new());
     assert_eq!(
@@ -518,13 +518,25 @@ fn files_go_beside_an_inline_source_with_plain_names() {
         func.spec.problems()
     };
     assert_eq!(problems("go", files.clone()), Vec::<String>::new());
-    for name in ["../go.mod", "sub/x.go", ".env", "notes.txt", "x_test.go", "source"] {
+    // A Go handler's files may be in folders and hold data (files beside the handler);
+    // what would leave its folder, hide, or be left out of a folder's read is refused.
+    for (name, why) in [
+        ("../go.mod", ".. segment"),
+        ("a//b.csv", "empty segment"),
+        (".env", "starts with '.'"),
+        ("data/.secret", "starts with '.'"),
+        ("x_test.go", "a folder's read leaves out"),
+        ("wasmless_main/main.go", "the builder writes its own code"),
+    ] {
         let found = problems("go", json!({ name: "x" }));
         assert_eq!(found.len(), 1, "{name}: {found:?}");
         assert!(
-            found[0].contains("is not allowed") && found[0].contains("no '/', no '..'"),
+            found[0].contains("is not allowed") && found[0].contains(why),
             "{name}: {found:?}"
         );
+    }
+    for name in ["sub/x.go", "notes.txt", "source", "templates/index.html"] {
+        assert_eq!(problems("go", json!({ name: "x" })), Vec::<String>::new(), "{name}");
     }
     let itself = problems("go", json!({"handler.go": HELLO}));
     assert!(
