@@ -183,8 +183,9 @@ impl Loader {
     /// Compiles (off the async threads) and links a verified module, with its files.
     pub async fn load(&self, module: VerifiedModule) -> Result<LoadedHandler, ModuleError> {
         let started = Instant::now();
-        let files = self.files(&module).await?;
+        // What the bytes are first: a file that is no module is told as such.
         let abi = abi::detect(&module.bytes)?;
+        let files = self.files(&module).await?;
         let engine = self.engine.clone();
         let cache_dir = self.cache_dir.clone();
         let digest = module.digest;
