@@ -82,13 +82,18 @@ get() { curl -fsS --max-time 5 "$1"; }
 # get_service FUNCTION: one GET through the function's Service.
 get_service() { get "$(service_url "$1")"; }
 
-# expect_service_answer FUNCTION EXPECTED: a new Service's answer. Ready is the pods'
-# readiness; kube-proxy programs the Service a moment later, and until then its ClusterIP
-# refuses connections. Up to 30 s for that, then the answer is checked.
-expect_service_answer() {
+# expect_answer_at URL EXPECTED WHAT: URL's answer, for a new Service or a pod just Ready.
+# Ready is the pods' readiness; kube-proxy programs the Service a moment later, and until
+# then its ClusterIP refuses connections. Up to 30 s for that, then the answer is checked.
+expect_answer_at() {
   local deadline=$((SECONDS + 30))
-  until [[ $(get_service "$1" 2>/dev/null) == "$2" ]] || ((SECONDS >= deadline)); do sleep 1; done
-  expect_eq "$(get_service "$1")" "$2" "GET through $1's Service"
+  until [[ $(get "$1" 2>/dev/null) == "$2" ]] || ((SECONDS >= deadline)); do sleep 1; done
+  expect_eq "$(get "$1")" "$2" "$3"
+}
+
+# expect_service_answer FUNCTION EXPECTED: a new Service's answer at /.
+expect_service_answer() {
+  expect_answer_at "$(service_url "$1")" "$2" "GET through $1's Service"
 }
 
 # start_request_loop URL LOG: GETs URL every 50 ms in the background, one line per request

@@ -176,7 +176,8 @@ GO
   phase_is gallery Ready || fail "gallery: $(fn_field gallery .status.buildMessage)"
   expect_eq "$(fn_field gallery .status.servedBy)" pool "gallery's status.servedBy"
   url=$(service_url gallery)
-  expect_eq "$(get "${url}page")" "<h1>2 countries</h1>" "the embedded template, from the pool"
+  # A new Service: kube-proxy programs its ClusterIP a moment after Ready.
+  expect_answer_at "${url}page" "<h1>2 countries</h1>" "the embedded template, from the pool"
   expect_eq "$(get "${url}today.txt")" "monday" "a data file read per request, from the pool"
   expect_contains "$(curl -s --max-time 5 "${url}missing.txt")" "open data/missing.txt: no such file or directory" "a file not shipped"
 
@@ -187,7 +188,7 @@ GO
   local pod_url
   pod_url="http://$(kubectl get pods -n "$NS" -l wasmless.io/function=gallery,wasmless.io/component=runtime \
     -o 'jsonpath={.items[0].status.podIP}'):8080/"
-  expect_eq "$(get "${pod_url}page")" "<h1>2 countries</h1>" "the embedded template, from the Function's pod"
+  expect_answer_at "${pod_url}page" "<h1>2 countries</h1>" "the embedded template, from the Function's pod"
   expect_eq "$(get "${pod_url}today.txt")" "monday" "a data file, from the Function's pod"
   kubectl delete fn gallery -n "$NS" >/dev/null
   ok
