@@ -91,6 +91,17 @@ expect_answer_at() {
   expect_eq "$(get "$1")" "$2" "$3"
 }
 
+# wait_for_connections URL WHAT: until URL's host and port take a TCP connection (no
+# request is sent), up to 30 s. kube-proxy programs a new Service's ClusterIP a moment
+# after it is made; until then a connection to it is not DNATed and fails after ~3 s.
+# For a step whose first request must be the Function's first, or must not be retried.
+wait_for_connections() {
+  local address=${1#http://}
+  address=${address%%/*}
+  accepts() { timeout 1 bash -c "exec 3<>/dev/tcp/${address%:*}/${address##*:}" 2>/dev/null; }
+  wait_until 30 "$2 to take connections" accepts
+}
+
 # expect_service_answer FUNCTION EXPECTED: a new Service's answer at /.
 expect_service_answer() {
   expect_answer_at "$(service_url "$1")" "$2" "GET through $1's Service"

@@ -98,6 +98,7 @@ GO
   wait_until 600 "streaming Ready or Failed" as_written_settled streaming
   phase_is streaming Ready || fail "streaming: $(fn_field streaming .status.buildMessage)"
   url=$(service_url streaming)
+  wait_for_connections "$url" "streaming's ClusterIP"
   local timing first total
   # curl's time to the first byte and to the last, of a 1.2 s stream of four events.
   timing=$(curl -sN -o /dev/null --max-time 10 -w '%{time_starttransfer} %{time_total}' "${url}events")

@@ -219,6 +219,9 @@ heavy_neighbour() {
   restarts_before=$(kubectl get pods -n "$NS" -l wasmless.io/component=pool -o 'jsonpath={range .items[*]}{.metadata.name}={.status.containerStatuses[0].restartCount} {end}')
   heavy_url=$(service_url heavy)
   light_url=$(service_url light)
+  # A heavy request holds 40 s: the first ones are the 16 below. A run once sent them
+  # before kube-proxy had programmed heavy's ClusterIP, and one failed to connect.
+  wait_for_connections "$heavy_url" "heavy's ClusterIP"
   start_request_loop "$light_url" "$WORK/light-loop.log"
   for i in $(seq 16); do
     curl -sS -o /dev/null --max-time 90 -w '%{http_code}\n' "$heavy_url" >"$WORK/heavy-$i.log" 2>&1 &

@@ -77,13 +77,8 @@ scale_to_zero() {
   kubectl get fn idle -n "$NS"
   expect_eq "$(kubectl get fn idle -n "$NS" --no-headers | awk '{ print $5 }')" pool "kubectl get fn's SERVED"
   url=$(service_url idle)
-  # kube-proxy programs a new Service's ClusterIP a moment after it is made (for any
-  # Service): wait until it takes a TCP connection, sending no request, so that the request
-  # below is the Function's first.
-  local address=${url#http://}
-  address=${address%/}
-  accepts() { timeout 1 bash -c "exec 3<>/dev/tcp/${address%:*}/${address##*:}"; }
-  wait_until 30 "idle's ClusterIP to take connections" accepts
+  # So that the request below is the Function's first.
+  wait_for_connections "$url" "idle's ClusterIP"
   # The first request after Ready: the pool loaded the module and code when the Function
   # joined its table (--pool-load-ahead), or loads them on this request.
   ttfb=$(curl -fsS -o "$WORK/idle.body" --max-time 5 -w '%{time_starttransfer}' "$url")
