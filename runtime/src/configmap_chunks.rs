@@ -12,6 +12,7 @@
 //! source is parsed from a Function's flags in several places (its tenant, the code
 //! prefetch) that have no client of their own to pass.
 
+use futures::{StreamExt, TryStreamExt};
 use std::sync::OnceLock;
 use wasmless_artifact::{Digest, MAX_CHUNK_BYTES, MAX_CODE_BYTES, MAX_MODULE_BYTES, Part, annotations};
 
@@ -33,6 +34,11 @@ pub const MAX_CHUNKS: usize = {
 };
 // Every chunk of the largest code artifact a build may store fits under the bound.
 const _: () = assert!(MAX_CHUNKS >= (MAX_CODE_BYTES as usize).div_ceil(MAX_CHUNK_BYTES));
+
+/// Chunk GETs one fetch keeps in flight: enough to overlap the API server's round trips,
+/// few enough that a pool loading many Functions at once does not queue hundreds of
+/// requests on it (and holds no more than this many chunks beyond those already in order).
+const CHUNK_GETS_IN_FLIGHT: usize = 4;
 
 /// The chunk ConfigMaps of one Function's build: the names the builder wrote them under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,30 +163,31 @@ impl ConfigMapChunks {
             });
         }
         let key = part.configmap_key();
-        let mut chunks = Vec::with_capacity(self.count);
-        for (index, name) in part
-            .configmap_names(&self.function, &self.source_digest, self.count)
-            .into_iter()
-            .enumerate()
-        {
-            let configmap = api.configmaps.get(&name).await.map_err(|error| ChunkFetchError::Api {
-                source_text: source_text.clone(),
-                name: name.clone(),
-                namespace: api.namespace.clone(),
-                error: Box::new(error),
-            })?;
-            self.check_place(&configmap, &name, index)?;
-            let chunk = configmap
-                .binary_data
-                .and_then(|mut data| data.remove(key))
-                .ok_or_else(|| ChunkFetchError::NoKey {
+        let names = part.configmap_names(&self.function, &self.source_digest, self.count);
+        // A few GETs in flight at once, answered in index order: one at a time, a Go
+        // Function's 7 chunks waited on 7 round trips through the API server and etcd, the
+        // most of its first request from zero. The first failure in order stops the rest.
+        let gets = names.into_iter().enumerate().map(|(index, name)| {
+            let source_text = source_text.clone();
+            async move {
+                let configmap = api.configmaps.get(&name).await.map_err(|error| ChunkFetchError::Api {
                     source_text: source_text.clone(),
                     name: name.clone(),
-                    key,
+                    namespace: api.namespace.clone(),
+                    error: Box::new(error),
                 })?;
-            chunks.push(chunk.0);
-        }
-        Ok(chunks)
+                self.check_place(&configmap, &name, index)?;
+                configmap
+                    .binary_data
+                    .and_then(|mut data| data.remove(key))
+                    .map(|chunk| chunk.0)
+                    .ok_or(ChunkFetchError::NoKey { source_text, name, key })
+            }
+        });
+        futures::stream::iter(gets)
+            .buffered(CHUNK_GETS_IN_FLIGHT)
+            .try_collect()
+            .await
     }
 
     /// A chunk annotated with its place (the builder writes its index and the count on each)
