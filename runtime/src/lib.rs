@@ -19,6 +19,7 @@ pub mod engine;
 pub mod guest_root;
 pub mod handler;
 pub mod limits;
+pub mod load_phases;
 pub mod loader;
 pub mod logging;
 pub mod metrics;

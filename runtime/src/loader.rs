@@ -8,6 +8,7 @@ use crate::engine::CompileTarget;
 use crate::guest_root::GuestRoot;
 use crate::handler::{LoadedHandler, Shared};
 use crate::limits::{Isolation, RequestLimits};
+use crate::load_phases::{LoadPhase, LoadPhases};
 use crate::metrics::Metrics;
 use crate::module_source::VerifiedModule;
 use crate::outbound::Outbound;
@@ -45,6 +46,8 @@ pub struct OpenedCode {
     digest: Digest,
     cache: CacheOutcome,
     started: Instant,
+    /// What the load took so far, step by step; [`Loader::link`] adds its own.
+    pub phases: LoadPhases,
     /// The module carries files (the code's header, or the cache's mark): only the module
     /// holds them, so it is read before this code is linked.
     pub needs_files: bool,
@@ -183,9 +186,14 @@ impl Loader {
     /// Compiles (off the async threads) and links a verified module, with its files.
     pub async fn load(&self, module: VerifiedModule) -> Result<LoadedHandler, ModuleError> {
         let started = Instant::now();
+        let mut phases = LoadPhases::default();
         // What the bytes are first: a file that is no module is told as such.
         let abi = abi::detect(&module.bytes)?;
         let files = self.files(&module).await?;
+        let compiling = Instant::now();
+        if files.is_some() {
+            phases.add(LoadPhase::Files, compiling - started);
+        }
         let engine = self.engine.clone();
         let cache_dir = self.cache_dir.clone();
         let digest = module.digest;
@@ -202,6 +210,7 @@ impl Loader {
         })
         .await
         .map_err(|e| ModuleError::Engine(e.to_string()))??;
+        phases.since(LoadPhase::Compile, compiling);
         // A hit is mapped from the cache's file, but its metadata is not measured here:
         // counted whole as private, as a copy is (the pool compiles only when the builder's
         // code cannot be used).
@@ -212,6 +221,7 @@ impl Loader {
             digest,
             cache,
             started,
+            phases,
             needs_files: carries_files,
         };
         self.link(opened, files)
@@ -223,6 +233,7 @@ impl Loader {
     pub async fn open_cached(&self, digest: Digest, started: Instant) -> Option<OpenedCode> {
         let engine = self.engine.clone();
         let cache_dir = self.cache_dir.clone()?;
+        let opening = Instant::now();
         let (compiled, abi, needs_files) =
             tokio::task::spawn_blocking(move || compile::load_cached(&engine, &digest, &cache_dir))
                 .await
@@ -234,6 +245,11 @@ impl Loader {
             digest,
             cache: CacheOutcome::Hit,
             started,
+            phases: {
+                let mut phases = LoadPhases::default();
+                phases.since(LoadPhase::Compile, opening);
+                phases
+            },
             needs_files,
         })
     }
@@ -250,24 +266,31 @@ impl Loader {
         module: Digest,
         started: Instant,
     ) -> Result<Option<OpenedCode>, ModuleError> {
+        let mut phases = LoadPhases::default();
         let opened = match code? {
             Ok(verified) => {
-                let read_and_verified = started.elapsed();
+                phases.extend(verified.phases());
                 let engine = self.engine.clone();
                 let target = self.target.clone();
                 let source = source.clone();
                 let mapped_dir = self.mapped_dir.clone();
-                let opened = tokio::task::spawn_blocking(move || {
-                    precompiled::open(&engine, &target, &source, verified, &module, mapped_dir.as_deref())
+                let (opened, opening) = tokio::task::spawn_blocking(move || {
+                    let mut opening = LoadPhases::default();
+                    let opened = precompiled::open(
+                        &engine,
+                        &target,
+                        &source,
+                        verified,
+                        &module,
+                        mapped_dir.as_deref(),
+                        &mut opening,
+                    );
+                    (opened, opening)
                 })
                 .await
-                .map_err(|e| ModuleError::Engine(e.to_string()))??;
-                tracing::debug!(
-                    engine_and_code_ms = read_and_verified.as_secs_f64() * 1000.0,
-                    load_ms = (started.elapsed() - read_and_verified).as_secs_f64() * 1000.0,
-                    "precompiled code opened"
-                );
-                opened
+                .map_err(|e| ModuleError::Engine(e.to_string()))?;
+                phases.extend(&opening);
+                opened?
             }
             Err(fallback) => Opened::Fallback(fallback),
         };
@@ -279,6 +302,7 @@ impl Loader {
                 digest: module,
                 cache: CacheOutcome::Precompiled,
                 started,
+                phases,
                 needs_files,
             })),
             Opened::Fallback(reason) => {
@@ -299,6 +323,7 @@ impl Loader {
             digest,
             cache,
             started,
+            mut phases,
             needs_files,
         } = opened;
         if needs_files && files.is_none() {
@@ -316,15 +341,17 @@ impl Loader {
             None => self.shared.clone(),
         };
         let file_bytes = shared.files.as_ref().map_or(0, |root| root.bytes());
+        let linking = Instant::now();
         let mut handler = LoadedHandler::new(&self.engine, compiled, abi, residence, digest, shared)
             .map_err(|e| ModuleError::Link(format!("{e:#}")))?;
         // On the disk the mapped code's files are on: the pool's mapped-code budget counts
         // them, so its cache volume holds them too.
         handler.code.mapped += file_bytes;
+        phases.since(LoadPhase::Link, linking);
         let elapsed = started.elapsed();
         self.shared
             .metrics
-            .module_loaded(digest.to_string(), abi.name(), elapsed);
+            .module_loaded(digest.to_string(), abi.name(), elapsed, &phases);
         // What requests actually get: shared instances are for Go reactors only.
         let isolation = match abi {
             Abi::GoReactor => self.shared.limits.isolation,
@@ -338,6 +365,7 @@ impl Loader {
             code = residence.name(),
             files = file_count,
             load_ms = elapsed.as_secs_f64() * 1000.0,
+            phases = %phases,
             "module loaded"
         );
         Ok(handler)

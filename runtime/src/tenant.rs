@@ -6,6 +6,7 @@
 
 use crate::config::Config;
 use crate::handler::LoadedHandler;
+use crate::load_phases::LoadPhase;
 use crate::loader::{EngineHost, Loader};
 use crate::metrics::Metrics;
 use crate::module_source::ModuleSource;
@@ -226,14 +227,17 @@ impl Tenant {
             opened = self.loader.open_cached(digest, started).await;
         }
         // The digest read above is the one to check against; no second read of the digest file.
-        let Some(opened) = opened else {
+        let Some(mut opened) = opened else {
             return Ok(self.loader.load(self.source.load(expected).await?).await?);
         };
         // Only the module holds its files: read (and verified) when the code says it has them.
         let files = match opened.needs_files {
             true => {
+                let reading = Instant::now();
                 let module = self.source.load(expected).await?;
-                self.loader.files(&module).await?
+                let files = self.loader.files(&module).await?;
+                opened.phases.since(LoadPhase::Files, reading);
+                files
             }
             false => None,
         };

@@ -3,8 +3,10 @@
 //! [`Metrics`] is one Function's handle on them.
 
 mod families;
+pub mod process_memory;
 
 use crate::code_cost::CodeCost;
+use crate::load_phases::LoadPhases;
 use families::{
     FallbackLabels, Families, Function, FunctionLabels, ModuleLabels, OutboundHostLabels, OutboundLabels, PoolFamilies,
     RefusedLabels, RequestLabels, TraceExemplar, TrapLabels, method_label,
@@ -99,17 +101,17 @@ impl Metrics {
     fn build(function: &str, pool: bool) -> Self {
         let mut registry = Registry::default();
         let families = Families::register(&mut registry);
-        // One exporter per process: its counter, under the process's own name.
-        registry
-            .sub_registry_with_label((
-                std::borrow::Cow::Borrowed("function"),
-                std::borrow::Cow::Owned(function.to_string()),
-            ))
-            .register(
-                "wasmless_trace_spans_dropped",
-                "Trace spans dropped rather than exported: the collector down or slower than they come (0 with tracing off)",
-                crate::traces::spans_dropped().clone(),
-            );
+        // One exporter and one process: their series under the process's own name.
+        let process = registry.sub_registry_with_label((
+            std::borrow::Cow::Borrowed("function"),
+            std::borrow::Cow::Owned(function.to_string()),
+        ));
+        process.register(
+            "wasmless_trace_spans_dropped",
+            "Trace spans dropped rather than exported: the collector down or slower than they come (0 with tracing off)",
+            crate::traces::spans_dropped().clone(),
+        );
+        process.register_collector(Box::new(process_memory::ProcessMemoryCollector));
         let pool = pool.then(|| PoolFamilies::register(&mut registry));
         let function = Function::new(function, None);
         // Every reason is exported from the start (at 0), so a rate over it has a baseline.
@@ -331,12 +333,19 @@ impl Metrics {
             .inc();
     }
 
-    /// Records a newly loaded module, replacing the info series of the one before.
-    pub fn module_loaded(&self, digest: String, abi: &'static str, elapsed: Duration) {
+    /// Records a newly loaded module, replacing the info series of the one before, and
+    /// what each phase of its load took.
+    pub fn module_loaded(&self, digest: String, abi: &'static str, elapsed: Duration, phases: &LoadPhases) {
         self.families
             .module_load
             .get_or_create(&self.function_labels())
             .set(elapsed.as_secs_f64());
+        for (phase, took) in phases.iter() {
+            self.families
+                .load_phase
+                .get_or_create(&families::PhaseLabels { phase: phase.name() })
+                .observe(took.as_secs_f64());
+        }
         let labels = ModuleLabels {
             function: self.function.clone(),
             digest,

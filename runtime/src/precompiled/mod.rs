@@ -9,6 +9,7 @@
 use crate::abi::Abi;
 use crate::compile::Compiled;
 use crate::engine::{self, CompileTarget};
+use crate::load_phases::{LoadPhase, LoadPhases};
 use crate::module_source::{LoadError, ModuleSource, chunk_file_paths};
 use pages::PageBuffer;
 use std::ptr::NonNull;
@@ -172,14 +173,35 @@ impl Residence {
 pub type CodeSource = ModuleSource;
 
 /// Code whose stored bytes matched the pinned digest, decompressed and waiting for
-/// [`open`] to check its header and load it.
-pub struct VerifiedCode(CodeImage);
+/// [`open`] to check its header and load it; with the time its fetch and verification took.
+pub struct VerifiedCode(CodeImage, LoadPhases);
+
+impl VerifiedCode {
+    /// How long fetching and verifying this code took.
+    pub fn phases(&self) -> &LoadPhases {
+        &self.1
+    }
+}
+
+type CodeResult = Result<Result<VerifiedCode, Fallback>, CodeRefused>;
+
+/// `result` with `fetch` (none when the code was read as it was hashed) and the time since
+/// `verifying` recorded, when it is code to open.
+fn timed(mut result: CodeResult, fetch: Option<std::time::Duration>, verifying: std::time::Instant) -> CodeResult {
+    if let Ok(Ok(code)) = &mut result {
+        if let Some(fetch) = fetch {
+            code.1.add(LoadPhase::Fetch, fetch);
+        }
+        code.1.since(LoadPhase::Verify, verifying);
+    }
+    result
+}
 
 impl ModuleSource {
     /// Reads the stored bytes and checks them against `pinned`, decompressing them on
     /// other threads while they are read and hashed. `Ok(Err(..))`: the code is
     /// unavailable or does not decode, and the module can be compiled instead.
-    pub async fn load_code(&self, pinned: Digest) -> Result<Result<VerifiedCode, Fallback>, CodeRefused> {
+    pub async fn load_code(&self, pinned: Digest) -> CodeResult {
         let started = std::time::Instant::now();
         let code = self.to_string();
         let (files, chunks_of) = match self {
@@ -193,7 +215,9 @@ impl ModuleSource {
                     Ok(blob) => blob,
                     Err(error) => return Ok(Err(Fallback::Unavailable(error.into()))),
                 };
-                return blocking(move || verify_and_decode(code, &blob, pinned)).await;
+                let (fetch, verifying) = (started.elapsed(), std::time::Instant::now());
+                let verified = blocking(move || verify_and_decode(code, &blob, pinned)).await;
+                return timed(verified, Some(fetch), verifying);
             }
             // The stored chunks joined as a chunk directory's are (each within the chunk
             // size), then checked as an OCI blob is: in memory, the digest first.
@@ -206,7 +230,10 @@ impl ModuleSource {
                     Ok(joined) => joined,
                     Err(source) => return Ok(Err(Fallback::Unavailable(LoadError::Chunks { dir: code, source }))),
                 };
-                return blocking(move || verify_and_decode(code, &joined, pinned)).await;
+                drop(stored);
+                let (fetch, verifying) = (started.elapsed(), std::time::Instant::now());
+                let verified = blocking(move || verify_and_decode(code, &joined, pinned)).await;
+                return timed(verified, Some(fetch), verifying);
             }
         };
         let verified = blocking(move || match streaming::StoredFiles::open(files, chunks_of) {
@@ -214,11 +241,7 @@ impl ModuleSource {
             Err(error) => Ok(Err(Fallback::Unavailable(error))),
         })
         .await;
-        tracing::debug!(
-            read_verify_and_decompress_ms = started.elapsed().as_secs_f64() * 1000.0,
-            "compiled code read"
-        );
-        verified
+        timed(verified, None, started)
     }
 }
 
@@ -260,7 +283,9 @@ fn verify_and_decode(
         });
     }
     let decoded = decoded.unwrap_or_else(|| CodeImage::decompress_while(stored, || ()).1);
-    Ok(decoded.map(VerifiedCode).map_err(Fallback::Malformed))
+    Ok(decoded
+        .map(|image| VerifiedCode(image, LoadPhases::default()))
+        .map_err(Fallback::Malformed))
 }
 
 /// Runs `first` on a thread of its own, then `decompress` there too, while `decompress`
@@ -304,7 +329,8 @@ pub fn run_nothing_in_place() {
 
 /// Checks that verified code was made from `module` for this engine, and loads it into
 /// `engine`: mapped from a file written in `mapped_dir` when there is one (the pool),
-/// else in memory. Runs on a blocking thread: it maps megabytes.
+/// else in memory. Runs on a blocking thread: it maps megabytes. The time it took goes to
+/// `phases` (`place` for writing the file, `open` for the rest).
 pub fn open(
     engine: &Engine,
     target: &CompileTarget,
@@ -312,8 +338,31 @@ pub fn open(
     code: VerifiedCode,
     module: &Digest,
     mapped_dir: Option<&std::path::Path>,
+    phases: &mut LoadPhases,
 ) -> Result<Opened, CodeRefused> {
-    let image = code.0;
+    let started = std::time::Instant::now();
+    let mut placed = None;
+    let opened = open_timed(engine, target, source, code, module, mapped_dir, &mut placed);
+    if let Some(placed) = placed {
+        phases.add(LoadPhase::Place, placed);
+    }
+    phases.add(
+        LoadPhase::Open,
+        started.elapsed().saturating_sub(placed.unwrap_or_default()),
+    );
+    opened
+}
+
+fn open_timed(
+    engine: &Engine,
+    target: &CompileTarget,
+    source: &CodeSource,
+    code: VerifiedCode,
+    module: &Digest,
+    mapped_dir: Option<&std::path::Path>,
+    placed: &mut Option<std::time::Duration>,
+) -> Result<Opened, CodeRefused> {
+    let VerifiedCode(image, _) = code;
     let header = match code_header(image.decompressed()) {
         Ok(header) => header,
         Err(error) => return Ok(Opened::Fallback(Fallback::Malformed(error))),
@@ -340,8 +389,11 @@ pub fn open(
     }
     if let Some(dir) = mapped_dir {
         let metadata = mapped::metadata_bytes(image.code());
+        let writing = std::time::Instant::now();
+        let written = mapped::write_unlinked(dir, image.code());
+        *placed = Some(writing.elapsed());
         // SAFETY: the file holds the bytes checked above, and its writer is gone.
-        let loaded = mapped::write_unlinked(dir, image.code())
+        let loaded = written
             .map_err(wasmtime::Error::from)
             .and_then(|file| unsafe { mapped::load(engine, header.kind, file) });
         match loaded {

@@ -14,6 +14,7 @@
 
 use super::pages::PageBuffer;
 use super::{CodeImage, CodeRefused, Fallback, VerifiedCode, verify_and_decode, with_decompressing_threads};
+use crate::load_phases::LoadPhases;
 use crate::module_source::LoadError;
 use std::collections::VecDeque;
 use std::fs::File;
@@ -170,7 +171,7 @@ pub(super) fn read_verify_and_decode(
     }
     Ok(match failure {
         Some(error) => Err(Fallback::Malformed(error)),
-        None => Ok(VerifiedCode(CodeImage(image))),
+        None => Ok(VerifiedCode(CodeImage(image), LoadPhases::default())),
     })
 }
 
@@ -314,7 +315,7 @@ mod tests {
 
     fn decoded(result: Result<Result<VerifiedCode, Fallback>, CodeRefused>) -> Vec<u8> {
         match result {
-            Ok(Ok(VerifiedCode(image))) => image.decompressed().to_vec(),
+            Ok(Ok(VerifiedCode(image, _))) => image.decompressed().to_vec(),
             Ok(Err(fallback)) => panic!("fell back: {fallback}"),
             Err(refused) => panic!("refused: {refused}"),
         }

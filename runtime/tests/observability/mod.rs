@@ -59,6 +59,24 @@ async fn metrics_count_requests() {
         Some(0.0)
     );
     assert!(sample(&metrics, "wasmless_module_load_seconds", &[("function", "counted")]).unwrap() > 0.0);
+    // A module read from a file and compiled here: no fetch, no files; one compile, one link.
+    let phase = |phase| sample(&metrics, "wasmless_load_phase_seconds_count", &[("phase", phase)]);
+    assert_eq!((phase("compile"), phase("link")), (Some(1.0), Some(1.0)), "{metrics}");
+    assert_eq!((phase("fetch"), phase("files")), (None, None), "{metrics}");
+    // The process's memory as the kernel shares it, read at the scrape.
+    let memory = |kind| {
+        sample(
+            &metrics,
+            "wasmless_process_memory_bytes",
+            &[("function", "counted"), ("kind", kind)],
+        )
+    };
+    let (rss, pss, private) = (
+        memory("rss").unwrap(),
+        memory("pss").unwrap(),
+        memory("private").unwrap(),
+    );
+    assert!(private > 0.0 && private <= pss && pss <= rss, "{metrics}");
     let digest = Digest::of(&std::fs::read(rust_echo()).unwrap()).to_string();
     assert_eq!(
         sample(

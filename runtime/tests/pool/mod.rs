@@ -107,6 +107,14 @@ async fn each_function_is_served_on_its_port_with_its_own_env_and_metrics_loaded
         Some(2.0),
         "{after}"
     );
+    // Each load's phases, for the process: two modules compiled and linked here.
+    for phase in ["compile", "link"] {
+        assert_eq!(
+            sample(&after, "wasmless_load_phase_seconds_count", &[("phase", phase)]),
+            Some(2.0),
+            "{phase}: {after}"
+        );
+    }
     for function in ["echo-rust", "echo-go"] {
         assert_eq!(
             sample(
