@@ -7,7 +7,8 @@
 # `density` instead: a thousand Functions with `scale.min: 0` served by one pool pod
 # (bench/src/pool_pod.rs), its section "Pool density on the cluster".
 #   bench/cluster.sh [REPS]     (default 3; takes the cluster down again if it started it)
-#   bench/cluster.sh density
+#   bench/cluster.sh density [--pool-functions N --pool-go-functions M --output FILE]
+#                               (default 1000 Functions, 100 of them Go, into docs/benchmarks.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +28,7 @@ kubectl rollout status deploy/wasmless-operator -n wasmless-system --timeout=180
 
 if [[ ${1:-} == density ]]; then
   cargo build --release --quiet -p wasmless-bench   # `cargo test --no-run` builds no binary to run
-  "$CARGO_TARGET_DIR/release/wasmless-bench" --bin-dir "$CARGO_TARGET_DIR/release" --only pool-pod
+  "$CARGO_TARGET_DIR/release/wasmless-bench" --bin-dir "$CARGO_TARGET_DIR/release" --only pool-pod "${@:2}"
 else
   python3 bench/cluster.py "${1:-3}"
 fi

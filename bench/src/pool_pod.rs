@@ -50,6 +50,8 @@ const CONCURRENT_PUBLISHES: usize = 8;
 pub struct PodDensity {
     pub functions: usize,
     pub rows: Vec<DensityRow>,
+    /// Each group's first loads, phase by phase: the mean milliseconds of each phase.
+    pub phases: Vec<(String, Vec<(String, f64)>)>,
     pub empty: Resident,
     pub all_loaded: Resident,
     pub loaded_reported: f64,
@@ -151,14 +153,20 @@ pub fn run(settings: &Settings, functions: usize, go_functions: usize) -> anyhow
     let empty = resident_mib(pid);
 
     let mut rows = Vec::new();
+    let mut phases = Vec::new();
     let mut before = empty;
-    for group in &groups {
+    let admin = SocketAddr::new(pool_ip.parse()?, POOL_ADMIN_PORT);
+    let mut phases_before = LoadPhaseTotals::scraped(&http_get(admin, "/metrics")?);
+    for group in groups.iter().filter(|group| group.count > 0) {
         eprintln!("first requests: {}", group.name);
         let mut first_requests = Vec::with_capacity(group.count);
         for index in group.first..group.first + group.count {
             first_requests.push(timed_get(services[&function_name(index)])?);
         }
         let after = resident_mib(pid);
+        let phases_after = LoadPhaseTotals::scraped(&http_get(admin, "/metrics")?);
+        phases.push((group.name.to_string(), phases_after.mean_ms_since(&phases_before)));
+        phases_before = phases_after;
         let mut loaded = Vec::with_capacity(group.count);
         for index in group.first..group.first + group.count {
             loaded.push(timed_get(services[&function_name(index)])?);
@@ -176,7 +184,7 @@ pub fn run(settings: &Settings, functions: usize, go_functions: usize) -> anyhow
         });
         before = after;
     }
-    let metrics = http_get(SocketAddr::new(pool_ip.parse()?, POOL_ADMIN_PORT), "/metrics")?;
+    let metrics = http_get(admin, "/metrics")?;
     let loaded_reported = metrics
         .lines()
         .find_map(|line| line.strip_prefix("wasmless_pool_functions_loaded "))
@@ -187,6 +195,7 @@ pub fn run(settings: &Settings, functions: usize, go_functions: usize) -> anyhow
     Ok(PodDensity {
         functions,
         rows,
+        phases,
         empty,
         all_loaded: before,
         loaded_reported,
@@ -194,6 +203,49 @@ pub fn run(settings: &Settings, functions: usize, go_functions: usize) -> anyhow
         published_mib: published as f64 / (1 << 20) as f64,
         started,
     })
+}
+
+/// `wasmless_load_phase_seconds`' sums and counts by phase, as one scrape of the pool has them.
+#[derive(Default)]
+struct LoadPhaseTotals(std::collections::BTreeMap<String, (f64, f64)>);
+
+impl LoadPhaseTotals {
+    fn scraped(metrics: &str) -> Self {
+        let mut totals = Self::default();
+        for line in metrics.lines() {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else { continue };
+            let (sum, rest) = if let Some(rest) = series.strip_prefix("wasmless_load_phase_seconds_sum{") {
+                (true, rest)
+            } else if let Some(rest) = series.strip_prefix("wasmless_load_phase_seconds_count{") {
+                (false, rest)
+            } else {
+                continue;
+            };
+            let Some(phase) = rest.split("phase=\"").nth(1).and_then(|rest| rest.split('"').next()) else {
+                continue;
+            };
+            let entry = totals.0.entry(phase.to_string()).or_default();
+            if sum { entry.0 += value } else { entry.1 += value }
+        }
+        totals
+    }
+
+    /// The mean milliseconds of each phase over the loads since `before`, in load order.
+    fn mean_ms_since(&self, before: &Self) -> Vec<(String, f64)> {
+        const ORDER: [&str; 7] = ["fetch", "verify", "place", "open", "compile", "files", "link"];
+        ORDER
+            .iter()
+            .filter_map(|phase| {
+                let (sum, count) = self.0.get(*phase).copied().unwrap_or_default();
+                let (sum_before, count_before) = before.0.get(*phase).copied().unwrap_or_default();
+                let loads = count - count_before;
+                (loads > 0.0).then(|| (phase.to_string(), (sum - sum_before) / loads * 1000.0))
+            })
+            .collect()
+    }
 }
 
 fn function_name(index: usize) -> String {
@@ -496,6 +548,15 @@ pub fn section(density: &PodDensity) -> String {
         density.functions, density.published_mib, density.started
     );
     out.push_str(&density_table(&density.rows.iter().collect::<Vec<_>>()));
+    if !density.phases.is_empty() {
+        out.push_str(
+            "\nWhere a first request's load goes, phase by phase (means over each group's first requests, from the pool's `wasmless_load_phase_seconds`; the rest of a first request is the connection, the first instantiation and the handler):\n\n",
+        );
+        for (group, phases) in &density.phases {
+            let phases: Vec<String> = phases.iter().map(|(phase, ms)| format!("{phase} {ms:.2} ms")).collect();
+            let _ = writeln!(out, "- {group}: {}", phases.join(", "));
+        }
+    }
     let _ = writeln!(
         out,
         "\n- the pool pod's process: {:.1} MiB of RSS ({:.1} MiB private) listening for all {} and nothing loaded, {:.1} MiB ({:.1} MiB private) with all loaded (`wasmless_pool_functions_loaded` said {})\n- `kubectl create` of the {} Functions to the pool pod listening for every one: {:.1} s (the operator's reconciles, entries, the pool's table)\n- against one pool process on loopback (the section above), a loaded Function costs the same memory; a first request costs more, the pool reading the module and its code through the API server (6 MB of code for the Goless sample) where the process read files\n\n`bench/cluster.sh density` (rewrites this section).",
@@ -509,4 +570,30 @@ pub fn section(density: &PodDensity) -> String {
         density.apply_to_listening_s
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_groups_phases_are_the_means_of_the_loads_since_the_scrape_before() {
+        let scrape = |fetch_sum: f64, loads: f64| {
+            format!(
+                "# TYPE wasmless_load_phase_seconds histogram\n\
+                 wasmless_load_phase_seconds_sum{{phase=\"fetch\"}} {fetch_sum}\n\
+                 wasmless_load_phase_seconds_count{{phase=\"fetch\"}} {loads}\n\
+                 wasmless_load_phase_seconds_bucket{{le=\"0.1\",phase=\"fetch\"}} {loads}\n\
+                 wasmless_load_phase_seconds_sum{{phase=\"link\"}} 0.002\n\
+                 wasmless_load_phase_seconds_count{{phase=\"link\"}} 2\n"
+            )
+        };
+        let before = LoadPhaseTotals::scraped(&scrape(0.1, 2.0));
+        let after = LoadPhaseTotals::scraped(&scrape(0.4, 5.0));
+        // Three fetches since, 0.3 s in all; no link since.
+        let means = after.mean_ms_since(&before);
+        assert_eq!(means.len(), 1, "{means:?}");
+        assert_eq!(means[0].0, "fetch");
+        assert!((means[0].1 - 100.0).abs() < 1e-6, "{means:?}");
+    }
 }
