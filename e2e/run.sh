@@ -37,6 +37,7 @@ done
 # metrics-server and the HPA, Helm, the API server's RBAC and admission).
 steps=(
   install_operator goless_sample new_pod_precompiled           # steps/install.sh
+  getting_started                                              # steps/getting_started.sh
   cluster_dns                                                  # steps/dns.sh
   scale_and_autoscale autoscale_on_cpu                         # steps/scale.sh
   scale_to_zero pooled_secret                                  # steps/zero.sh
