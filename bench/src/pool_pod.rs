@@ -550,7 +550,7 @@ pub fn section(density: &PodDensity) -> String {
     out.push_str(&density_table(&density.rows.iter().collect::<Vec<_>>()));
     if !density.phases.is_empty() {
         out.push_str(
-            "\nWhere a first request's load goes, phase by phase (means over each group's first requests, from the pool's `wasmless_load_phase_seconds`; the rest of a first request is the connection, the first instantiation and the handler):\n\n",
+            "\nWhere a first request's load goes, phase by phase (each phase's mean over the group's loads that had it, from the pool's `wasmless_load_phase_seconds`; the rest of a first request is the connection, the first instantiation and the handler):\n\n",
         );
         for (group, phases) in &density.phases {
             let phases: Vec<String> = phases.iter().map(|(phase, ms)| format!("{phase} {ms:.2} ms")).collect();

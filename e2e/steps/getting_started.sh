@@ -12,13 +12,19 @@ getting_started() {
   kubectl create namespace "$GETTING_STARTED_NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
   cp "$KUBECONFIG" "$WORK/getting-started.kubeconfig"
   KUBECONFIG=$WORK/getting-started.kubeconfig kubectl config set-context --current --namespace "$GETTING_STARTED_NS" >/dev/null
-  python3 e2e/page.py script docs/getting-started.md >"$WORK/getting-started.sh"
-  local status=0
-  KUBECONFIG=$WORK/getting-started.kubeconfig bash "$WORK/getting-started.sh" || status=$?
-  # What the page started or made, were it to stop half-way.
-  pkill -f "wasmless dev examples/hello-go" 2>/dev/null || true
+  python3 e2e/page.py script docs/getting-started.md >"$WORK/getting-started.sh" ||
+    fail "docs/getting-started.md cannot be run as a newcomer reads it (above)"
+  local status=0 done=$WORK/getting-started.done
+  rm -f "$done"
+  # In a process group of its own: what the page starts in the background (wasmless dev,
+  # or dev.sh still building it) is stopped with it, were it to stop half-way.
+  KUBECONFIG=$WORK/getting-started.kubeconfig PAGE_DONE=$done setsid bash "$WORK/getting-started.sh" &
+  local page=$!
+  wait "$page" || status=$?
+  kill -- "-$page" 2>/dev/null || true
   rm -rf my-functions dev.log
   ((status == 0)) || fail "docs/getting-started.md does not run as written (above: the block, and what it printed)"
+  [[ -s $done ]] || fail "docs/getting-started.md's script ended before its last block"
   kubectl delete namespace "$GETTING_STARTED_NS" --wait=false >/dev/null
   ok
 }

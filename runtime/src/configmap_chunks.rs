@@ -35,9 +35,9 @@ pub const MAX_CHUNKS: usize = {
 // Every chunk of the largest code artifact a build may store fits under the bound.
 const _: () = assert!(MAX_CHUNKS >= (MAX_CODE_BYTES as usize).div_ceil(MAX_CHUNK_BYTES));
 
-/// Chunk GETs one fetch keeps in flight: enough to overlap the API server's round trips,
-/// few enough that a pool loading many Functions at once does not queue hundreds of
-/// requests on it (and holds no more than this many chunks beyond those already in order).
+/// Chunk GETs one fetch keeps in flight: enough to overlap the API server's round trips.
+/// Per fetch: a pool whose N Functions load at once (N first requests) has up to 4N GETs
+/// in flight where it had N. Its loads ahead of requests go one at a time.
 const CHUNK_GETS_IN_FLIGHT: usize = 4;
 
 /// The chunk ConfigMaps of one Function's build: the names the builder wrote them under.
@@ -193,7 +193,7 @@ impl ConfigMapChunks {
     /// A chunk annotated with its place (the builder writes its index and the count on each)
     /// must be at the place this source reads it: a count that differs means another set of
     /// chunks. Digests are checked after the chunks are joined; this says what went wrong
-    /// before that, and stops reading at once.
+    /// before that, and no GET starts after it (those in flight are dropped).
     fn check_place(
         &self,
         configmap: &k8s_openapi::api::core::v1::ConfigMap,

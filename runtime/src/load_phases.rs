@@ -1,6 +1,9 @@
-//! Where a load's time goes, step by step: what a first request from zero waits for is
-//! the sum, and cutting it starts from knowing which step costs what. Each load's log line
+//! Where a load's time goes, step by step: most of what a first request from zero waits
+//! for, and cutting it starts from knowing which step costs what. Each load's log line
 //! carries its phases, and `wasmless_load_phase_seconds{phase}` adds them up per process.
+//! Not in them (but in the load's `load_ms`): an attempt at the builder's code that fell
+//! back to compiling, and reading the module on the compile path. A dedicated pod fetches
+//! its code while its engine is made, so its phases may add up to more than it waited.
 
 use std::fmt;
 use std::time::{Duration, Instant};

@@ -1,5 +1,6 @@
 //! The runtime's Prometheus metrics, as docs/architecture.md ("Metrics") lists them.
-//! Every series carries the `function` label. The families are in [`families`]; a
+//! Every series carries the `function` label but the process's load phases
+//! (`wasmless_load_phase_seconds{phase}`). The families are in [`families`]; a
 //! [`Metrics`] is one Function's handle on them.
 
 mod families;

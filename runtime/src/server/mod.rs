@@ -299,12 +299,19 @@ pub fn admin_router(metrics: Arc<Metrics>, readiness: Readiness, pool: PoolSlot)
         .route(
             "/metrics",
             get(move || async move {
+                // Off the async workers: a pool's thousand Functions' series, and the
+                // kernel's walk of the process's memory (metrics/process_memory.rs), take
+                // milliseconds that requests on this worker would wait for.
+                let metrics = metrics.clone();
+                let text = tokio::task::spawn_blocking(move || metrics.encode())
+                    .await
+                    .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()));
                 (
                     [(
                         header::CONTENT_TYPE,
                         "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     )],
-                    metrics.encode(),
+                    text,
                 )
             }),
         )
