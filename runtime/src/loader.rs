@@ -275,7 +275,7 @@ impl Loader {
                 let source = source.clone();
                 let mapped_dir = self.mapped_dir.clone();
                 let (opened, opening) = tokio::task::spawn_blocking(move || {
-                    let mut opening = LoadPhases::default();
+                    let (mut opening, started) = (LoadPhases::default(), Instant::now());
                     let opened = precompiled::open(
                         &engine,
                         &target,
@@ -285,6 +285,8 @@ impl Loader {
                         mapped_dir.as_deref(),
                         &mut opening,
                     );
+                    let placed = opening.get(LoadPhase::Place).unwrap_or_default();
+                    opening.add(LoadPhase::Open, started.elapsed().saturating_sub(placed));
                     (opened, opening)
                 })
                 .await

@@ -329,8 +329,8 @@ pub fn run_nothing_in_place() {
 
 /// Checks that verified code was made from `module` for this engine, and loads it into
 /// `engine`: mapped from a file written in `mapped_dir` when there is one (the pool),
-/// else in memory. Runs on a blocking thread: it maps megabytes. The time it took goes to
-/// `phases` (`place` for writing the file, `open` for the rest).
+/// else in memory. Runs on a blocking thread: it maps megabytes. Writing the file is
+/// counted to `phases` as `place`.
 pub fn open(
     engine: &Engine,
     target: &CompileTarget,
@@ -339,28 +339,6 @@ pub fn open(
     module: &Digest,
     mapped_dir: Option<&std::path::Path>,
     phases: &mut LoadPhases,
-) -> Result<Opened, CodeRefused> {
-    let started = std::time::Instant::now();
-    let mut placed = None;
-    let opened = open_timed(engine, target, source, code, module, mapped_dir, &mut placed);
-    if let Some(placed) = placed {
-        phases.add(LoadPhase::Place, placed);
-    }
-    phases.add(
-        LoadPhase::Open,
-        started.elapsed().saturating_sub(placed.unwrap_or_default()),
-    );
-    opened
-}
-
-fn open_timed(
-    engine: &Engine,
-    target: &CompileTarget,
-    source: &CodeSource,
-    code: VerifiedCode,
-    module: &Digest,
-    mapped_dir: Option<&std::path::Path>,
-    placed: &mut Option<std::time::Duration>,
 ) -> Result<Opened, CodeRefused> {
     let VerifiedCode(image, _) = code;
     let header = match code_header(image.decompressed()) {
@@ -391,7 +369,7 @@ fn open_timed(
         let metadata = mapped::metadata_bytes(image.code());
         let writing = std::time::Instant::now();
         let written = mapped::write_unlinked(dir, image.code());
-        *placed = Some(writing.elapsed());
+        phases.since(LoadPhase::Place, writing);
         // SAFETY: the file holds the bytes checked above, and its writer is gone.
         let loaded = written
             .map_err(wasmtime::Error::from)
