@@ -37,9 +37,15 @@ impl CgiHandler {
             .stdin(MemoryInputPipe::new(body));
         let mut store = store::new_store(self.pre.module().engine(), &self.shared, wasi.build_p1(), log, share);
 
-        let outcome = self.run(&mut store).await;
+        // The epoch deadline stops a guest only while it computes: one asleep in a host
+        // call (`poll_oneoff`) is stopped here, at its deadline.
+        let deadline = store.data().deadline;
+        let outcome = tokio::time::timeout_at(deadline.into(), self.run(&mut store)).await;
         output.log_stderr();
-        outcome.map_err(|error| Failure::classify(error, &store.data().limiter))?;
+        match outcome {
+            Ok(outcome) => outcome.map_err(|error| Failure::classify(error, &store.data().limiter))?,
+            Err(_) => return Err(Failure::Timeout),
+        }
         parse_response(&output.stdout.contents())
     }
 

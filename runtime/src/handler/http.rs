@@ -72,8 +72,8 @@ impl HttpHandler {
         stderr: &CapturedOutput,
         log: Arc<CallLog>,
         share: Option<RequestShare>,
+        deadline: Instant,
     ) -> Store<HttpState> {
-        let deadline = Instant::now() + self.shared.limits.timeout;
         let wasi = WasiCtxBuilder::new()
             .args(&[self.shared.function.as_str()])
             .envs(&self.shared.env)
@@ -101,7 +101,8 @@ impl HttpHandler {
         let share = super::request_share(&request, &self.shared.limits);
         let stdout = CapturedOutput::new(MAX_HANDLER_OUTPUT, share.clone());
         let stderr = CapturedOutput::new(MAX_HANDLER_OUTPUT, share.clone());
-        let mut store = self.new_store(&stdout, &stderr, super::call_log(&request), share);
+        let deadline = Instant::now() + self.shared.limits.timeout;
+        let mut store = self.new_store(&stdout, &stderr, super::call_log(&request), share, deadline);
 
         let (sender, mut receiver) = tokio::sync::oneshot::channel();
         let responded = Arc::new(AtomicBool::new(false));
@@ -131,20 +132,23 @@ impl HttpHandler {
         let run = async move {
             let _permit = permit;
             let started = Instant::now();
-            let instantiate = pre.instantiate_async(&mut store);
-            let result = match super::instantiate_span(instantiate).await {
-                Ok(proxy) => {
-                    shared.metrics.observe_instantiate(started.elapsed());
-                    proxy
-                        .wasi_http_incoming_handler()
-                        .call_handle(&mut store, incoming, outparam)
-                        .await
-                }
-                Err(error) => Err(error),
+            let handled = async {
+                let proxy = super::instantiate_span(pre.instantiate_async(&mut store)).await?;
+                shared.metrics.observe_instantiate(started.elapsed());
+                proxy
+                    .wasi_http_incoming_handler()
+                    .call_handle(&mut store, incoming, outparam)
+                    .await
             };
+            // The epoch deadline stops a guest only while it computes: one asleep in a host
+            // call (a `wasi:clocks` sleep, a wait on a stream) is stopped here, at its deadline.
+            let handled = tokio::time::timeout_at(deadline.into(), handled).await;
             log_handler_output("stdout", &stdout.contents());
             log_handler_output("stderr", &stderr.contents());
-            let result = result.map_err(|error| Failure::classify(error, &store.data().limiter));
+            let result = match handled {
+                Ok(result) => result.map_err(|error| Failure::classify(error, &store.data().limiter)),
+                Err(_) => Err(Failure::Timeout),
+            };
             ended.set(match &result {
                 Ok(()) => End::Complete,
                 Err(Failure::Timeout) => End::Timeout,

@@ -224,3 +224,43 @@ async fn wrong_digest_and_non_wasm_files_refuse_to_start() {
     let output = start_expecting_failure(&bare, &[]);
     assert!(output.contains("--module-digest"), "{output}");
 }
+
+/// A handler asleep in a host call past its timeout is stopped at the deadline, not when it
+/// wakes: the client gets its 504 then, and the request's slot is free for the next one.
+/// (Go's reactor: `tests/streaming`.)
+#[tokio::test(flavor = "multi_thread")]
+async fn handlers_asleep_in_a_host_call_are_stopped_at_their_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    // A command that sleeps 20 s in one `poll_oneoff`: a monotonic-clock subscription.
+    let sleeper = wat::parse_str(
+        r#"(module
+            (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))
+            (memory (export "memory") 1)
+            (func (export "_start")
+                (i32.store (i32.const 16) (i32.const 1))
+                (i64.store (i32.const 24) (i64.const 20000000000))
+                (drop (call $poll (i32.const 0) (i32.const 64) (i32.const 1) (i32.const 128)))))"#,
+    )
+    .unwrap();
+    let (command, digest) = write_module(dir.path(), "sleeper.wasm", &sleeper);
+    let digest = digest.to_string();
+    let one_slot = ["--timeout", "1s", "--max-concurrency", "1"];
+    let cases = [
+        ("a component", rust_echo_with_digest(), "/sleep?ms=20000", Vec::new()),
+        ("a CGI command", command, "/", vec!["--module-digest", digest.as_str()]),
+    ];
+    for (kind, module, path, extra) in cases {
+        let args: Vec<&str> = one_slot.iter().copied().chain(extra).collect();
+        let runtime = Runtime::start(&module, &args);
+        for attempt in ["first", "second"] {
+            let started = std::time::Instant::now();
+            let (status, text) = get(runtime.url(path)).await;
+            assert_eq!(status, 504, "{kind}, {attempt} request: {text}");
+            assert!(
+                started.elapsed() < Duration::from_secs(8),
+                "{kind}, {attempt} request: answered after {:?}, when it woke, not at its 1 s deadline",
+                started.elapsed()
+            );
+        }
+    }
+}
