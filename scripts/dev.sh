@@ -8,6 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 WASMLESS_SETUP_NO_APT=1 . scripts/setup.sh  # the Debian packages are for the tests
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wasmless/target}"
-cargo build --release --quiet -p wasmless
-exec "$CARGO_TARGET_DIR/release/wasmless" dev "${@:-examples/hello-go}"
+# WASMLESS_CLI: a `wasmless` built already, run instead of building one. The end-to-end
+# run passes the test build's: a `cargo build -p wasmless` of its own would compile the
+# CLI (and what it shares with the runtime) a second time, with other features, over it.
+if [[ -z ${WASMLESS_CLI:-} ]]; then
+  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wasmless/target}"
+  cargo build --release --quiet -p wasmless
+  WASMLESS_CLI=$CARGO_TARGET_DIR/release/wasmless
+fi
+exec "$WASMLESS_CLI" dev "${@:-examples/hello-go}"

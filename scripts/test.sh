@@ -59,7 +59,7 @@ unformatted=$("$(go env GOROOT)/bin/gofmt" -l sdk/go runtime/tests/handlers scri
 step "shell and Python scripts parse, the dashboard is JSON, every link between the docs leads somewhere"
 for script in scripts/*.sh e2e/*.sh e2e/steps/*.sh bench/*.sh; do bash -n "$script"; done
 # The dashboard check and picture (standard library; matplotlib imported only when drawing).
-python3 -c 'import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]' e2e/dashboard_queries.py e2e/dashboard_picture.py e2e/trace_picture.py e2e/page.py
+python3 -c 'import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]' e2e/dashboard_queries.py e2e/dashboard_picture.py e2e/trace_picture.py e2e/page.py e2e/in_brief.py
 python3 -c 'import json, sys; json.load(open(sys.argv[1]))' deploy/grafana/wasmless.json
 python3 scripts/check-links.py
 

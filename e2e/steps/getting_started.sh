@@ -18,7 +18,10 @@ getting_started() {
   rm -f "$done"
   # In a process group of its own: what the page starts in the background (wasmless dev,
   # or dev.sh still building it) is stopped with it, were it to stop half-way.
-  KUBECONFIG=$WORK/getting-started.kubeconfig PAGE_DONE=$done setsid bash "$WORK/getting-started.sh" &
+  # scripts/dev.sh runs the test build's `wasmless` (WASMLESS_CLI) rather than building its own.
+  KUBECONFIG=$WORK/getting-started.kubeconfig PAGE_DONE=$done \
+    WASMLESS_CLI=${CARGO_TARGET_DIR:-$HOME/.cache/wasmless/target}/release/wasmless \
+    setsid bash "$WORK/getting-started.sh" &
   local page=$!
   wait "$page" || status=$?
   kill -- "-$page" 2>/dev/null || true
