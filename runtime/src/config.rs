@@ -324,13 +324,13 @@ impl Config {
     pub fn outbound_with(
         &self,
         variable: impl Fn(&str) -> Option<String>,
-    ) -> Result<crate::outbound::OutboundConfig, crate::outbound::OutboundConfigError> {
+    ) -> Result<wasmless_outbound::OutboundConfig, wasmless_outbound::OutboundConfigError> {
         let headers = self
             .outbound_header
             .iter()
-            .map(|text| crate::outbound::parse_injected_header(text, &variable))
+            .map(|text| wasmless_outbound::parse_injected_header(text, &variable))
             .collect::<Result<_, _>>()?;
-        Ok(crate::outbound::OutboundConfig {
+        Ok(wasmless_outbound::OutboundConfig {
             allow: self.outbound_allow.clone(),
             timeout: self.outbound_timeout,
             max_response_body: self.outbound_max_response_body,
@@ -339,7 +339,7 @@ impl Config {
             admin_port: self.admin_port,
             pod_ip: self.pod_ip,
             extra_roots: match &self.outbound_ca {
-                Some(path) => crate::outbound::read_ca_file(path)?,
+                Some(path) => wasmless_outbound::read_ca_file(path)?,
                 None => Vec::new(),
             },
         })

@@ -25,7 +25,7 @@ pub mod logging;
 pub mod metrics;
 pub mod module_source;
 pub mod oci;
-pub mod outbound;
+pub mod outbound_abi;
 pub mod pool;
 pub mod precompiled;
 mod reload;
@@ -61,7 +61,7 @@ pub enum ServeError {
     #[error("server failed: {0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]
-    Outbound(#[from] outbound::OutboundConfigError),
+    Outbound(#[from] wasmless_outbound::OutboundConfigError),
     #[error("--code needs --code-digest sha256:<hex>: compiled code is native code and never loaded unpinned")]
     UnpinnedCode,
     #[error(

@@ -11,12 +11,12 @@ use crate::limits::{Isolation, RequestLimits};
 use crate::load_phases::{LoadPhase, LoadPhases};
 use crate::metrics::Metrics;
 use crate::module_source::VerifiedModule;
-use crate::outbound::Outbound;
 use crate::precompiled::{self, CodeRefused, CodeSource, Fallback, Opened, Residence, VerifiedCode};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 use wasmless_artifact::Digest;
+use wasmless_outbound::Outbound;
 use wasmtime::Engine;
 
 #[derive(Debug, thiserror::Error)]

@@ -10,13 +10,14 @@ use crate::load_phases::LoadPhase;
 use crate::loader::{EngineHost, Loader};
 use crate::metrics::Metrics;
 use crate::module_source::ModuleSource;
-use crate::{ServeError, limits, outbound, precompiled};
+use crate::{ServeError, limits, precompiled};
 use arc_swap::ArcSwapOption;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 use tokio::sync::Semaphore;
 use wasmless_artifact::Digest;
+use wasmless_outbound as outbound;
 
 type CodeResult = Result<Result<precompiled::VerifiedCode, precompiled::Fallback>, precompiled::CodeRefused>;
 type CodeFetch = tokio::task::JoinHandle<CodeResult>;

@@ -101,8 +101,8 @@ fn the_runtime_parses_what_the_operator_writes_for_a_module_in_a_registry() {
 
 #[test]
 fn the_runtime_builds_the_outbound_policy_the_operator_writes() {
+    use wasmless_outbound::{Outbound, parse_injected_header};
     use wasmless_runtime::metrics::Metrics;
-    use wasmless_runtime::outbound::{Outbound, parse_injected_header};
     let func = function(json!({
         "language": "go",
         "source": "package handlers",
@@ -147,7 +147,7 @@ fn the_runtime_builds_the_outbound_policy_the_operator_writes() {
             "Bearer x".into()
         )]
     );
-    let outbound = wasmless_runtime::outbound::OutboundConfig {
+    let outbound = wasmless_outbound::OutboundConfig {
         allow: config.outbound_allow.clone(),
         timeout: config.outbound_timeout,
         max_response_body: config.outbound_max_response_body,

@@ -19,7 +19,6 @@ use crate::code_cost::CodeCost;
 use crate::compile::Compiled;
 use crate::limits::{Isolation, RequestLimits};
 use crate::metrics::Metrics;
-use crate::outbound::{CallLog, Outbound};
 use crate::precompiled::Residence;
 use crate::request_memory::RequestShare;
 use axum::body::Body;
@@ -27,6 +26,7 @@ use bytes::Bytes;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use wasmless_artifact::Digest;
+use wasmless_outbound::{CallLog, Outbound};
 use wasmtime::Engine;
 
 /// Output a handler may write to stdout or stderr per request before writes fail.

@@ -12,7 +12,6 @@ use super::{Connection, Failure, MAX_HANDLER_OUTPUT, Permit, Shared};
 use crate::abi::{REACTOR_HANDLE, REACTOR_REQUEST_BUFFER};
 use crate::clocks::WallMonotonic;
 use crate::limits::Isolation;
-use crate::outbound::CallLog;
 use crate::request_memory::RequestShare;
 use axum::body::Body;
 use bytes::Bytes;
@@ -23,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
+use wasmless_outbound::CallLog;
 use wasmtime::{Engine, InstancePre, Memory, Module, Store, TypedFunc};
 use wasmtime_wasi::p1::WasiP1Ctx;
 

@@ -7,11 +7,11 @@ use super::stream::ResponseSink;
 use super::{MAX_HANDLER_OUTPUT, Shared, log_handler_output};
 use crate::engine::arm_timeout;
 use crate::limits::RequestLimiter;
-use crate::outbound::CallLog;
-use crate::outbound::guest::GuestCalls;
+use crate::outbound_abi::GuestCalls;
 use crate::request_memory::RequestShare;
 use std::sync::Arc;
 use std::time::Instant;
+use wasmless_outbound::CallLog;
 use wasmtime::{Engine, Linker, Store};
 use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi::p1::WasiP1Ctx;
@@ -31,7 +31,7 @@ pub struct GuestState {
 pub fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p1::add_to_linker_async(&mut linker, |state: &mut GuestState| &mut state.wasi)?;
-    crate::outbound::guest::add_to_linker(&mut linker, |state: &mut GuestState| &mut state.calls)?;
+    crate::outbound_abi::add_to_linker(&mut linker, |state: &mut GuestState| &mut state.calls)?;
     super::stream::add_to_linker(&mut linker, |state: &mut GuestState| &mut state.response)?;
     Ok(linker)
 }

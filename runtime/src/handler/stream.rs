@@ -22,7 +22,7 @@
 //!     Content-Length the head declared; none of them is sent.
 //! ```
 
-use crate::outbound::guest::{BODY_PART, memory, read_guest};
+use crate::outbound_abi::{BODY_PART, memory, read_guest};
 use crate::request_memory::{Refused, RequestShare};
 use bytes::Bytes;
 use http::HeaderValue;

@@ -213,46 +213,6 @@ impl Metrics {
         }
     }
 
-    /// Counts an outbound call that was sent (or failed on the way) and how long it took.
-    pub fn observe_outbound(&self, host: &str, status: &str, elapsed: Duration) {
-        self.families
-            .outbound_requests
-            .get_or_create(&OutboundLabels {
-                function: self.function.clone(),
-                host: host.to_string(),
-                status: status.to_string(),
-            })
-            .inc();
-        self.families
-            .outbound_duration
-            .get_or_create(&OutboundHostLabels {
-                function: self.function.clone(),
-                host: host.to_string(),
-            })
-            .observe(elapsed.as_secs_f64());
-    }
-
-    /// Counts an outbound call the allow-list refused.
-    pub fn observe_outbound_denied(&self, host: &str) {
-        let host = {
-            let mut seen = self.denied_hosts.lock().unwrap();
-            if seen.contains(host) || seen.len() < MAX_DENIED_HOST_LABELS {
-                seen.insert(host.to_string());
-                host.to_string()
-            } else {
-                "other".to_string()
-            }
-        };
-        self.families
-            .outbound_requests
-            .get_or_create(&OutboundLabels {
-                function: self.function.clone(),
-                host,
-                status: "denied".to_string(),
-            })
-            .inc();
-    }
-
     /// Counts one client the edge refused or cut off.
     pub fn refuse(&self, refusal: Refusal) {
         self.families
@@ -372,5 +332,47 @@ pub struct InFlight(Gauge);
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+impl wasmless_outbound::CallMetrics for Metrics {
+    /// Counts an outbound call that was sent (or failed on the way) and how long it took.
+    fn observe_outbound(&self, host: &str, status: &str, elapsed: Duration) {
+        self.families
+            .outbound_requests
+            .get_or_create(&OutboundLabels {
+                function: self.function.clone(),
+                host: host.to_string(),
+                status: status.to_string(),
+            })
+            .inc();
+        self.families
+            .outbound_duration
+            .get_or_create(&OutboundHostLabels {
+                function: self.function.clone(),
+                host: host.to_string(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts an outbound call the allow-list refused.
+    fn observe_outbound_denied(&self, host: &str) {
+        let host = {
+            let mut seen = self.denied_hosts.lock().unwrap();
+            if seen.contains(host) || seen.len() < MAX_DENIED_HOST_LABELS {
+                seen.insert(host.to_string());
+                host.to_string()
+            } else {
+                "other".to_string()
+            }
+        };
+        self.families
+            .outbound_requests
+            .get_or_create(&OutboundLabels {
+                function: self.function.clone(),
+                host,
+                status: "denied".to_string(),
+            })
+            .inc();
     }
 }

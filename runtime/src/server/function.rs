@@ -10,7 +10,6 @@
 use super::{FunctionState, local_port};
 use crate::handler::{Connection, Failure, LoadedHandler, Permit};
 use crate::metrics::{Metrics, Refusal};
-use crate::outbound::CallLog;
 use crate::request_memory::{Refused, RequestShare};
 use crate::tenant::Tenant;
 use crate::traces;
@@ -21,6 +20,7 @@ use bytes::Bytes;
 use http::{StatusCode, header};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use wasmless_outbound::CallLog;
 
 pub(super) async fn serve_function(
     State(state): State<FunctionState>,

@@ -6,7 +6,6 @@ mod stream_tail;
 
 use crate::edge::LocalPort;
 use crate::metrics::Metrics;
-use crate::outbound::CallLog;
 use crate::tenant::Tenant;
 use crate::traces;
 use axum::Router;
@@ -22,6 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tower_http::trace::TraceLayer;
 use tracing::Span;
+use wasmless_outbound::CallLog;
 
 /// What every request of the function's port (or the pool's ports) shares.
 #[derive(Clone)]

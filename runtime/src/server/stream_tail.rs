@@ -3,7 +3,6 @@
 
 use crate::handler::{End, Streamed};
 use crate::metrics::InFlight;
-use crate::outbound::CallLog;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
@@ -13,6 +12,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 use tracing::Span;
+use wasmless_outbound::CallLog;
 
 /// `response` with a body that counts the request in flight, and logs it, to its end.
 pub(super) fn follow(response: Response, streamed: Streamed, started: Instant, in_flight: InFlight) -> Response {

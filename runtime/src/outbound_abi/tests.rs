@@ -2,8 +2,8 @@
 
 use super::*;
 use crate::metrics::Metrics;
-use crate::outbound::OutboundConfig;
 use crate::request_memory::SharedMemory;
+use wasmless_outbound::OutboundConfig;
 use wasmtime::{Engine, Module, Store};
 
 const MI: usize = 1 << 20;

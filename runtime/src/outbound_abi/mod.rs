@@ -30,7 +30,6 @@
 //!     sees it fail, never a body cut short as if it were whole).
 //! ```
 
-use super::{Admitted, CallLog, ClientBody, Deadlines, OpenResponse, Outbound, OutboundError, Piece};
 use crate::request_memory::RequestShare;
 use bytes::Bytes;
 use std::sync::Arc;
@@ -41,6 +40,7 @@ use wasmless_formats::outbound::{
     self as abi, ERRNO_BAD_HANDLE, ERRNO_CALL_ENDED, HTTP_CLOSE, HTTP_FINISH, HTTP_READ_BODY, HTTP_READ_HEAD,
     HTTP_START, HTTP_WRITE_BODY, IMPORT_MODULE,
 };
+use wasmless_outbound::{Admitted, CallLog, ClientBody, Deadlines, OpenResponse, Outbound, OutboundError, Piece};
 use wasmtime::{Caller, Extern, Linker, Memory};
 
 /// Largest encoded request head a guest may hand over.
@@ -384,7 +384,7 @@ async fn start<T>(
     let slot = if head.has_body {
         // Sent by a task of its own from now on, so the connection is made and
         // the body flows while the guest writes it.
-        let (sender, body) = super::body_channel(head.content_length);
+        let (sender, body) = wasmless_outbound::body_channel(head.content_length);
         let request = request_of(head, body)?;
         let (done, done_seen) = watch::channel(false);
         let task = tokio::spawn(async move {
@@ -399,7 +399,11 @@ async fn start<T>(
             done: done_seen,
         }
     } else {
-        Slot::Ready(Box::new((admitted, request_of(head, super::empty_body())?, deadlines)))
+        Slot::Ready(Box::new((
+            admitted,
+            request_of(head, wasmless_outbound::empty_body())?,
+            deadlines,
+        )))
     };
     let handle = calls(caller.data_mut()).insert(slot);
     write_pair(caller, out, handle, 0)?;

@@ -3,14 +3,16 @@
 //! whose connections are opened only to checked addresses (`connect`), with headers the
 //! host adds from Secrets, a per-call timeout inside the request's own deadline (body
 //! upload included), a cap on response bodies and on calls at once, request bodies that
-//! stream. Guests reach it through the `wasmless` imports (`guest`, Go and other WASI
-//! preview1 modules) or `wasi:http/outgoing-handler` (`wasi_http`, components).
+//! stream. Guests reach it through the runtime's `wasmless` imports (Go and other WASI
+//! preview1 modules) or `wasi:http/outgoing-handler` ([`wasi_http`], components).
+//!
+//! A crate of its own, as Spin keeps outbound HTTP a factor: it knows nothing of the
+//! runtime but what it is given, a configuration and a [`CallMetrics`] to count calls in.
 
 mod body;
 mod config;
 mod connect;
 mod error;
-pub mod guest;
 pub mod policy;
 pub mod wasi_http;
 
@@ -19,8 +21,6 @@ pub use config::{ALLOW_INSECURE, OutboundConfig, OutboundConfigError, parse_inje
 pub use error::OutboundError;
 use error::classify;
 
-use crate::metrics::Metrics;
-use crate::traces::TARGET;
 use bytes::Bytes;
 use connect::GuardedConnector;
 use http::{HeaderName, HeaderValue, Request, Uri, header};
@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use wasmless_telemetry::TARGET;
 
 /// Idle pooled connections are closed after this.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -55,7 +56,16 @@ pub struct Outbound {
     calls: Arc<Semaphore>,
     max_concurrency: u32,
     headers: Vec<InjectedHeader>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn CallMetrics>,
+}
+
+/// Where a Function's outbound calls are counted (the runtime's metrics).
+pub trait CallMetrics: Send + Sync {
+    /// A call that reached `host` (its label: an allow-list entry's host) and ended with
+    /// `status` (the response's code, or the error's label) after `elapsed`.
+    fn observe_outbound(&self, host: &str, status: &str, elapsed: Duration);
+    /// A call to `host` that the allow-list denied.
+    fn observe_outbound_denied(&self, host: &str);
 }
 
 /// Outbound calls of one request, for its log line.
@@ -161,7 +171,7 @@ impl OpenResponse {
 }
 
 impl Outbound {
-    pub fn new(config: &OutboundConfig, metrics: Arc<Metrics>) -> Result<Self, OutboundConfigError> {
+    pub fn new(config: &OutboundConfig, metrics: Arc<dyn CallMetrics>) -> Result<Self, OutboundConfigError> {
         let allow = config
             .allow
             .iter()
@@ -229,7 +239,7 @@ impl Outbound {
     }
 
     /// No outbound calls at all: what a Function without `spec.outbound` gets.
-    pub fn denied(metrics: Arc<Metrics>) -> Self {
+    pub fn denied(metrics: Arc<dyn CallMetrics>) -> Self {
         let config = OutboundConfig {
             allow: Vec::new(),
             timeout: Duration::from_secs(5),
@@ -383,7 +393,7 @@ impl Outbound {
         let authority = destination.authority();
         let mut request = self.prepare(request, destination);
         // The host propagates the trace: handlers need no code of their own for it.
-        crate::traces::inject(span, request.headers_mut());
+        wasmless_telemetry::inject(span, request.headers_mut());
         let Some(client) = &self.client else {
             return Err(OutboundError::Denied(authority));
         };
