@@ -296,6 +296,20 @@ impl Config {
         (total as u128 * u128::from(self.pool_share.min(100)) / 100) as usize
     }
 
+    /// The limits of the function port's edge.
+    pub fn edge_limits(&self) -> wasmless_edge::EdgeLimits {
+        wasmless_edge::EdgeLimits {
+            header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
+            max_header_size: usize::try_from(self.max_header_size).unwrap_or(usize::MAX),
+            max_connections: self.max_connections as usize,
+            max_connections_per_listener: match self.pool {
+                Some(_) => self.pool_share_of(self.max_connections as usize).max(1),
+                None => self.max_connections as usize,
+            },
+        }
+    }
+
     /// The variables a dedicated runtime reads its handler's variables and outbound header
     /// values from: [`Config::environment`], or else the process's own.
     pub fn process_env(&self) -> Vec<(String, String)> {

@@ -5,7 +5,7 @@
 //!
 //! Read top to bottom: [`serve`] makes the engine once ([`loader`]), the Function it
 //! serves ([`tenant`]: module source, digests, limits, env, outbound policy) or the
-//! pool of them, starts the admin and function servers ([`server`], [`edge`]) and
+//! pool of them, starts the admin and function servers ([`server`], and the `wasmless-edge` crate) and
 //! watches for a replaced module ([`reload`]) or a changed pool table.
 
 pub mod abi;
@@ -14,7 +14,6 @@ pub mod code_cost;
 pub mod compile;
 pub mod config;
 pub mod configmap_chunks;
-pub mod edge;
 pub mod engine;
 pub mod guest_root;
 pub mod handler;
@@ -160,13 +159,13 @@ pub async fn serve(
         }
     };
     let state = FunctionState::new(routes, server::Uploads::from_config(&config));
-    let (phase_tx, phase) = tokio::sync::watch::channel(edge::Phase::Serving);
+    let (phase_tx, phase) = tokio::sync::watch::channel(wasmless_edge::Phase::Serving);
     // A serving thread per usable core (the cgroup's CPU quota counted).
     let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    let mut server = tokio::spawn(edge::serve(
+    let mut server = tokio::spawn(wasmless_edge::serve(
         listeners,
         server::function_router(state),
-        edge::EdgeLimits::from_config(&config),
+        config.edge_limits(),
         metrics,
         phase,
         threads,
@@ -193,7 +192,7 @@ pub async fn serve(
 
 type Serving = (
     server::Routes,
-    tokio::sync::watch::Receiver<edge::Listeners>,
+    tokio::sync::watch::Receiver<wasmless_edge::Listeners>,
     SocketAddr,
 );
 
@@ -221,7 +220,7 @@ async fn serve_one(config: &Config, metrics: &Arc<Metrics>, admin_port: u16) -> 
     if !config.watch_interval.is_zero() {
         tokio::spawn(reload::watch(config.watch_interval, tenant.clone()));
     }
-    let listeners: edge::Listeners = Arc::new(vec![Arc::new(listener.into_std()?)]);
+    let listeners: wasmless_edge::Listeners = Arc::new(vec![Arc::new(listener.into_std()?)]);
     // The sender is dropped: the one listener never changes.
     let (_, listeners) = tokio::sync::watch::channel(listeners);
     Ok((server::Routes::Single(tenant), listeners, function_addr))
@@ -250,7 +249,7 @@ async fn serve_revisions(config: &Config, metrics: &Arc<Metrics>, admin_port: u1
 
     let listener = bind(config.listen_addr()).await?;
     let function_addr = listener.local_addr()?;
-    let listeners: edge::Listeners = Arc::new(vec![Arc::new(listener.into_std()?)]);
+    let listeners: wasmless_edge::Listeners = Arc::new(vec![Arc::new(listener.into_std()?)]);
     let (_, listeners) = tokio::sync::watch::channel(listeners);
     Ok((server::Routes::Split(revisions), listeners, function_addr))
 }
@@ -371,7 +370,7 @@ async fn serve_many(
 async fn drain_and_close(
     config: &Config,
     readiness: &Readiness,
-    phase: &tokio::sync::watch::Sender<edge::Phase>,
+    phase: &tokio::sync::watch::Sender<wasmless_edge::Phase>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
 ) -> Result<(), ServeError> {
     // Endpoints are removed asynchronously: keep serving while load balancers
@@ -382,10 +381,10 @@ async fn drain_and_close(
         grace_seconds = config.shutdown_grace.as_secs_f64(),
         "shutting down: serving on through the drain delay, then finishing requests in flight"
     );
-    let _ = phase.send(edge::Phase::Draining);
+    let _ = phase.send(wasmless_edge::Phase::Draining);
     tokio::time::sleep(config.drain_delay).await;
     tracing::info!("drain delay over: no longer accepting connections");
-    let _ = phase.send(edge::Phase::Closing);
+    let _ = phase.send(wasmless_edge::Phase::Closing);
     match tokio::time::timeout(config.shutdown_grace, server).await {
         Ok(result) => result.map_err(std::io::Error::other)??,
         Err(_) => tracing::warn!("shutdown grace ran out with requests still in flight"),

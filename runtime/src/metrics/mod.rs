@@ -22,16 +22,17 @@ use std::time::Duration;
 /// counted under `other`, so a handler calling random names cannot mint series.
 const MAX_DENIED_HOST_LABELS: usize = 64;
 
-/// Why the edge refused a client: the `reason` label of `wasmless_refused_total`.
+/// Why a client was refused: the `reason` label of `wasmless_refused_total`. Three are the
+/// edge's own (`wasmless_edge::Refusal`, before a request is read); the rest the server's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
-    /// Headers not complete within `--header-read-timeout`: the connection is closed.
+    /// The edge's: headers too slow, the connection closed.
     HeaderTimeout,
     /// Body not complete within `--body-read-timeout`: 408.
     BodyTimeout,
-    /// Request line and headers over `--max-header-size` (or too many headers): 431.
+    /// The edge's: headers too large, 431.
     HeaderTooLarge,
-    /// `--max-connections` open already: 503, connection closed.
+    /// The edge's: too many connections, 503 and closed.
     ConnectionLimit,
     /// Body over `--max-request-body`: 413.
     BodyTooLarge,
@@ -332,6 +333,26 @@ pub struct InFlight(Gauge);
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+impl From<wasmless_edge::Refusal> for Refusal {
+    fn from(refusal: wasmless_edge::Refusal) -> Self {
+        match refusal {
+            wasmless_edge::Refusal::HeaderTimeout => Refusal::HeaderTimeout,
+            wasmless_edge::Refusal::HeaderTooLarge => Refusal::HeaderTooLarge,
+            wasmless_edge::Refusal::ConnectionLimit => Refusal::ConnectionLimit,
+        }
+    }
+}
+
+impl wasmless_edge::EdgeMetrics for Metrics {
+    fn refuse(&self, refusal: wasmless_edge::Refusal) {
+        Metrics::refuse(self, refusal.into());
+    }
+
+    fn connection_open(&self) -> Box<dyn Send> {
+        Box::new(Metrics::connection_open(self))
     }
 }
 

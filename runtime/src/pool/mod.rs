@@ -18,7 +18,6 @@ pub mod trust;
 
 use crate::code_cost::CodeCost;
 use crate::config::Config;
-use crate::edge::Listeners;
 use crate::limits::RequestLimits;
 use crate::loader::EngineHost;
 use crate::metrics::Metrics;
@@ -35,6 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant};
 use table::{Entry, Row, Table};
 use tokio::sync::watch;
+use wasmless_edge::Listeners;
 
 /// One Function as `GET /pool` on the admin port shows it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -62,7 +62,7 @@ pub struct Pool {
     load_ahead: bool,
     by_port: RwLock<HashMap<u16, Arc<Tenant>>>,
     /// By the address of the listener that serves it: what a connection is bound to when
-    /// it is accepted ([`crate::edge::AcceptedOn`]), so that it reaches the Function that
+    /// it is accepted ([`wasmless_edge::AcceptedOn`]), so that it reaches the Function that
     /// held that listener, or nobody, whoever has the port since.
     by_listener: RwLock<HashMap<usize, Arc<Tenant>>>,
     /// By Function name in the table.
@@ -142,7 +142,7 @@ impl Pool {
 
     /// The Function a connection was accepted for, while its listener serves it: `None`
     /// once that Function left the pool (or its port), whoever holds the port since.
-    pub fn tenant_on(&self, accepted: &crate::edge::AcceptedOn) -> Option<Arc<Tenant>> {
+    pub fn tenant_on(&self, accepted: &wasmless_edge::AcceptedOn) -> Option<Arc<Tenant>> {
         self.by_listener.read().unwrap().get(&accepted.key()).cloned()
     }
 

@@ -4,7 +4,6 @@
 mod function;
 mod stream_tail;
 
-use crate::edge::LocalPort;
 use crate::metrics::Metrics;
 use crate::tenant::Tenant;
 use crate::traces;
@@ -21,6 +20,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tower_http::trace::TraceLayer;
 use tracing::Span;
+use wasmless_edge::LocalPort;
 use wasmless_outbound::CallLog;
 
 /// What every request of the function's port (or the pool's ports) shares.
@@ -197,7 +197,7 @@ async fn route(State(state): State<FunctionState>, mut request: Request, next: N
 /// The pooled Function a request's connection is bound to: the one whose listener
 /// accepted it, never whoever has that port since.
 fn bound_tenant(pool: &crate::pool::Pool, request: &Request) -> Option<Arc<Tenant>> {
-    pool.tenant_on(request.extensions().get::<crate::edge::AcceptedOn>()?)
+    pool.tenant_on(request.extensions().get::<wasmless_edge::AcceptedOn>()?)
 }
 
 /// The server span of a request, following OpenTelemetry's HTTP conventions, continuing

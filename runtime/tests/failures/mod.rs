@@ -74,7 +74,7 @@ async fn misbehaving_go_handler_fails_only_its_own_request() {
     assert_eq!(get(runtime.url("/")).await.0, 200);
 }
 
-/// Each serving thread runs every request of its connections (runtime/src/edge.rs), so a
+/// Each serving thread runs every request of its connections (edge/src/lib.rs), so a
 /// handler that spins must give way: with spinners on every thread, a quick request is
 /// still answered while they all run, not after their timeout.
 #[tokio::test(flavor = "multi_thread")]

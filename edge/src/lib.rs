@@ -3,6 +3,9 @@
 //! connections, a time limit on headers, a size limit on them, an idle timeout on
 //! keep-alive — and so that shutdown can drain politely.
 //!
+//! A crate of its own, the HTTP edge apart from what it serves: it is given a router, its
+//! limits and an [`EdgeMetrics`] to count in, and knows nothing else of the runtime.
+//!
 //! The timeouts are one watchdog per connection, not hyper's `header_read_timeout`:
 //! hyper arms that timer as soon as it waits for a request head, which on a keep-alive
 //! connection includes the idle time after a response, so an idle connection would be
@@ -20,7 +23,6 @@
 //! its neighbours wait a tick at a time, and a thread busy with one serves new
 //! connections later than an idle one, which takes them.
 
-use crate::metrics::{Metrics, Refusal};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -54,19 +56,22 @@ pub struct EdgeLimits {
     pub max_connections_per_listener: usize,
 }
 
-impl EdgeLimits {
-    pub fn from_config(config: &crate::Config) -> Self {
-        Self {
-            header_read_timeout: config.header_read_timeout,
-            idle_timeout: config.idle_timeout,
-            max_header_size: usize::try_from(config.max_header_size).unwrap_or(usize::MAX),
-            max_connections: config.max_connections as usize,
-            max_connections_per_listener: match config.pool {
-                Some(_) => config.pool_share_of(config.max_connections as usize).max(1),
-                None => config.max_connections as usize,
-            },
-        }
-    }
+/// Why the edge refused a client (the runtime counts it in `wasmless_refused_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Headers not complete within `--header-read-timeout`: the connection is closed.
+    HeaderTimeout,
+    /// Request line and headers over `--max-header-size` (or too many headers): 431.
+    HeaderTooLarge,
+    /// `--max-connections` open already (or the listener's share): 503, connection closed.
+    ConnectionLimit,
+}
+
+/// Where the edge counts what it does (the runtime's metrics).
+pub trait EdgeMetrics: Send + Sync + 'static {
+    fn refuse(&self, refusal: Refusal);
+    /// A connection was accepted: counted open until the guard is dropped.
+    fn connection_open(&self) -> Box<dyn Send>;
 }
 
 /// Where the server is in its life; only moves forward.
@@ -97,7 +102,7 @@ fn connection_limit_response() -> Vec<u8> {
 struct Edge {
     router: Router,
     limits: Arc<EdgeLimits>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn EdgeMetrics>,
     /// `--max-connections`, across all threads.
     connections: Arc<Semaphore>,
     /// Each listener's share of them, by the listener's address (as [`AcceptedOn`]), across
@@ -153,7 +158,7 @@ pub async fn serve(
     listeners: watch::Receiver<Listeners>,
     router: Router,
     limits: EdgeLimits,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn EdgeMetrics>,
     phase: watch::Receiver<Phase>,
     threads: usize,
 ) -> std::io::Result<()> {
@@ -333,7 +338,7 @@ async fn accept(
 struct Connection {
     router: Router,
     limits: Arc<EdgeLimits>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn EdgeMetrics>,
     phase: watch::Receiver<Phase>,
     remote: SocketAddr,
     local_port: LocalPort,
