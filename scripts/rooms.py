@@ -24,7 +24,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "scripts" / "rooms-baseline.txt"
 CRATES = ["artifact", "formats", "telemetry", "runtime", "builder", "cli", "operator", "bench", "load", "sdk/rust", "testkit"]
-MEASURED = ["operator/src", "runtime/src", "builder/src", "outbound/src", "edge/src"]
+MEASURED = ["operator/src", "runtime/src", "builder/src", "outbound/src", "edge/src", "host/src"]
 MOST_FILE_LINES = 600
 MOST_FUNCTION_LINES = 100
 

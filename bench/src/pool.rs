@@ -50,7 +50,7 @@ pub fn density(settings: &Settings, functions: usize, go_functions: usize) -> an
     let go = build_example(settings, "hello-go", "go")?;
     let table = settings.work("pool-table");
     let modules = settings.work("pool-modules");
-    let engine = wasmless_runtime::precompiled::precompile_engine().map_err(wasmtime_error)?;
+    let engine = wasmless_host::precompiled::precompile_engine().map_err(wasmtime_error)?;
     let rust_functions = functions.saturating_sub(go_functions);
     let mut code_identical = true;
     let mut groups = Vec::new();
@@ -176,9 +176,9 @@ fn write_variants(
     first: usize,
     count: usize,
 ) -> anyhow::Result<(bool, usize)> {
-    use wasmless_runtime::precompiled::{compile_native, package};
+    use wasmless_host::precompiled::{compile_native, package};
     let wasm = std::fs::read(&base.path)?;
-    let abi = wasmless_runtime::abi::detect(&wasm)?;
+    let abi = wasmless_host::abi::detect(&wasm)?;
     let cwasm = compile_native(engine, abi, &wasm).map_err(wasmtime_error)?;
     let mut identical = true;
     for index in first..first + count {

@@ -265,11 +265,11 @@ async fn publish_group(
     builder_version: &str,
 ) -> anyhow::Result<(usize, usize)> {
     use futures::{StreamExt, TryStreamExt};
-    use wasmless_runtime::precompiled::{compile_native, package};
-    let engine = wasmless_runtime::precompiled::precompile_engine().map_err(|e| anyhow::anyhow!("{e:#}"))?;
-    let abi = wasmless_runtime::abi::detect(wasm)?;
+    use wasmless_host::precompiled::{compile_native, package};
+    let engine = wasmless_host::precompiled::precompile_engine().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+    let abi = wasmless_host::abi::detect(wasm)?;
     let cwasm = compile_native(&engine, abi, wasm).map_err(|e| anyhow::anyhow!("{e:#}"))?;
-    let engine_hash = wasmless_runtime::engine::engine_hash(&engine);
+    let engine_hash = wasmless_host::engine::engine_hash(&engine);
     let publishes = (group.first..group.first + group.count).map(|index| {
         let name = function_name(index);
         let variant = with_custom_section(wasm, &name);
@@ -286,7 +286,7 @@ async fn publish_group(
             artifact,
             module_digest: digest,
             engine: engine_hash.clone(),
-            target: wasmless_runtime::engine::PORTABLE_TARGET,
+            target: wasmless_host::engine::PORTABLE_TARGET,
             seconds: 0.0,
             cache: "off",
             cache_problem: None,

@@ -136,7 +136,7 @@ impl FunctionCache {
     }
 }
 
-impl wasmless_runtime::precompiled::CacheStore for FunctionCache {
+impl wasmless_host::precompiled::CacheStore for FunctionCache {
     fn get(&self, key: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
         use std::sync::atomic::Ordering::Relaxed;
         let path = self.path(key);
@@ -421,7 +421,7 @@ mod tests {
         let modules: Vec<Digest> = (0..10u8).map(|n| Digest::of(&[n])).collect();
         for (n, digest) in modules.iter().enumerate() {
             cache.put_module(digest, &kilobyte).unwrap();
-            assert!(wasmless_runtime::precompiled::CacheStore::insert(
+            assert!(wasmless_host::precompiled::CacheStore::insert(
                 &*functions,
                 &[n as u8],
                 kilobyte.clone()
@@ -458,7 +458,7 @@ mod tests {
                 _ => assert!(matches!(cache.get_module(module), Lookup::Hit(_)), "module {n}"),
             }
         }
-        use wasmless_runtime::precompiled::CacheStore;
+        use wasmless_host::precompiled::CacheStore;
         assert!(functions.get(&[0]).is_none() && functions.get(&[2]).is_none());
         assert!(functions.get(&[3]).is_some() && functions.get(&[9]).is_some());
     }

@@ -5,7 +5,7 @@
 //! [`build`] reads like the steps: read and check the source ([`source`]), look in
 //! the [`cache`], compile with the language's toolchain ([`toolchain`]), [`validate`]
 //! the output for the ABI the runtime needs, snapshot a Go reactor after its
-//! initialisation (`wasmless_runtime::snapshot`), and [`precompile`] it to native code
+//! initialisation (`wasmless_host::snapshot`), and [`precompile`] it to native code
 //! once, so that no pod compiles it (the code is cached too: [`precompile_cached`]).
 //! [`publish`] ships the result.
 
@@ -42,7 +42,7 @@ pub enum BuildError {
     #[error("cannot compile the module to native code: {0}")]
     Precompile(String),
     #[error(transparent)]
-    Snapshot(#[from] wasmless_runtime::snapshot::SnapshotError),
+    Snapshot(#[from] wasmless_host::snapshot::SnapshotError),
     /// The handler's go.mod needs modules and no module proxy is configured.
     #[error(
         "go.mod requires {modules}, and no Go module proxy is configured for builds: set {GO_PROXY_ENV} (`wasmless build`, `wasmless dev`, or the builder's --go-proxy); on a cluster, the operator's --go-proxy flag (WASMLESS_GOPROXY in its environment, Helm value builder.goProxy)"
@@ -93,7 +93,7 @@ impl BuildError {
             | Self::NoModuleProxy { .. }
             | Self::NoCratesRegistry { .. } => true,
             // Initialisers that fail or never finish do so on every build.
-            Self::Snapshot(wasmless_runtime::snapshot::SnapshotError::Initialize(_)) => true,
+            Self::Snapshot(wasmless_host::snapshot::SnapshotError::Initialize(_)) => true,
             Self::Snapshot(_) => false,
             Self::Toolchain(_)
             | Self::Cache { .. }
@@ -166,7 +166,7 @@ impl Step {
             Self::Snapshotting => "initialising the Go reactor and snapshotting it".into(),
             Self::Precompiling => format!(
                 "compiling the module to native code for {}",
-                wasmless_runtime::engine::PORTABLE_TARGET
+                wasmless_host::engine::PORTABLE_TARGET
             ),
         }
     }
@@ -259,11 +259,11 @@ fn precompile_with(built: &Built, cache: Option<&cache::BuildCache>) -> Result<C
     let functions = cache.map(cache::BuildCache::functions);
     let store = functions
         .clone()
-        .map(|functions| functions as std::sync::Arc<dyn wasmless_runtime::precompiled::CacheStore>);
-    let engine = wasmless_runtime::precompiled::precompile_engine_with(store)
+        .map(|functions| functions as std::sync::Arc<dyn wasmless_host::precompiled::CacheStore>);
+    let engine = wasmless_host::precompiled::precompile_engine_with(store)
         .map_err(|e| BuildError::Precompile(format!("{e:#}")))?;
-    let engine_hash = wasmless_runtime::engine::engine_hash(&engine);
-    let target = wasmless_runtime::engine::PORTABLE_TARGET;
+    let engine_hash = wasmless_host::engine::engine_hash(&engine);
+    let target = wasmless_host::engine::PORTABLE_TARGET;
     let code = |artifact: Vec<u8>, cache, cache_problem| CompiledCode {
         digest: Digest::of(&artifact),
         artifact,
@@ -288,8 +288,8 @@ fn precompile_with(built: &Built, cache: Option<&cache::BuildCache>) -> Result<C
         cache::Lookup::Corrupt(why) => Some(why),
         cache::Lookup::Miss => None,
     };
-    let abi = wasmless_runtime::abi::detect(&built.wasm).map_err(|e| BuildError::Precompile(e.to_string()))?;
-    let artifact = wasmless_runtime::precompiled::precompile(&engine, abi, &built.wasm, built.digest)
+    let abi = wasmless_host::abi::detect(&built.wasm).map_err(|e| BuildError::Precompile(e.to_string()))?;
+    let artifact = wasmless_host::precompiled::precompile(&engine, abi, &built.wasm, built.digest)
         .map_err(|e| BuildError::Precompile(format!("{e:#}")))?;
     let answer = match (cache, &cache_problem) {
         (None, _) => "off",
@@ -352,10 +352,10 @@ pub fn build(source: &Source, options: &BuildOptions, progress: &dyn Fn(Step)) -
     phases.compile = lap();
     let mut snapshot = None;
     let files = guest_files(source);
-    if abi == wasmless_runtime::abi::Abi::GoReactor {
+    if abi == wasmless_host::abi::Abi::GoReactor {
         progress(Step::Snapshotting);
         let functions = cache.functions();
-        let made = wasmless_runtime::snapshot::snapshot_with_files(&wasm, Some(functions.clone()), &files)?;
+        let made = wasmless_host::snapshot::snapshot_with_files(&wasm, Some(functions.clone()), &files)?;
         validate::validate(source.language, &made.wasm)?;
         snapshot = Some(SnapshotReport {
             memory_bytes: made.memory_bytes,

@@ -2,7 +2,7 @@
 //! the ABI the runtime detects for its language.
 
 use crate::Language;
-use wasmless_runtime::abi::{self, Abi, AbiError};
+use wasmless_host::abi::{self, Abi, AbiError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ValidateError {

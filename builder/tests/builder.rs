@@ -152,7 +152,7 @@ async fn configmap_publishing_chunks_a_go_module_that_the_runtime_reassembles() 
     let code = &built["code"];
     let code_digest: wasmless_artifact::Digest = code["digest"].as_str().unwrap().parse().unwrap();
     assert_eq!(code["moduleDigest"], digest.to_string());
-    assert_eq!(code["target"], wasmless_runtime::engine::PORTABLE_TARGET);
+    assert_eq!(code["target"], wasmless_host::engine::PORTABLE_TARGET);
     let code_names: Vec<String> = built["codeConfigMaps"]
         .as_array()
         .unwrap()

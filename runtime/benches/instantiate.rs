@@ -14,12 +14,12 @@ use http_body_util::BodyExt;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 use wasmless_artifact::Digest;
+use wasmless_host::handler::{Connection, LoadedHandler};
+use wasmless_host::limits::{Isolation, RequestLimits};
+use wasmless_host::loader::Loader;
+use wasmless_host::metrics::Metrics;
+use wasmless_host::module_source::VerifiedModule;
 use wasmless_outbound::Outbound;
-use wasmless_runtime::handler::{Connection, LoadedHandler};
-use wasmless_runtime::limits::{Isolation, RequestLimits};
-use wasmless_runtime::loader::Loader;
-use wasmless_runtime::metrics::Metrics;
-use wasmless_runtime::module_source::VerifiedModule;
 
 fn load(runtime: &tokio::runtime::Runtime, bytes: Vec<u8>, isolation: Isolation) -> LoadedHandler {
     let metrics = Arc::new(Metrics::new("bench"));

@@ -1,12 +1,12 @@
 //! Command-line flags (each also a `WASMLESS_*` environment variable) and the
 //! Kubernetes-style quantities they take: `64Mi`, `10s`, `1Mi`.
 
-use crate::limits::{DEFAULT_REQUESTS_PER_INSTANCE, Isolation};
 use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 pub use wasmless_formats::quantity::{parse_bytes, parse_duration};
+use wasmless_host::limits::{DEFAULT_REQUESTS_PER_INSTANCE, Isolation};
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -294,6 +294,19 @@ impl Config {
     /// `--pool-share` percent of `total`, rounded down: one Function's most of it.
     pub fn pool_share_of(&self, total: usize) -> usize {
         (total as u128 * u128::from(self.pool_share.min(100)) / 100) as usize
+    }
+
+    /// The limits of a request, from the flags.
+    pub fn request_limits(&self) -> wasmless_host::limits::RequestLimits {
+        wasmless_host::limits::RequestLimits {
+            memory_bytes: usize::try_from(self.memory_limit).unwrap_or(usize::MAX),
+            timeout: self.timeout,
+            max_request_body: usize::try_from(self.max_request_body).unwrap_or(usize::MAX),
+            max_concurrency: self.max_concurrency,
+            isolation: self.isolation,
+            requests_per_instance: self.requests_per_instance,
+            shared_memory: None,
+        }
     }
 
     /// The limits of the function port's edge.

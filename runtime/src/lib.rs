@@ -3,34 +3,18 @@
 //! log line and Prometheus metrics per request. With `--pool`, the same for many
 //! Functions in one process, each on its own port ([`pool`]).
 //!
-//! Read top to bottom: [`serve`] makes the engine once ([`loader`]), the Function it
+//! What runs a handler is the `wasmless-host` crate's; this one serves it.
+//!
+//! Read top to bottom: [`serve`] makes the engine once (`wasmless_host::loader`), the Function it
 //! serves ([`tenant`]: module source, digests, limits, env, outbound policy) or the
 //! pool of them, starts the admin and function servers ([`server`], and the `wasmless-edge` crate) and
 //! watches for a replaced module ([`reload`]) or a changed pool table.
 
-pub mod abi;
-pub mod clocks;
-pub mod code_cost;
-pub mod compile;
 pub mod config;
-pub mod configmap_chunks;
-pub mod engine;
-pub mod guest_root;
-pub mod handler;
-pub mod limits;
-pub mod load_phases;
-pub mod loader;
 pub mod logging;
-pub mod metrics;
-pub mod module_source;
-pub mod oci;
-pub mod outbound_abi;
 pub mod pool;
-pub mod precompiled;
 mod reload;
-pub mod request_memory;
 pub mod server;
-pub mod snapshot;
 pub mod split;
 pub mod tenant;
 pub mod traces;
@@ -39,15 +23,16 @@ pub mod traffic_files;
 
 pub use config::Config;
 
-use loader::ModuleError;
-use metrics::Metrics;
-use module_source::LoadError;
 use server::{FunctionState, Readiness};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tenant::Tenant;
 use tokio::net::TcpListener;
+use wasmless_host::loader::{self, ModuleError};
+use wasmless_host::metrics::Metrics;
+use wasmless_host::module_source::LoadError;
+use wasmless_host::precompiled;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -202,7 +187,7 @@ async fn serve_one(config: &Config, metrics: &Arc<Metrics>, admin_port: u16) -> 
     // A new pod's code is read and verified on other threads while the engine is made.
     let started = Instant::now();
     let code = tenant::fetch_code(config);
-    let engine = loader::EngineHost::new(&limits::RequestLimits::from_config(config), config.cache_dir.clone())?;
+    let engine = loader::EngineHost::new(&config.request_limits(), config.cache_dir.clone())?;
     tracing::debug!(engine_ms = started.elapsed().as_secs_f64() * 1000.0, "engine made");
     let tenant = Tenant::new(
         &engine,
@@ -230,7 +215,7 @@ async fn serve_one(config: &Config, metrics: &Arc<Metrics>, admin_port: u16) -> 
 /// the `--traffic-file`s, which are then followed), each a tenant of its own on one engine,
 /// all loaded before the port opens.
 async fn serve_revisions(config: &Config, metrics: &Arc<Metrics>, admin_port: u16) -> Result<Serving, ServeError> {
-    let engine = loader::EngineHost::new(&limits::RequestLimits::from_config(config), config.cache_dir.clone())?;
+    let engine = loader::EngineHost::new(&config.request_limits(), config.cache_dir.clone())?;
     let (revisions, applied) = match &config.traffic {
         Some(traffic) => (
             split::Revisions::load(engine, config, metrics.clone(), admin_port, traffic).await?,
@@ -352,8 +337,7 @@ async fn serve_many(
     if let Err(error) = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable) {
         tracing::warn!(%error, "cannot make the pool's process undumpable");
     }
-    let engine =
-        loader::EngineHost::new(&limits::RequestLimits::from_config(config), config.cache_dir.clone())?.mapping_code();
+    let engine = loader::EngineHost::new(&config.request_limits(), config.cache_dir.clone())?.mapping_code();
     let (pool, listeners) = pool::Pool::new(engine, metrics.clone(), config, admin_port);
     let _ = slot.set(pool.clone());
     let interval = if config.watch_interval.is_zero() {

@@ -3,13 +3,13 @@
 //! with, the next ones get the new one, and a module that fails to load or verify
 //! leaves the old one serving.
 
-use crate::module_source::{LoadError, ModuleSource, VerifiedModule};
 use crate::tenant::Tenant;
 use std::hash::{Hash, Hasher};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use wasmless_artifact::Digest;
+use wasmless_host::module_source::{LoadError, ModuleSource, VerifiedModule};
 
 const SETTLE_TIME: Duration = Duration::from_millis(200);
 

@@ -11,8 +11,6 @@
 
 use crate::ServeError;
 use crate::config::Config;
-use crate::loader::EngineHost;
-use crate::metrics::Metrics;
 use crate::tenant::Tenant;
 use crate::traffic::{Target, Traffic};
 use crate::traffic_files;
@@ -21,6 +19,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use wasmless_host::loader::EngineHost;
+use wasmless_host::metrics::Metrics;
 
 /// How often `--traffic-file` is read for a change: a few hundred bytes, and the kubelet
 /// rewrites a downward API file within a few hundred milliseconds of the annotation.

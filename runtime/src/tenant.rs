@@ -4,19 +4,20 @@
 //! holds one tenant, loaded before it reports ready; the pool holds many, each loaded on
 //! its first request and unloaded when its memory budget needs the room.
 
+use crate::ServeError;
 use crate::config::Config;
-use crate::handler::LoadedHandler;
-use crate::load_phases::LoadPhase;
-use crate::loader::{EngineHost, Loader};
-use crate::metrics::Metrics;
-use crate::module_source::ModuleSource;
-use crate::{ServeError, limits, precompiled};
 use arc_swap::ArcSwapOption;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 use tokio::sync::Semaphore;
 use wasmless_artifact::Digest;
+use wasmless_host::handler::LoadedHandler;
+use wasmless_host::load_phases::LoadPhase;
+use wasmless_host::loader::{EngineHost, Loader};
+use wasmless_host::metrics::Metrics;
+use wasmless_host::module_source::ModuleSource;
+use wasmless_host::{limits, precompiled};
 use wasmless_outbound as outbound;
 
 type CodeResult = Result<Result<precompiled::VerifiedCode, precompiled::Fallback>, precompiled::CodeRefused>;
@@ -73,7 +74,7 @@ impl Tenant {
         admin_port: u16,
         process_env: impl Iterator<Item = (String, String)>,
     ) -> Result<Self, ServeError> {
-        let limits = limits::RequestLimits::from_config(config);
+        let limits = config.request_limits();
         Self::with_limits(engine, config, limits, metrics, admin_port, process_env)
     }
 

@@ -8,7 +8,7 @@ use oci_client::client::{ClientConfig, Config, ImageLayer};
 use oci_client::{Client, Reference};
 use wasmless_artifact::annotations;
 use wasmless_artifact::oci::{CODE_LAYER_MEDIA_TYPE, CONFIG_MEDIA_TYPE, LAYER_MEDIA_TYPE, SCHEME};
-use wasmless_runtime::oci::{protocol_for, registry_auth};
+use wasmless_host::oci::{protocol_for, registry_auth};
 
 pub async fn publish(reference: &str, wasm: &[u8], code: Option<&CompiledCode>) -> Result<Published, PublishError> {
     let error = |message: String| PublishError::Oci {

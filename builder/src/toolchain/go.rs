@@ -5,7 +5,7 @@
 //! to package runtime that lets the SDK reseed Go's random generator per request, net/http's
 //! transport sending through the host, and package net's sockets failing with an error
 //! that says to use net/http. The builder then snapshots it (see
-//! `wasmless_runtime::snapshot`). The SDK is embedded in this binary, so the build needs
+//! `wasmless_host::snapshot`). The SDK is embedded in this binary, so the build needs
 //! neither the repository nor a module proxy.
 //!
 //! A handler with its own `go.mod` (and `go.sum`) is built as that module instead: its

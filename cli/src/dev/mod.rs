@@ -248,7 +248,7 @@ async fn precompile_with_progress(built: &Built, work: &Path) -> anyhow::Result<
     spinner.enable_steady_tick(Duration::from_millis(100));
     spinner.set_message(format!(
         "compiling to native code for {}",
-        wasmless_runtime::engine::PORTABLE_TARGET
+        wasmless_host::engine::PORTABLE_TARGET
     ));
     let code = tokio::task::block_in_place(|| wasmless_builder::precompile(built));
     spinner.finish_and_clear();

@@ -6,11 +6,11 @@ use clap::Parser;
 use serde_json::json;
 use std::time::Duration;
 use wasmless_artifact::{Digest, ports};
+use wasmless_host::limits::Isolation;
 use wasmless_operator::Function;
 use wasmless_operator::module::{Code, Module, ModuleLocation};
 use wasmless_operator::objects::{DRAIN_DELAY_SECONDS, SHUTDOWN_GRACE_SECONDS, runtime_args};
 use wasmless_runtime::config::Config;
-use wasmless_runtime::limits::Isolation;
 
 fn function(spec: serde_json::Value) -> Function {
     serde_json::from_value(json!({
@@ -101,8 +101,8 @@ fn the_runtime_parses_what_the_operator_writes_for_a_module_in_a_registry() {
 
 #[test]
 fn the_runtime_builds_the_outbound_policy_the_operator_writes() {
+    use wasmless_host::metrics::Metrics;
     use wasmless_outbound::{Outbound, parse_injected_header};
-    use wasmless_runtime::metrics::Metrics;
     let func = function(json!({
         "language": "go",
         "source": "package handlers",
@@ -328,8 +328,8 @@ fn the_runtime_follows_the_routes_the_operator_annotates() {
     let traffic = wasmless_runtime::traffic::Traffic::parse(&reading)
         .expect("the runtime parses it")
         .0;
-    let wasmless_runtime::module_source::ModuleSource::ConfigMaps(chunks) =
-        wasmless_runtime::module_source::ModuleSource::parse(&traffic[0].module).expect("a module source")
+    let wasmless_host::module_source::ModuleSource::ConfigMaps(chunks) =
+        wasmless_host::module_source::ModuleSource::parse(&traffic[0].module).expect("a module source")
     else {
         panic!("not read through the API: {}", traffic[0].module);
     };

@@ -5,7 +5,7 @@
 //! A ConfigMap is `<fn>-pool`, labelled `wasmless.io/function: <fn>` and controlled by
 //! Function `<fn>`, its key `entry.json` the JSON of a table file with only the flags the
 //! operator writes ([`super::trust`]); any other is reported and not served. The same
-//! client reads pooled Functions' chunk ConfigMaps ([`crate::configmap_chunks`]).
+//! client reads pooled Functions' chunk ConfigMaps ([`wasmless_host::configmap_chunks`]).
 
 use super::Pool;
 use super::references::{self, ApiObjects};
@@ -150,7 +150,7 @@ impl ApiTable {
             std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE).ok(),
             client.default_namespace(),
         );
-        crate::configmap_chunks::use_client(client.clone(), &namespace);
+        wasmless_host::configmap_chunks::use_client(client.clone(), &namespace);
         Ok(Self {
             configmaps: kube::Api::namespaced(client.clone(), &namespace),
             objects: ApiObjects {

@@ -3,7 +3,7 @@
 //! code) is private memory, `--pool-memory-budget`; code mapped from a file is page cache
 //! on the pod's disk, shared and paged in where touched, `--pool-mapped-code-budget`.
 
-use crate::code_cost::CodeCost;
+use wasmless_host::code_cost::CodeCost;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {

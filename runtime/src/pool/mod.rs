@@ -16,12 +16,7 @@ pub mod source;
 pub mod table;
 pub mod trust;
 
-use crate::code_cost::CodeCost;
 use crate::config::Config;
-use crate::limits::RequestLimits;
-use crate::loader::EngineHost;
-use crate::metrics::Metrics;
-use crate::request_memory::SharedMemory;
 use crate::tenant::Tenant;
 use budget::Budget;
 pub use shares::check_shares;
@@ -35,6 +30,11 @@ use std::time::{Duration, Instant};
 use table::{Entry, Row, Table};
 use tokio::sync::watch;
 use wasmless_edge::Listeners;
+use wasmless_host::code_cost::CodeCost;
+use wasmless_host::limits::RequestLimits;
+use wasmless_host::loader::EngineHost;
+use wasmless_host::metrics::Metrics;
+use wasmless_host::request_memory::SharedMemory;
 
 /// One Function as `GET /pool` on the admin port shows it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -107,7 +107,7 @@ impl Pool {
         let pool = Arc::new(Self {
             engine,
             metrics,
-            limits: RequestLimits::from_config(config),
+            limits: config.request_limits(),
             bind: config.bind,
             admin_port,
             budget: Budget {
@@ -473,8 +473,8 @@ impl Pool {
             let text = error.render().to_string();
             format!("its args are not the runtime's: {}", text.trim())
         })?;
-        let mut function_limits = RequestLimits::from_config(&config);
-        if function_limits.isolation == crate::limits::Isolation::Shared {
+        let mut function_limits = config.request_limits();
+        if function_limits.isolation == wasmless_host::limits::Isolation::Shared {
             // Kept instances would hold the pool's instance slots while idle, and a
             // Function that keeps state between requests is not one to unload at will.
             return Err(

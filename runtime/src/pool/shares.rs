@@ -2,9 +2,9 @@
 //! request memory and its slots, kept by name across edits, and the caps on its entry.
 
 use crate::config::Config;
-use crate::request_memory::MemoryAccount;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use wasmless_host::request_memory::MemoryAccount;
 
 /// What one Function holds of what the pool's requests share, whichever of its tenants
 /// (before or after an edit) serves them.

@@ -17,7 +17,7 @@ fn pool(quarantine: Duration) -> Arc<Pool> {
     ]
     .map(String::from);
     let config = Config::for_pooled_function(&args).unwrap();
-    let engine = EngineHost::new(&RequestLimits::from_config(&config), None).unwrap();
+    let engine = EngineHost::new(&config.request_limits(), None).unwrap();
     let metrics = Arc::new(Metrics::new_pool("pool"));
     let (pool, _) = Pool::new(engine, metrics, &config, 1);
     *pool.quarantine.lock().unwrap() = quarantine::PortQuarantine::new(quarantine);

@@ -10,9 +10,9 @@
 //! A directory table (`--pool <dir>`) is not checked here: whoever can write the pod's
 //! files already holds the pool.
 
-use crate::configmap_chunks::{self, ConfigMapChunks};
 use k8s_openapi::api::core::v1::ConfigMap;
 use wasmless_artifact::labels::FUNCTION as FUNCTION_LABEL;
+use wasmless_host::configmap_chunks::{self, ConfigMapChunks};
 
 /// A Function's entry is the ConfigMap `<function>-pool`.
 pub const ENTRY_SUFFIX: &str = "-pool";

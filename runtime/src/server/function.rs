@@ -8,9 +8,6 @@
 #![allow(clippy::result_large_err)]
 
 use super::{FunctionState, local_port};
-use crate::handler::{Connection, Failure, LoadedHandler, Permit};
-use crate::metrics::{Metrics, Refusal};
-use crate::request_memory::{Refused, RequestShare};
 use crate::tenant::Tenant;
 use crate::traces;
 use axum::Extension;
@@ -20,6 +17,9 @@ use bytes::Bytes;
 use http::{StatusCode, header};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use wasmless_host::handler::{Connection, Failure, LoadedHandler, Permit};
+use wasmless_host::metrics::{Metrics, Refusal};
+use wasmless_host::request_memory::{Refused, RequestShare};
 use wasmless_outbound::CallLog;
 
 pub(super) async fn serve_function(

@@ -4,7 +4,6 @@
 mod function;
 mod stream_tail;
 
-use crate::metrics::Metrics;
 use crate::tenant::Tenant;
 use crate::traces;
 use axum::Router;
@@ -21,6 +20,7 @@ use tokio::sync::Semaphore;
 use tower_http::trace::TraceLayer;
 use tracing::Span;
 use wasmless_edge::LocalPort;
+use wasmless_host::metrics::Metrics;
 use wasmless_outbound::CallLog;
 
 /// What every request of the function's port (or the pool's ports) shares.
@@ -119,7 +119,11 @@ pub fn function_router(state: FunctionState) -> Router {
                 .on_request(())
                 .on_response(|response: &Response, latency: Duration, _span: &Span| {
                     // A stream's line is written at its end (stream_tail).
-                    if response.extensions().get::<crate::handler::Streamed>().is_some() {
+                    if response
+                        .extensions()
+                        .get::<wasmless_host::handler::Streamed>()
+                        .is_some()
+                    {
                         return;
                     }
                     let calls = response.extensions().get::<Arc<CallLog>>();
@@ -268,7 +272,7 @@ async fn record_metrics(request: Request, next: Next) -> Response {
     // The duration is to the response's head, for a stream too, so that a stream held
     // open for minutes does not swamp the histogram; a stream stays in flight to its end.
     metrics.observe_request(&method, response.status().as_u16(), started.elapsed(), trace.as_ref());
-    match response.extensions().get::<crate::handler::Streamed>().cloned() {
+    match response.extensions().get::<wasmless_host::handler::Streamed>().cloned() {
         Some(streamed) => stream_tail::follow(response, streamed, started, in_flight),
         None => response,
     }

@@ -1,8 +1,6 @@
 //! A streamed response's body as the server sees it: the request stays in flight until
 //! its body ends, and its one log line is written then, with how it ended.
 
-use crate::handler::{End, Streamed};
-use crate::metrics::InFlight;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
@@ -12,6 +10,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 use tracing::Span;
+use wasmless_host::handler::{End, Streamed};
+use wasmless_host::metrics::InFlight;
 use wasmless_outbound::CallLog;
 
 /// `response` with a body that counts the request in flight, and logs it, to its end.

@@ -129,8 +129,7 @@ async fn code_for_another_engine_falls_back_to_compiling_and_is_counted() {
     let dir = tempfile::tempdir().unwrap();
     let (module_path, digest) = write_module(dir.path(), "echo.wasm", &module);
     // What another wasmtime configuration makes (here: another memory reservation).
-    let mut config =
-        wasmless_runtime::engine::compiler_config(&wasmless_runtime::engine::CompileTarget::Portable).unwrap();
+    let mut config = wasmless_host::engine::compiler_config(&wasmless_host::engine::CompileTarget::Portable).unwrap();
     config.memory_reservation(1 << 28);
     let other_engine = wasmtime::Engine::new(&config).unwrap();
     let code = precompile_for(&other_engine, &module);

@@ -370,8 +370,8 @@ async fn an_unsnapshotted_reactor_still_serves() {
 #[test]
 fn snapshotting_is_reproducible_and_merges_the_data_segments() {
     let built = std::fs::read(go_reactor("goless-sample", false)).unwrap();
-    let first = wasmless_runtime::snapshot::snapshot(&built).unwrap();
-    let second = wasmless_runtime::snapshot::snapshot(&built).unwrap();
+    let first = wasmless_host::snapshot::snapshot(&built).unwrap();
+    let second = wasmless_host::snapshot::snapshot(&built).unwrap();
     assert!(first.wasm == second.wasm, "two snapshots of one module differ");
     assert!(
         first.segments_written > 10_000 && first.segments_kept < 2_000,
@@ -380,8 +380,8 @@ fn snapshotting_is_reproducible_and_merges_the_data_segments() {
         first.segments_kept
     );
     assert_eq!(
-        wasmless_runtime::abi::detect(&first.wasm),
-        Ok(wasmless_runtime::abi::Abi::GoReactor)
+        wasmless_host::abi::detect(&first.wasm),
+        Ok(wasmless_host::abi::Abi::GoReactor)
     );
     println!(
         "goless-sample snapshot: {} bytes, {} KiB of memory, {} → {} data segments, {:.2} s",

@@ -168,7 +168,7 @@ pub fn go_reactor(name: &str, snapshot: bool) -> PathBuf {
         ],
     );
     let path = if snapshot {
-        let made = wasmless_runtime::snapshot::snapshot(&std::fs::read(&output).unwrap()).unwrap();
+        let made = wasmless_host::snapshot::snapshot(&std::fs::read(&output).unwrap()).unwrap();
         let path = project.join("snapshot.wasm");
         std::fs::write(&path, made.wasm).unwrap();
         path
@@ -492,12 +492,12 @@ pub fn with_digest_file(module: std::path::PathBuf) -> std::path::PathBuf {
 /// The builder's step, as the builder runs it: the module compiled for the portable
 /// target, in the artifact format.
 pub fn precompile_for(engine: &wasmtime::Engine, module: &[u8]) -> Vec<u8> {
-    let abi = wasmless_runtime::abi::detect(module).unwrap();
-    wasmless_runtime::precompiled::precompile(engine, abi, module, Digest::of(module)).unwrap()
+    let abi = wasmless_host::abi::detect(module).unwrap();
+    wasmless_host::precompiled::precompile(engine, abi, module, Digest::of(module)).unwrap()
 }
 
 pub fn portable_engine() -> wasmtime::Engine {
-    wasmless_runtime::precompiled::precompile_engine().unwrap()
+    wasmless_host::precompiled::precompile_engine().unwrap()
 }
 
 /// `--pool-load-ahead false` unless `args` set it: the pool tests look at what a first request

@@ -192,7 +192,7 @@ impl ReactorHandler {
         self.shared.metrics.observe_instantiate(started.elapsed());
         if self.initialize {
             let initialize = instance.get_typed_func::<(), ()>(&mut *store, "_initialize")?;
-            let span = tracing::info_span!(target: crate::traces::TARGET, "initialize");
+            let span = tracing::info_span!(target: wasmless_telemetry::TARGET, "initialize");
             tracing::Instrument::instrument(initialize.call_async(&mut *store, ()), span).await?;
         }
         let memory = instance
@@ -345,7 +345,7 @@ impl<Run: Future<Output = (Reactor, wasmtime::Result<u64>)>> Stream<Run> {
                     _ => metrics.count_trap(failure.kind()),
                 }
                 failure.record(&tracing::Span::current());
-                tracing::error!(target: crate::traces::TARGET, kind = failure.kind(), "failed after the response headers");
+                tracing::error!(target: wasmless_telemetry::TARGET, kind = failure.kind(), "failed after the response headers");
                 tracing::error!(kind = failure.kind(), failure = ?failure, "handler failed after sending its response headers");
             }
         }

@@ -159,7 +159,7 @@ impl HttpHandler {
             {
                 // Headers are out: the client sees a cut body, the log and metrics see why.
                 shared.metrics.count_trap(failure.kind());
-                tracing::error!(target: crate::traces::TARGET, kind = failure.kind(), "failed after the response headers");
+                tracing::error!(target: wasmless_telemetry::TARGET, kind = failure.kind(), "failed after the response headers");
                 tracing::error!(kind = failure.kind(), failure = ?failure, "handler failed after sending its response headers");
             }
             result

@@ -48,18 +48,6 @@ pub struct RequestLimits {
 }
 
 impl RequestLimits {
-    pub fn from_config(config: &crate::Config) -> Self {
-        Self {
-            memory_bytes: usize::try_from(config.memory_limit).unwrap_or(usize::MAX),
-            timeout: config.timeout,
-            max_request_body: usize::try_from(config.max_request_body).unwrap_or(usize::MAX),
-            max_concurrency: config.max_concurrency,
-            isolation: config.isolation,
-            requests_per_instance: config.requests_per_instance,
-            shared_memory: None,
-        }
-    }
-
     /// What one request takes from the shared memory, in a pool.
     pub fn request_share(&self) -> Option<RequestShare> {
         self.shared_memory.as_ref().map(MemoryAccount::request)

@@ -111,7 +111,7 @@ impl Metrics {
         process.register(
             "wasmless_trace_spans_dropped",
             "Trace spans dropped rather than exported: the collector down or slower than they come (0 with tracing off)",
-            crate::traces::spans_dropped().clone(),
+            wasmless_telemetry::spans_dropped().clone(),
         );
         process.register_collector(Box::new(process_memory::ProcessMemoryCollector));
         let pool = pool.then(|| PoolFamilies::register(&mut registry));
@@ -257,7 +257,7 @@ impl Metrics {
         method: &http::Method,
         status: u16,
         elapsed: Duration,
-        trace: Option<&crate::traces::TraceIds>,
+        trace: Option<&wasmless_telemetry::TraceIds>,
     ) {
         let labels = RequestLabels {
             function: self.function.clone(),

@@ -168,7 +168,7 @@ impl LoadedHandler {
 fn instantiate_span<F: Future>(instantiate: F) -> tracing::instrument::Instrumented<F> {
     tracing::Instrument::instrument(
         instantiate,
-        tracing::info_span!(target: crate::traces::TARGET, "instantiate"),
+        tracing::info_span!(target: wasmless_telemetry::TARGET, "instantiate"),
     )
 }
 

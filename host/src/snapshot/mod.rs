@@ -216,8 +216,8 @@ fn keep_instrumented_exports(snapshot: &[u8], instrumented: &[u8]) -> Result<Vec
     Ok(module.finish())
 }
 
-/// The `wasmless` imports (the outbound calls of runtime/src/outbound_abi, a streamed
-/// response's of runtime/src/handler/stream.rs), each answering that it cannot work here:
+/// The `wasmless` imports (the outbound calls of host/src/outbound_abi, a streamed
+/// response's of host/src/handler/stream.rs), each answering that it cannot work here:
 /// a call made while the handler initialises would be made once, at build time, and its
 /// answer frozen into every instance. A package `init` that calls out fails the build with
 /// the SDK's error for it; there is no request to stream a response to.

@@ -1,7 +1,7 @@
 //! Why a request failed inside the handler: its status, its `kind` label, what the client
 //! is told, and what the request's span records.
 
-use crate::traces::TARGET;
+use wasmless_telemetry::TARGET;
 
 /// Why a request failed inside the handler.
 #[derive(Debug)]
