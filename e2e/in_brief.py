@@ -7,6 +7,7 @@ pod says of the Functions it holds.
 CI keeps only the head and the tail of a failed run's output: these lines come first."""
 
 import json
+import re
 import subprocess
 import sys
 import urllib.request
@@ -38,13 +39,13 @@ def ready(pod):
 
 
 def pods(namespace):
-    """The pods that are not ready (and not done), why, and their last log lines; the pool
-    pods' addresses."""
+    """The pods that are not ready (and not done), why, and their last log lines; the ready
+    pool pods' names."""
     pool = []
     for pod in json.loads(kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]:
         name, status = pod["metadata"]["name"], pod.get("status", {})
-        if pod["metadata"].get("labels", {}).get("wasmless.io/component") == "pool" and status.get("podIP"):
-            pool.append(status["podIP"])
+        if pod["metadata"].get("labels", {}).get("wasmless.io/component") == "pool" and ready(pod):
+            pool.append(name)
         if ready(pod) or status.get("phase") in ("Succeeded", "Failed"):
             continue
         going = " (being deleted)" if pod["metadata"].get("deletionTimestamp") else ""
@@ -64,16 +65,28 @@ def pods(namespace):
     return pool
 
 
-def pool_pod(ip):
+def pool_pod(namespace, name):
+    """What the pool pod says of each Function it holds. Its `/pool` tells a caller from
+    outside the pod only which Functions listen: through a port-forward the request comes
+    from the pod's own loopback, and the answer has each one's load and error too."""
+    forward = subprocess.Popen(["kubectl", "port-forward", "-n", namespace, f"pod/{name}", f":{ADMIN_PORT}"],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        with urllib.request.urlopen(f"http://{ip}:{ADMIN_PORT}/pool", timeout=2) as response:
+        forwarding = re.search(r"127\.0\.0\.1:(\d+)", forward.stdout.readline())
+        if not forwarding:
+            print(f"pool pod {name}: no port-forward")
+            return
+        url = f"http://127.0.0.1:{forwarding.group(1)}/pool"
+        with urllib.request.urlopen(url, timeout=5) as response:
             held = json.load(response)["functions"]
     except Exception as error:  # whatever it is, it is the news
-        print(f"pool pod {ip}: {error}")
+        print(f"pool pod {name}: {error}")
         return
-    for name, function in held.items():
-        print(f"pool pod {ip}: {name} port {function.get('port')} listening={function.get('listening')} "
-              f"loaded={function.get('loaded')} {(function.get('error') or '')[:300]}")
+    finally:
+        forward.terminate()
+    for function, state in held.items():
+        print(f"pool pod {name}: {function} port {state.get('port')} listening={state.get('listening')} "
+              f"loaded={state.get('loaded')} {(state.get('error') or '')[:300]}")
 
 
 def main():
@@ -85,8 +98,8 @@ def main():
             print(f"{part.__name__}: {error}")
             result = None
         if part is pods:
-            for ip in result or []:
-                pool_pod(ip)
+            for name in result or []:
+                pool_pod(namespace, name)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ expect_contains() { # TEXT PART WHAT
 
 diagnostics() {
   echo "=== in brief (e2e/in_brief.py), and the last warnings"
-  python3 e2e/in_brief.py "$NS" || true
+  timeout 60 python3 e2e/in_brief.py "$NS" || true
   kubectl get events -n "$NS" --field-selector type=Warning --sort-by=.lastTimestamp 2>&1 | tail -6 || true
   echo "=== what the cluster holds"
   kubectl get fn,deploy,rs,pods,jobs,svc,cm -n "$NS" -o wide 2>&1 | head -60 || true

@@ -23,7 +23,8 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "scripts" / "rooms-baseline.txt"
-CRATES = ["artifact", "formats", "telemetry", "runtime", "builder", "cli", "operator", "bench", "load", "sdk/rust", "testkit"]
+# Every crate of the workspace, as Cargo.toml lists them: a crate added is checked at once.
+CRATES = re.findall(r'"([^"]+)"', re.search(r"^members = \[(.*)\]", (ROOT / "Cargo.toml").read_text(), re.M).group(1))
 MEASURED = ["operator/src", "runtime/src", "builder/src", "outbound/src", "edge/src", "host/src"]
 MOST_FILE_LINES = 600
 MOST_FUNCTION_LINES = 100

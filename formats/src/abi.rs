@@ -1,5 +1,5 @@
 //! Which of the three handler contracts a binary speaks, read from the binary itself
-//! (the runtime reads the same from a compiled module's exports: `wasmless_runtime::abi`).
+//! (the runtime reads the same from a compiled module's exports: `wasmless_host::abi`).
 
 use wasmparser::{Parser, Payload};
 

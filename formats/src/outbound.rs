@@ -1,5 +1,5 @@
 //! The outbound half of the guest ABI (the `wasmless` import module, documented in
-//! runtime/src/outbound/guest.rs and used by sdk/go/outbound/outbound.go): the head of the
+//! host/src/outbound_abi/mod.rs and used by sdk/go/outbound/outbound.go): the head of the
 //! request a guest asks the host to send, in the same little-endian, length-prefixed
 //! encoding as the reactor's request and response, and the response head the host hands
 //! back. The body is not in the head: it streams through `http_write_body` in pieces.

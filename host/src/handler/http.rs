@@ -104,7 +104,7 @@ impl HttpHandler {
         let deadline = Instant::now() + self.shared.limits.timeout;
         let mut store = self.new_store(&stdout, &stderr, super::call_log(&request), share, deadline);
 
-        let (sender, mut receiver) = tokio::sync::oneshot::channel();
+        let (sender, receiver) = tokio::sync::oneshot::channel();
         let responded = Arc::new(AtomicBool::new(false));
         let respond = {
             let responded = responded.clone();
@@ -166,29 +166,38 @@ impl HttpHandler {
         }
         .in_current_span();
 
-        // The handler runs here, on the connection's task, until it answers. Most finish
-        // in that one go; only one still writing its body gets a task of its own.
-        // Spawning every request instead wakes a parked worker thread each time, which
-        // costs more than the instance itself.
-        let mut run = Box::pin(run);
-        let (answer, streamed) = tokio::select! {
-            biased;
-            finished = &mut run => match receiver.try_recv() {
-                Ok(answer) => (answer, false),
-                Err(_) => return Err(without_response(finished)),
-            },
-            answer = &mut receiver => {
-                match answer {
-                    Ok(answer) => {
-                        tokio::spawn(run);
-                        (answer, true)
-                    }
-                    // The handler dropped its response-outparam: its own result says why.
-                    Err(_) => return Err(without_response(run.await)),
-                }
-            }
-        };
+        let (answer, streamed) = first_answer(run, receiver).await?;
         response_of(answer, streamed.then_some(Streamed(end)))
+    }
+}
+
+/// What the handler answers first, and whether its body goes on after it (`true`).
+/// The handler runs here, on the connection's task, until it answers. Most finish in that
+/// one go; only one still writing its body gets a task of its own. Spawning every request
+/// instead wakes a parked worker thread each time, which costs more than the instance itself.
+async fn first_answer(
+    run: impl Future<Output = Result<(), Failure>> + Send + 'static,
+    mut receiver: tokio::sync::oneshot::Receiver<Result<Response<HyperOutgoingBody>, ErrorCode>>,
+) -> Result<(Result<Response<HyperOutgoingBody>, ErrorCode>, bool), Failure> {
+    let mut run = Box::pin(run);
+    tokio::select! {
+        biased;
+        finished = &mut run => match receiver.try_recv() {
+            Ok(answer) => Ok((answer, false)),
+            Err(_) => Err(without_response(finished)),
+        },
+        answer = &mut receiver => match answer {
+            Ok(Ok(response)) => {
+                tokio::spawn(run);
+                Ok((Ok(response), true))
+            }
+            // An error code is the whole answer: no body follows it, and what the guest does
+            // after it (were it to sleep past its deadline, a second failure counted) is
+            // dropped with it.
+            Ok(Err(code)) => Ok((Err(code), false)),
+            // The handler dropped its response-outparam: its own result says why.
+            Err(_) => Err(without_response(run.await)),
+        },
     }
 }
 

@@ -1,7 +1,7 @@
 // Package outbound lets a handler's net/http client reach other services from inside
 // the Wasmless runtime, where a WASI module has no sockets. Requests go to the host
 // through the runtime's `wasmless` imports (http_start, http_write_body, http_finish,
-// http_read_head, http_read_body, http_close; runtime/src/outbound/guest.rs); the host
+// http_read_head, http_read_body, http_close; host/src/outbound_abi/mod.rs); the host
 // checks each against the Function's spec.outbound.allow, sends it on its pooled client
 // as the handler writes its body, and streams the response body back as the handler
 // reads it.

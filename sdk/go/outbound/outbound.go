@@ -32,7 +32,7 @@ func httpReadBody(handle uint32, buffer unsafe.Pointer, bufferLen uint32, n unsa
 //go:wasmimport wasmless http_close
 func httpClose(handle uint32) uint32
 
-// The host's errnos (runtime/src/outbound/error.rs, OutboundError::errno, and
+// The host's errnos (outbound/src/error.rs, OutboundError::errno, and
 // wasmless_formats::outbound).
 const (
 	errDenied      = 1
