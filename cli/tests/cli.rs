@@ -68,7 +68,7 @@ impl Drop for Running {
 }
 
 async fn get(url: &str) -> Result<(u16, String), reqwest::Error> {
-    let response = reqwest::get(url).await?;
+    let response = wasmless_testkit::http_client().get(url).send().await?;
     Ok((response.status().as_u16(), response.text().await?))
 }
 
@@ -438,7 +438,11 @@ spec:
 
     // A handler that flushes streams under dev as on the cluster: the first event leaves
     // before the three sleeps that come after it, not with the last.
-    let mut events = reqwest::get(format!("{url}/events")).await.unwrap();
+    let mut events = wasmless_testkit::http_client()
+        .get(format!("{url}/events"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(events.headers()["content-type"], "text/event-stream");
     let first = events.chunk().await.unwrap().unwrap();
     assert_eq!(&first[..], b"data: 1\n\n");

@@ -71,10 +71,7 @@ impl Registry {
         let parsed: Reference = reference
             .parse()
             .map_err(|e| error(format!("not an OCI reference ({e}); write oci://registry/repo:tag")))?;
-        let client = Client::new(ClientConfig {
-            protocol: protocol_for(parsed.registry()),
-            ..Default::default()
-        });
+        let client = client(protocol_for(parsed.registry()));
         let auth = registry_auth();
         client
             .auth(&parsed, &auth, oci_client::RegistryOperation::Pull)
@@ -122,6 +119,17 @@ impl Registry {
 /// Registries on loopback (the tests', a developer's) speak plain HTTP; so does any
 /// registry named in `WASMLESS_OCI_PLAIN_HTTP` (comma-separated), as in-cluster
 /// registries often do. Everything else is HTTPS.
+/// An OCI client for `protocol`. The crates here link one rustls provider, ring (kube's),
+/// and reqwest without its own (`rustls-tls-no-provider`) panics unless a process default
+/// is installed: this installs ring if no one has yet.
+pub fn client(protocol: ClientProtocol) -> Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    Client::new(ClientConfig {
+        protocol,
+        ..Default::default()
+    })
+}
+
 pub fn protocol_for(registry: &str) -> ClientProtocol {
     let host = registry.rsplit_once(':').map_or(registry, |(host, _)| host);
     let loopback = host == "localhost" || host.starts_with("127.") || host == "[::1]";

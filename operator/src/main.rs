@@ -29,8 +29,8 @@ async fn serve_admin(address: SocketAddr, state: Arc<AdminState>) -> anyhow::Res
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    // The workspace links two rustls providers (kube's ring, reqwest's aws-lc-rs):
-    // rustls panics on the first TLS connection unless one is chosen.
+    // rustls panics on the first TLS connection unless a provider is chosen; the
+    // workspace links ring alone.
     let _ = rustls::crypto::ring::default_provider().install_default();
     tracing_subscriber::fmt()
         .json()

@@ -210,12 +210,11 @@ impl Outbound {
             for certificate in &config.extra_roots {
                 let _ = roots.add(certificate.clone());
             }
-            let tls =
-                rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
-                    .with_safe_default_protocol_versions()
-                    .expect("aws-lc-rs supports the default protocol versions")
-                    .with_root_certificates(roots)
-                    .with_no_client_auth();
+            let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .expect("ring supports the default protocol versions")
+                .with_root_certificates(roots)
+                .with_no_client_auth();
             let tls = hyper_rustls::HttpsConnectorBuilder::new()
                 .with_tls_config(tls)
                 .https_or_http()

@@ -100,10 +100,9 @@ pub async fn serve(
     });
     let readiness = Readiness::default();
     let pool_slot = server::PoolSlot::default();
-    // The Kubernetes client (a pool reading the API) brings rustls with ring beside the
-    // aws-lc-rs the rest of the runtime uses, and rustls will not pick between them: the
-    // runtime's own is the process default.
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    // rustls needs a process default provider for the clients that take it (kube's, the
+    // OCI client's): ring, the one the workspace links.
+    let _ = rustls::crypto::ring::default_provider().install_default();
 
     // The admin port comes up first, so probes get an answer while the module loads.
     let admin_listener = bind(config.admin_addr()).await?;

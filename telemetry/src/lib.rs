@@ -386,9 +386,9 @@ impl ExportClient {
         let roots = rustls::RootCertStore {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
         };
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
-            .expect("aws-lc-rs supports the default protocol versions")
+            .expect("ring supports the default protocol versions")
             .with_root_certificates(roots)
             .with_no_client_auth();
         let connector = hyper_rustls::HttpsConnectorBuilder::new()

@@ -15,6 +15,24 @@ pub use fake_api::{FakeApiServer, Recorded, ServedFakeApi};
 pub use registry::Registry;
 
 /// A loopback port that was free a moment ago.
+/// Installs ring as the process's rustls provider, if none is. reqwest is built without a
+/// provider of its own (`rustls-no-provider`, through the OCI client: the workspace links
+/// ring alone), and panics building a client in a process that has none.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A client builder for the tests' requests, with the provider installed.
+pub fn http_client_builder() -> reqwest::ClientBuilder {
+    install_tls_provider();
+    reqwest::Client::builder()
+}
+
+/// A client for the tests' requests, with the provider installed.
+pub fn http_client() -> reqwest::Client {
+    http_client_builder().build().expect("a reqwest client with ring")
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

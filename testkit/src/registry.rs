@@ -75,11 +75,8 @@ impl Registry {
         config_media_type: &str,
         layers: &[(&str, &[u8])],
     ) -> String {
-        use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
-        let client = oci_client::Client::new(ClientConfig {
-            protocol: ClientProtocol::Http,
-            ..Default::default()
-        });
+        use oci_client::client::{Config, ImageLayer};
+        let client = http_client();
         let reference: oci_client::Reference = format!("{}/{repository_and_tag}", self.address).parse().unwrap();
         let auth = oci_client::secrets::RegistryAuth::Anonymous;
         let layers: Vec<ImageLayer> = layers
@@ -93,11 +90,7 @@ impl Registry {
 
     /// The tags of `repository`, sorted: none once its manifests are deleted (or before any).
     pub async fn tags(&self, repository: &str) -> Vec<String> {
-        use oci_client::client::{ClientConfig, ClientProtocol};
-        let client = oci_client::Client::new(ClientConfig {
-            protocol: ClientProtocol::Http,
-            ..Default::default()
-        });
+        let client = http_client();
         let reference: oci_client::Reference = format!("{}/{repository}:any", self.address).parse().unwrap();
         let auth = oci_client::secrets::RegistryAuth::Anonymous;
         let mut tags = client
@@ -115,4 +108,14 @@ impl Drop for Registry {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A plain-HTTP client of the test's registry. The OCI client takes the process's rustls
+/// provider (`rustls-tls-no-provider`), and panics without one even when it never speaks TLS.
+fn http_client() -> oci_client::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    oci_client::Client::new(oci_client::client::ClientConfig {
+        protocol: oci_client::client::ClientProtocol::Http,
+        ..Default::default()
+    })
 }

@@ -23,8 +23,8 @@ pub async fn publish(
     code: Option<&CompiledCode>,
     source_digest: &Digest,
 ) -> Result<Published, PublishError> {
-    // kube and the OCI client bring two TLS providers (ring and aws-lc-rs); rustls then
-    // needs to be told which one, or it panics. Another caller may have chosen already.
+    // rustls panics unless a TLS provider is chosen (the workspace links ring alone).
+    // Another caller may have chosen already.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = kube::Client::try_default()
         .await

@@ -4,8 +4,8 @@
 
 use super::{PublishError, Published};
 use crate::CompiledCode;
-use oci_client::client::{ClientConfig, Config, ImageLayer};
-use oci_client::{Client, Reference};
+use oci_client::Reference;
+use oci_client::client::{Config, ImageLayer};
 use wasmless_artifact::annotations;
 use wasmless_artifact::oci::{CODE_LAYER_MEDIA_TYPE, CONFIG_MEDIA_TYPE, LAYER_MEDIA_TYPE, SCHEME};
 use wasmless_host::oci::{protocol_for, registry_auth};
@@ -16,10 +16,7 @@ pub async fn publish(reference: &str, wasm: &[u8], code: Option<&CompiledCode>) 
         message,
     };
     let parsed: Reference = reference.parse().map_err(|e| error(format!("{e}")))?;
-    let client = Client::new(ClientConfig {
-        protocol: protocol_for(parsed.registry()),
-        ..Default::default()
-    });
+    let client = wasmless_host::oci::client(protocol_for(parsed.registry()));
     let auth = registry_auth();
     // The module's layer first: tools that read the Wasm OCI layout take that one.
     let mut layers = vec![ImageLayer::new(wasm.to_vec(), LAYER_MEDIA_TYPE.to_string(), None)];

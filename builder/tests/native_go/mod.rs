@@ -113,7 +113,7 @@ async fn handlers_written_for_native_go_answer_as_under_native_go() {
     )
     .await;
     let ours_url = format!("http://{}", ours.address);
-    let client = reqwest::Client::new();
+    let client = wasmless_testkit::http_client();
     // The native server is up once it answers.
     for _ in 0..100 {
         if client.get(format!("{}/", native.1)).send().await.is_ok() {

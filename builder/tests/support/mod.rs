@@ -192,12 +192,16 @@ impl Served {
     }
 
     pub async fn get(&self, path: &str) -> (u16, String) {
-        let response = reqwest::get(format!("http://{}{path}", self.address)).await.unwrap();
+        let response = wasmless_testkit::http_client()
+            .get(format!("http://{}{path}", self.address))
+            .send()
+            .await
+            .unwrap();
         (response.status().as_u16(), response.text().await.unwrap())
     }
 
     pub async fn post(&self, path: &str, body: &str) -> (u16, String) {
-        let response = reqwest::Client::new()
+        let response = wasmless_testkit::http_client()
             .post(format!("http://{}{path}", self.address))
             .header("x-example", "yes")
             .body(body.to_string())

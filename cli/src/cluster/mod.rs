@@ -21,8 +21,8 @@ pub struct Target {
 
 impl Target {
     pub async fn connect(&self) -> anyhow::Result<(Client, String)> {
-        // The workspace links two rustls providers (kube's ring, the OCI client's aws-lc-rs):
-        // rustls panics on the first TLS connection unless one is chosen.
+        // rustls panics on the first TLS connection unless a provider is chosen; the
+        // workspace links ring alone.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = Client::try_default().await.context(
             "cannot reach a Kubernetes cluster: set KUBECONFIG or ~/.kube/config to one where Wasmless is installed (`kubectl apply -k deploy/`)",

@@ -443,7 +443,7 @@ impl TlsUpstream {
             .signed_by(&key, &issuer)
             .unwrap();
         let mut config =
-            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
                 .with_safe_default_protocol_versions()
                 .unwrap()
                 .with_no_client_auth()

@@ -31,8 +31,8 @@ impl TestNamespace {
                  or skip these with `cargo test -- --skip real_api`"
             )
         });
-        // The client brings ring beside the aws-lc-rs of the rest, and rustls will not choose.
-        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        // rustls needs its provider chosen (ring, the one the workspace links).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = client_of(&kubeconfig).await;
         // The process ID: runs may overlap while an earlier run's namespace is terminating.
         let name = format!("wasmless-test-{test}-{}", std::process::id());

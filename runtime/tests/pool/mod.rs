@@ -316,7 +316,7 @@ async fn a_heavy_function_gets_503s_past_its_share_of_memory_while_its_neighbour
     assert_eq!(get(at(light, "/hello")).await.0, 200);
     assert_eq!(get(at(heavy, "/hello")).await.0, 200);
 
-    let client = reqwest::Client::new();
+    let client = wasmless_testkit::http_client();
     let heavy_requests: Vec<_> = (0..6)
         .map(|_| {
             let client = client.clone();
@@ -461,7 +461,7 @@ async fn a_request_body_counts_against_its_share_of_the_pools_memory() {
             "50",
         ],
     );
-    let client = reqwest::Client::new();
+    let client = wasmless_testkit::http_client();
     let upload = |mib: usize| {
         let request = client.post(at(port, "/")).body(vec![b'x'; mib << 20]).send();
         async move {
@@ -560,7 +560,7 @@ async fn the_network_learns_from_pool_only_which_functions_listen_where() {
     assert_eq!(get(at(broken, "/hello")).await.0, 503);
 
     let from = |local: &str| {
-        let client = reqwest::Client::builder()
+        let client = wasmless_testkit::http_client_builder()
             .local_address(local.parse::<std::net::IpAddr>().unwrap())
             .build()
             .unwrap();

@@ -444,7 +444,7 @@ pub fn start_expecting_failure(module: impl AsRef<std::ffi::OsStr>, args: &[&str
 }
 
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+    wasmless_testkit::http_client_builder()
         .timeout(Duration::from_secs(60))
         .build()
         .unwrap()
