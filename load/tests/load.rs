@@ -96,9 +96,31 @@ async fn failures_are_counted_with_their_cause_and_phase_and_closed_connections_
             .clone()
     };
     // Answered, and answered with `Connection: close`: no failure, the new answer timed.
+    // A request counts in the phase it started in: one still in flight when the server went
+    // away (begun in the last moments of "b", its connection not yet accepted) fails
+    // there. Only those may: a closed connection counted as a failure would fail hundreds
+    // across the whole phase.
     assert_eq!(phase("a")["failed"], 0, "{text}");
     let closing = phase("b, closing");
-    assert_eq!(closing["failed"], 0, "{text}");
+    let gone_at = phase("gone")["start"].as_f64().unwrap();
+    let cut_by_the_end = report["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|failure| failure["phase"] == "b, closing")
+        .inspect(|failure| {
+            let at = failure["at"].as_f64().unwrap();
+            assert!(
+                at > gone_at - 0.2,
+                "a failure {:.3} s before the server went away: {text}",
+                gone_at - at
+            );
+        })
+        .count();
+    assert!(
+        cut_by_the_end <= 6,
+        "more failures than clients in flight as the server went away: {text}"
+    );
     assert!(closing["requests"].as_u64().unwrap() > 200, "{text}");
     let first_b = closing["first_answers"]
         .as_array()
@@ -113,8 +135,12 @@ async fn failures_are_counted_with_their_cause_and_phase_and_closed_connections_
     let gone = phase("gone");
     assert!(gone["failed"].as_u64().unwrap() > 100, "{text}");
     assert_eq!(gone["failed"], gone["requests"], "{text}");
-    let failures = report["failures"].as_array().unwrap();
-    assert!(failures.iter().all(|failure| failure["phase"] == "gone"), "{text}");
+    let failures: Vec<_> = report["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|failure| failure["phase"] == "gone")
+        .collect();
     assert!(
         failures[0]["cause"].as_str().unwrap().contains("Connection refused"),
         "{text}"
