@@ -16,8 +16,9 @@ step() {
 }
 # The minutes each step took, whatever ended the run.
 summary() {
-  # A run that stopped early leaves no Go build behind.
+  # A run that stopped early leaves no Go build or fuzzer behind.
   [[ -n ${go_build:-} ]] && { pkill -P "$go_build" 2>/dev/null || true; kill "$go_build" 2>/dev/null || true; }
+  [[ -n ${fuzz_run:-} ]] && { kill -- "-$fuzz_run" 2>/dev/null || true; }
   marks+=("$SECONDS in all")
   printf '\n== step marks (minutes)\n'
   printf '%s\n' "${marks[@]}" | awk '
@@ -63,11 +64,20 @@ python3 -c 'import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]
 python3 -c 'import json, sys; json.load(open(sys.argv[1]))' deploy/grafana/wasmless.json
 python3 scripts/check-links.py
 
-# Every parser of untrusted bytes under libFuzzer for a bounded time (docs/fuzzing.md):
-# cold, the instrumented build is most of it; WASMLESS_FUZZ_SECONDS=0 skips it.
+# Every parser of untrusted bytes under libFuzzer for a bounded time (docs/fuzzing.md), in
+# the background at the lowest priority: cold, its instrumented build and the fuzzing are
+# 15 minutes of CPU, and the tests on the cluster leave that much idle while they wait on
+# rollouts; at nice 19 it takes nothing the builds and the tests ask for. Its result is
+# waited for after the e2e. WASMLESS_FUZZ_SECONDS=0 skips it.
 if [[ ${WASMLESS_FUZZ_SECONDS:-30} -gt 0 ]]; then
-  step "fuzz every parser of untrusted bytes (scripts/fuzz.sh ${WASMLESS_FUZZ_SECONDS:-30})"
-  scripts/fuzz.sh "${WASMLESS_FUZZ_SECONDS:-30}"
+  # Fetched first at full priority: a starved cargo holding the package cache's lock
+  # would hold up the release build's.
+  (cd fuzz && cargo fetch --quiet)
+  fuzz_log=$(mktemp /tmp/wasmless-fuzz.XXXXXX)
+  step "fuzz every parser of untrusted bytes (scripts/fuzz.sh ${WASMLESS_FUZZ_SECONDS:-30}), started in the background at nice 19 (its log: $fuzz_log)"
+  # A process group of its own, so that a run stopped early stops all of it.
+  setsid nice -n 19 scripts/fuzz.sh "${WASMLESS_FUZZ_SECONDS:-30}" >"$fuzz_log" 2>&1 &
+  fuzz_run=$!
 fi
 
 # `cargo test` builds the binaries too, with the dev-dependencies' features unified; a plain
@@ -106,8 +116,19 @@ eval "$(scripts/cluster.sh env)"
 # shellcheck disable=SC2086 # one archive per line
 scripts/cluster.sh load $images
 
-step "cargo test (release; the real_api scenarios of the operator and the runtime's pool on the test cluster)"
-cargo "${lint[@]}" test --release --workspace
+# The test binaries side by side (scripts/test-lanes.py), as cargo runs them one by one.
+step "cargo test (release, two binaries at a time: scripts/test-lanes.py; the real_api scenarios of the operator and the runtime's pool on the test cluster)"
+cargo "${lint[@]}" test --release --workspace --no-run --quiet --message-format=json |
+  python3 scripts/test-lanes.py --doc cargo "${lint[@]}" test --release --workspace --doc
 
 step "end to end on the test cluster (e2e/run.sh)"
 e2e/run.sh
+
+if [[ -n ${fuzz_run:-} ]]; then
+  step "waiting for the fuzzing (started in the background)"
+  fuzz_status=0
+  wait "$fuzz_run" || fuzz_status=$?
+  fuzz_run=""
+  cat "$fuzz_log"
+  ((fuzz_status == 0)) || { echo "the fuzzing failed (above; scripts/fuzz.sh says how to run a target again)"; exit 1; }
+fi
