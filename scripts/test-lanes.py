@@ -36,6 +36,7 @@ class Job:
         self.title, self.argv, self.cwd, self.env = title, argv, cwd, env
         self.status = None
         self.seconds = 0.0
+        self.index = 0
 
     def weight(self):
         return KNOWN.get(self.title.split()[0], 0)
@@ -75,7 +76,7 @@ def jobs_from_cargo(lines):
 
 def run(job, out_dir, lock):
     started = time.monotonic()
-    log = Path(out_dir) / f"{id(job)}.log"
+    log = Path(out_dir) / f"{job.index:02}-{job.title.split()[0]}.log"
     with open(log, "wb") as out:
         job.status = subprocess.call(job.argv, cwd=job.cwd, env=job.env, stdout=out, stderr=subprocess.STDOUT)
     job.seconds = time.monotonic() - started
@@ -95,25 +96,28 @@ def main():
     if args[:1] == ["--doc"]:
         jobs.append(Job("doc tests", args[1:], os.getcwd(), dict(os.environ)))
     jobs.sort(key=Job.weight, reverse=True)
+    for index, job in enumerate(jobs):
+        job.index = index
     lanes = max(1, int(os.environ.get("WASMLESS_TEST_LANES", "2")))
-    print(f"test-lanes: {len(jobs)} test binaries, {lanes} at a time", flush=True)
+    # Kept after the run: a binary that hangs until CI's time runs out printed nothing yet.
+    out_dir = tempfile.mkdtemp(prefix="wasmless-test-lanes.")
+    print(f"test-lanes: {len(jobs)} test binaries, {lanes} at a time; each one's output, as it runs: {out_dir}", flush=True)
     queue = list(jobs)
     lock = threading.Lock()
 
-    with tempfile.TemporaryDirectory(prefix="wasmless-test-lanes.") as out_dir:
-        def lane():
-            while True:
-                with lock:
-                    if not queue:
-                        return
-                    job = queue.pop(0)
-                run(job, out_dir, lock)
+    def lane():
+        while True:
+            with lock:
+                if not queue:
+                    return
+                job = queue.pop(0)
+            run(job, out_dir, lock)
 
-        threads = [threading.Thread(target=lane) for _ in range(lanes)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+    threads = [threading.Thread(target=lane) for _ in range(lanes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
     print("\ntest-lanes: each binary's result and seconds")
     for job in sorted(jobs, key=lambda j: -j.seconds):

@@ -116,9 +116,6 @@ impl Registry {
     }
 }
 
-/// Registries on loopback (the tests', a developer's) speak plain HTTP; so does any
-/// registry named in `WASMLESS_OCI_PLAIN_HTTP` (comma-separated), as in-cluster
-/// registries often do. Everything else is HTTPS.
 /// An OCI client for `protocol`. The crates here link one rustls provider, ring (kube's),
 /// and reqwest without its own (`rustls-tls-no-provider`) panics unless a process default
 /// is installed: this installs ring if no one has yet.
@@ -130,6 +127,9 @@ pub fn client(protocol: ClientProtocol) -> Client {
     })
 }
 
+/// Registries on loopback (the tests', a developer's) speak plain HTTP; so does any
+/// registry named in `WASMLESS_OCI_PLAIN_HTTP` (comma-separated), as in-cluster
+/// registries often do. Everything else is HTTPS.
 pub fn protocol_for(registry: &str) -> ClientProtocol {
     let host = registry.rsplit_once(':').map_or(registry, |(host, _)| host);
     let loopback = host == "localhost" || host.starts_with("127.") || host == "[::1]";

@@ -77,10 +77,12 @@ async fn failures_are_counted_with_their_cause_and_phase_and_closed_connections_
     mark(&phases, "b, closing");
     mode.store(ANSWER_B_AND_CLOSE, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    mark(&phases, "gone");
+    // Gone before the mark: a request after it finds no server, and one cut by the going
+    // counts in "b, closing" (below).
     server.abort();
     let _ = server.await;
     mode.store(GONE, Ordering::SeqCst);
+    mark(&phases, "gone");
 
     let mut text = String::new();
     load.stdout.take().unwrap().read_to_string(&mut text).await.unwrap();
@@ -118,7 +120,7 @@ async fn failures_are_counted_with_their_cause_and_phase_and_closed_connections_
         })
         .count();
     assert!(
-        cut_by_the_end <= 6,
+        cut_by_the_end <= 4,
         "more failures than clients in flight as the server went away: {text}"
     );
     assert!(closing["requests"].as_u64().unwrap() > 200, "{text}");

@@ -14,7 +14,6 @@ mod registry;
 pub use fake_api::{FakeApiServer, Recorded, ServedFakeApi};
 pub use registry::Registry;
 
-/// A loopback port that was free a moment ago.
 /// Installs ring as the process's rustls provider, if none is. reqwest is built without a
 /// provider of its own (`rustls-no-provider`, through the OCI client: the workspace links
 /// ring alone), and panics building a client in a process that has none.
@@ -33,6 +32,7 @@ pub fn http_client() -> reqwest::Client {
     http_client_builder().build().expect("a reqwest client with ring")
 }
 
+/// A loopback port that was free a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -56,8 +56,7 @@ impl Harness {
                  or skip these with `cargo test -- --skip real_api`"
             )
         });
-        // As in the operator's main: the workspace links two rustls providers, and rustls
-        // refuses to choose on its own.
+        // As in the operator's main: rustls needs its provider chosen.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let kubeconfig = kube::config::Kubeconfig::read_from(&path).expect("reading WASMLESS_TEST_KUBECONFIG");
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
