@@ -3,9 +3,10 @@
 
     cargo test --release --workspace --no-run --message-format=json | scripts/test-lanes.py [--doc CMD...]
 
-`cargo test` runs its binaries one after another, and the long ones (the runtime's, the
-builder's, the operator's real_api scenarios) spend most of their time waiting: on the test
-cluster, on a build Job, on a handler's deadline. Run side by side, they share the wait.
+`cargo test` runs its binaries one after another, and each of the long ones (the runtime's,
+the builder's, the operator's real_api scenarios) leaves the cores idle while it waits on
+the test cluster, a build or a handler's deadline; side by side, one fills the other's
+wait (13 minutes of binaries in 6.7 on a warm run; cold, the two cores were busy anyway).
 
 Each binary runs as cargo runs it (in its package's directory, with CARGO, CARGO_MANIFEST_DIR
 and CARGO_PKG_NAME/VERSION set) with its output kept apart and printed whole when it ends,

@@ -71,10 +71,10 @@ python3 -c 'import json, sys; json.load(open(sys.argv[1]))' deploy/grafana/wasml
 python3 scripts/check-links.py
 
 # Every parser of untrusted bytes under libFuzzer for a bounded time (docs/fuzzing.md), in
-# the background at the lowest priority: cold, its instrumented build and the fuzzing are
-# 15 minutes of CPU, and the tests on the cluster leave that much idle while they wait on
-# rollouts; at nice 19 it takes nothing the builds and the tests ask for. Its result is
-# waited for after the e2e. WASMLESS_FUZZ_SECONDS=0 skips it.
+# the background at the lowest priority: at nice 19 it takes only the CPU the builds and
+# the tests leave idle (cold, its build ended inside `cargo test` and the fuzzing inside
+# the e2e; docs/testing.md). Its result is waited for after the e2e.
+# WASMLESS_FUZZ_SECONDS=0 skips it.
 if [[ ${WASMLESS_FUZZ_SECONDS:-30} -gt 0 ]]; then
   # Fetched first at full priority: a starved cargo holding the package cache's lock
   # would hold up the release build's.

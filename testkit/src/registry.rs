@@ -76,7 +76,7 @@ impl Registry {
         layers: &[(&str, &[u8])],
     ) -> String {
         use oci_client::client::{Config, ImageLayer};
-        let client = http_client();
+        let client = plain_http_client();
         let reference: oci_client::Reference = format!("{}/{repository_and_tag}", self.address).parse().unwrap();
         let auth = oci_client::secrets::RegistryAuth::Anonymous;
         let layers: Vec<ImageLayer> = layers
@@ -90,7 +90,7 @@ impl Registry {
 
     /// The tags of `repository`, sorted: none once its manifests are deleted (or before any).
     pub async fn tags(&self, repository: &str) -> Vec<String> {
-        let client = http_client();
+        let client = plain_http_client();
         let reference: oci_client::Reference = format!("{}/{repository}:any", self.address).parse().unwrap();
         let auth = oci_client::secrets::RegistryAuth::Anonymous;
         let mut tags = client
@@ -112,8 +112,8 @@ impl Drop for Registry {
 
 /// A plain-HTTP client of the test's registry. The OCI client takes the process's rustls
 /// provider (`rustls-tls-no-provider`), and panics without one even when it never speaks TLS.
-fn http_client() -> oci_client::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+fn plain_http_client() -> oci_client::Client {
+    crate::install_tls_provider();
     oci_client::Client::new(oci_client::client::ClientConfig {
         protocol: oci_client::client::ClientProtocol::Http,
         ..Default::default()
