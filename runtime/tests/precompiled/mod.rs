@@ -135,7 +135,7 @@ async fn code_for_another_engine_falls_back_to_compiling_and_is_counted() {
     let code = precompile_for(&other_engine, &module);
     let (code_path, code_digest) = write_module(dir.path(), "echo.cwasm.lz4", &code);
 
-    let runtime = Runtime::start(
+    let mut command = runtime_command(
         &module_path,
         &[
             "--module-digest",
@@ -146,6 +146,8 @@ async fn code_for_another_engine_falls_back_to_compiling_and_is_counted() {
             &code_digest.to_string(),
         ],
     );
+    without_shared_cache(&mut command);
+    let runtime = Runtime::spawn(command);
     let log = runtime.wait_for_log(&["not using the precompiled code", "\"reason\":\"engine\""]);
     assert!(log.contains("another wasmtime version or configuration"), "{log}");
     runtime.wait_for_log(&["module loaded", "\"compiled_code\":\"compiled (no cache)\""]);

@@ -24,6 +24,27 @@ fn build_dir() -> PathBuf {
     dir
 }
 
+/// One compiled-code cache for every runtime [`runtime_command`] starts (`--cache-dir`,
+/// keyed by the module's digest and the engine's settings, written atomically): without it
+/// each runtime compiles its module again, and compiling the same Go modules was four
+/// fifths of this binary's CPU. A test that needs a cache of its own passes `--cache-dir`;
+/// one that needs none calls [`without_shared_cache`]. Pools and splits keep none: their
+/// tests swap a module's bytes under its pinned digest, which a cache hit never reads.
+fn shared_code_cache() -> PathBuf {
+    build_dir().join("code-cache")
+}
+
+/// Gives `command` the shared compiled-code cache, through the flag's environment variable
+/// so that a `--cache-dir` in the test's own arguments wins.
+fn with_shared_cache(command: &mut Command) -> &mut Command {
+    command.env("WASMLESS_CACHE_DIR", shared_code_cache())
+}
+
+/// `command` with no compiled-code cache at all, as a runtime started without `--cache-dir`.
+pub fn without_shared_cache(command: &mut Command) -> &mut Command {
+    command.env_remove("WASMLESS_CACHE_DIR")
+}
+
 fn run(command: &mut Command) {
     let output = command
         .output()
@@ -292,7 +313,8 @@ impl Runtime {
         Self::spawn(command)
     }
 
-    fn spawn(mut command: Command) -> Self {
+    /// The runtime `command` starts (see [`runtime_command`]), once it serves.
+    pub fn spawn(mut command: Command) -> Self {
         let mut child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         let logs = Arc::new(Mutex::new(Vec::new()));
         let (serving_tx, serving_rx) = mpsc::channel();
@@ -423,6 +445,7 @@ fn send_signal(pid: u32, signal: &str) {
 
 pub fn runtime_command(module: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_wasmless-runtime"));
+    with_shared_cache(&mut command);
     command
         .arg("--module")
         .arg(module)
