@@ -98,7 +98,7 @@ build_kube() {
     cd "$module"
     export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
     go get "${packages[@]/%/@v$KUBE_VERSION}" >/dev/null 2>&1 || go get "${packages[@]/%/@v$KUBE_VERSION}"
-    go build -trimpath -ldflags "-s -w$version_flags" -o "$KUBE_BIN/" "${packages[@]}"
+    go build "${GO_BUILD_FLAGS[@]}" -ldflags "-s -w$version_flags" -o "$KUBE_BIN/" "${packages[@]}"
   )
 }
 
@@ -112,7 +112,7 @@ build_etcd() {
     cd "$module"
     export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
     go get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" >/dev/null 2>&1 || go get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
-    go build -trimpath -ldflags "-s -w" -o "$ETCD" go.etcd.io/etcd/server/v3
+    go build "${GO_BUILD_FLAGS[@]}" -ldflags "-s -w" -o "$ETCD" go.etcd.io/etcd/server/v3
   )
 }
 
