@@ -154,14 +154,22 @@ async fn module_is_pulled_from_an_oci_registry_by_digest() {
     let digest = Digest::of(&module);
     let manifest = registry.push_wasm("functions/hello:v1", &module).await;
 
+    // Pulled, not found in a compiled-code cache: a hit would never ask the registry.
+    let pulled = |source: &str| {
+        let mut command = runtime_command(source, &["--module-digest", &digest.to_string()]);
+        without_shared_cache(&mut command);
+        let runtime = Runtime::spawn(command);
+        runtime.wait_for_log(&["module loaded", "\"compiled_code\":\"compiled (no cache)\""]);
+        runtime
+    };
     // By tag, pinned by the module digest: the layer blob is fetched by that digest.
     let by_tag = format!("oci://{}/functions/hello:v1", registry.address);
-    let runtime = Runtime::start(&by_tag, &["--module-digest", &digest.to_string()]);
+    let runtime = pulled(&by_tag);
     assert_eq!(get(runtime.url("/")).await.1, "from the registry\n");
 
     // By manifest digest.
     let by_manifest = format!("oci://{}/functions/hello@{manifest}", registry.address);
-    let runtime = Runtime::start(&by_manifest, &["--module-digest", &digest.to_string()]);
+    let runtime = pulled(&by_manifest);
     assert_eq!(get(runtime.url("/")).await.1, "from the registry\n");
 
     // A tag alone can move: refused. A wrong digest: refused, naming both.

@@ -27,11 +27,32 @@ fn build_dir() -> PathBuf {
 /// One compiled-code cache for every runtime [`runtime_command`] starts (`--cache-dir`,
 /// keyed by the module's digest and the engine's settings, written atomically): without it
 /// each runtime compiles its module again, and compiling the same Go modules was four
-/// fifths of this binary's CPU. A test that needs a cache of its own passes `--cache-dir`;
-/// one that needs none calls [`without_shared_cache`]. Pools and splits keep none: their
-/// tests swap a module's bytes under its pinned digest, which a cache hit never reads.
+/// fifths of this binary's CPU. A hit skips reading and checking the module, so the
+/// directory is this build's of the runtime alone (a change to how modules load is tried
+/// on each module's first load), and an earlier build's is removed. A test that needs a
+/// cache of its own passes `--cache-dir`; one that needs none calls
+/// [`without_shared_cache`]. Pools and splits keep none: their tests swap a module's bytes
+/// under its pinned digest, which a cache hit never reads.
 fn shared_code_cache() -> PathBuf {
-    build_dir().join("code-cache")
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let runtime = std::fs::metadata(env!("CARGO_BIN_EXE_wasmless-runtime")).unwrap();
+        let built = runtime
+            .modified()
+            .unwrap()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        let this_build = format!("{}-{}", built.as_nanos(), runtime.len());
+        let caches = build_dir().join("code-cache");
+        for entry in std::fs::read_dir(&caches).into_iter().flatten().flatten() {
+            if entry.file_name() != this_build.as_str() {
+                let path = entry.path();
+                let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+            }
+        }
+        caches.join(this_build)
+    })
+    .clone()
 }
 
 /// Gives `command` the shared compiled-code cache, through the flag's environment variable
