@@ -58,7 +58,7 @@ go_tools_module() {
     "$HELM_VERSION" "$PROMETHEUS_VERSION" "$METRICS_SERVER_VERSION" "$COREDNS_VERSION")
   mkdir -p "$GO_TOOLS"
   (
-    flock 9
+    flock 9 || exit 1
     if [[ $(cat "$GO_TOOLS/module/go.mod.wanted" 2>/dev/null) != "$wanted" ]]; then
       rm -rf "${GO_TOOLS:?}/module" "${GO_TOOLS:?}/bin"
       mkdir -p "$GO_TOOLS/module"
@@ -71,9 +71,9 @@ go_tools_module() {
     # ./coredns: the plugins its main package imports, from the CoreDNS module required above.
     local get=(helm.sh/helm/v3/cmd/helm@"$HELM_VERSION" github.com/prometheus/prometheus/cmd/prometheus@"$PROMETHEUS_VERSION"
       sigs.k8s.io/metrics-server/cmd/metrics-server@"$METRICS_SERVER_VERSION" ./coredns)
-    GOFLAGS=-mod=mod GOTOOLCHAIN=local go get "${get[@]}" >/dev/null 2>&1 || GOFLAGS=-mod=mod GOTOOLCHAIN=local go get "${get[@]}" >&2
+    GOFLAGS=-mod=mod GOTOOLCHAIN=local go get "${get[@]}" >/dev/null 2>&1 || GOFLAGS=-mod=mod GOTOOLCHAIN=local go get "${get[@]}" >&2 || exit 1
     printf '%s' "$wanted" >go.mod.wanted
-  ) 9>"$GO_TOOLS/lock"
+  ) 9>"$GO_TOOLS/lock" || return 1
   echo "$GO_TOOLS/module"
 }
 
@@ -84,7 +84,7 @@ go_tool() {
   local name=$1 package=$2
   shift 2
   local module bin stamp
-  module=$(go_tools_module)
+  module=$(go_tools_module) || return 1
   bin=$GO_TOOLS/bin/$name
   stamp="$package $*"
   # A package of the module's own is rebuilt when its source changes too.
@@ -93,7 +93,7 @@ go_tool() {
   # One build of a tool at a time: a caller that finds it being built (scripts/test.sh
   # builds Helm in the background) waits for it, then finds it built.
   (
-    flock 9
+    flock 9 || exit 1
     [[ -x $bin && $(cat "$bin.stamp" 2>/dev/null) == "$stamp" ]] && exit 0
     say "building $name from the Go module proxy into $GO_TOOLS/bin (once)"
     (cd "$module" && CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local go build "${GO_BUILD_FLAGS[@]}" "$@" -o "$bin" "$package") >&2 || exit 1
@@ -148,7 +148,7 @@ otelcol_tool() {
   stamp="$OTELCOL_VERSION $(sha256sum <"$OTELCOL_SOURCES/main.go" | cut -c1-16)"
   mkdir -p "$OTELCOL"
   (
-    flock 9
+    flock 9 || exit 1
     [[ -x $bin && $(cat "$bin.stamp" 2>/dev/null) == "$stamp" ]] && exit 0
     say "building the OpenTelemetry Collector from the Go module proxy into $OTELCOL/bin (once)"
     rm -rf "${OTELCOL:?}/module"

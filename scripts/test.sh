@@ -55,8 +55,9 @@ go_build=$!
 # Helm is needed only at the end (the e2e's last step, then the Helm check): built at nice
 # 19, in this session (see the fuzzing below), it takes only CPU the rest leaves idle, where
 # beside Kubernetes it slowed the release build. Its own lock makes a caller wait for it.
+# The shared module is resolved first, at full priority: the Go job above waits on its lock.
 helm_log=$(mktemp /tmp/wasmless-helm-build.XXXXXX)
-nice -n 19 bash -c '. scripts/lib.sh && helm_tool' >"$helm_log" 2>&1 &
+(. scripts/lib.sh && go_tools_module >/dev/null && exec nice -n 19 bash -c '. scripts/lib.sh && helm_tool') >"$helm_log" 2>&1 &
 helm_build=$!
 
 step "cargo fmt --check"
