@@ -21,12 +21,85 @@ pub enum FunctionFileError {
     SeveralHandlers(PathBuf),
     #[error("{}: a prebuilt `module` has nothing to build locally; serve it with `wasmless serve`", .0.display())]
     Prebuilt(PathBuf),
-    #[error("{}: spec.source (or Goless's spec.function) holds the handler's source", .0.display())]
+    #[error(
+        "{}: spec.source (or Goless's spec.function) holds the handler's source, or a handler.go (handler.rs, handler.wat) beside the function.yaml",
+        .0.display()
+    )]
     NoSource(PathBuf),
+    #[error(
+        "{} holds the handler's source and {} is beside it: keep one (without spec.source, the file is the source)",
+        yaml.display(),
+        handler.display()
+    )]
+    TwoSources { yaml: PathBuf, handler: PathBuf },
+    #[error("{}: spec.language is {language}, but the handler beside it is {}", yaml.display(), handler.display())]
+    LanguageNotTheHandlers {
+        yaml: PathBuf,
+        language: String,
+        handler: PathBuf,
+    },
     #[error("{}: give exactly one of spec.source, spec.function and spec.module", .0.display())]
     SeveralSources(PathBuf),
     #[error("cannot tell the language of {}: use .go, .rs, .wat or a function.yaml", .0.display())]
     UnknownExtension(PathBuf),
+}
+
+/// The names a folder's one handler file goes by, each in its language.
+const HANDLER_FILES: [(&str, &str); 4] = [
+    ("handler.go", "go"),
+    ("handler.rs", "rust"),
+    ("handler.wat", "wat"),
+    ("lib.rs", "rust"),
+];
+
+/// The one handler file of `dir` and its language's name, if it holds one.
+fn handler_in(dir: &Path) -> Result<Option<(PathBuf, &'static str)>, FunctionFileError> {
+    let found: Vec<(PathBuf, &str)> = HANDLER_FILES
+        .iter()
+        .map(|(name, language)| (dir.join(name), *language))
+        .filter(|(path, _)| path.is_file())
+        .collect();
+    match found.len() {
+        0 | 1 => Ok(found.into_iter().next()),
+        _ => Err(FunctionFileError::SeveralHandlers(dir.to_path_buf())),
+    }
+}
+
+/// The handler file beside the `function.yaml` at `yaml` in folder `dir`, when the
+/// Function it holds (`function`) names no source (no `spec.source`, Goless's
+/// `spec.function` or `spec.module`): the settings in the yaml and the code in a file of
+/// its own, as a user lays a folder out. The code is then the folder's, read as it would be
+/// without the yaml (module files and the files beside the handler included), and
+/// `spec.language`, where the yaml gives one, must be the file's. A yaml that holds a
+/// source with a handler file beside it is refused, as that file would never be built.
+/// `wasmless dev` and `wasmless deploy` both read a folder so.
+pub fn handler_beside(
+    function: &serde_json::Value,
+    yaml: &Path,
+    dir: &Path,
+) -> Result<Option<PathBuf>, FunctionFileError> {
+    let spec = &function["spec"];
+    if !spec.is_object() || spec.get("module").is_some() {
+        return Ok(None);
+    }
+    let Some((handler, language)) = handler_in(dir)? else {
+        return Ok(None);
+    };
+    // Edits to a file that is not built would change nothing, silently.
+    if ["source", "function"].iter().any(|key| spec.get(key).is_some()) {
+        return Err(FunctionFileError::TwoSources {
+            yaml: yaml.to_path_buf(),
+            handler,
+        });
+    }
+    match spec.get("language").and_then(|l| l.as_str()) {
+        Some(written) if written != language => Err(FunctionFileError::LanguageNotTheHandlers {
+            yaml: yaml.to_path_buf(),
+            language: written.to_string(),
+            handler,
+        }),
+        _ => Ok(Some(handler)),
+    }
 }
 
 /// A function to build and serve locally.
@@ -94,9 +167,9 @@ impl LocalFunction {
         if path.is_dir() {
             let yaml = path.join("function.yaml");
             if yaml.exists() {
-                let mut function = Self::from_yaml(&yaml)?;
+                let mut function = Self::from_yaml_in(&yaml, path)?;
                 // A function.yaml that names no files takes those beside it, as `deploy` does.
-                if function.source.all_files().count() == 1 {
+                if function.watched != path && function.source.all_files().count() == 1 {
                     let module_files = crate::folder::files_beside(function.source.language, path)?;
                     if !module_files.is_empty() {
                         let language = function.source.language;
@@ -142,6 +215,41 @@ impl LocalFunction {
             Some("yaml" | "yml") => Self::from_yaml(path),
             _ => Self::from_source_file(path, false),
         }
+    }
+
+    /// The `function.yaml` at `yaml` in folder `dir`, with the folder's code when it names
+    /// no source of its own ([`handler_beside`]).
+    fn from_yaml_in(yaml: &Path, dir: &Path) -> Result<Self, FunctionFileError> {
+        let text = std::fs::read_to_string(yaml).map_err(|source| FunctionFileError::Read {
+            path: yaml.to_path_buf(),
+            source,
+        })?;
+        let mut function: serde_json::Value =
+            serde_yaml::from_str(&text).map_err(|source| FunctionFileError::NotAFunction {
+                path: yaml.to_path_buf(),
+                source,
+            })?;
+        let Some(handler) = handler_beside(&function, yaml, dir)? else {
+            return Self::from_yaml_text(&text, yaml);
+        };
+        let handler_text = std::fs::read_to_string(&handler).map_err(|source| FunctionFileError::Read {
+            path: handler.clone(),
+            source,
+        })?;
+        let names_files = function["spec"].get("files").is_some();
+        function["spec"]["source"] = handler_text.into();
+        // JSON is YAML: the settings as written, with the handler as the source.
+        let settings = Self::from_yaml_text(&function.to_string(), yaml)?;
+        // The code as `wasmless dev <dir>` reads it, unless the yaml names the files.
+        let source = match names_files {
+            true => settings.source,
+            false => Self::from_source_file(&handler, true)?.source,
+        };
+        Ok(Self {
+            source,
+            watched: dir.to_path_buf(),
+            ..settings
+        })
     }
 
     fn from_yaml(path: &Path) -> Result<Self, FunctionFileError> {
@@ -259,20 +367,31 @@ mod tests {
         assert_eq!(function.source.files.len(), 2);
         assert_eq!(function.source.module_files[0].name, "go.mod");
 
-        // A function.yaml there takes the module files, named as the cluster builds them,
-        // so `dev` and the cluster compute one digest.
-        let yaml = format!(
-            "apiVersion: wasmless.io/v1alpha1\nkind: Function\nmetadata: {{name: f}}\nspec:\n  source: {HANDLER:?}\n"
-        );
-        std::fs::write(dir.join("function.yaml"), &yaml).unwrap();
+        // A function.yaml there of settings alone takes the folder's code as it is without
+        // the yaml (the module, the handler's other files), named as the cluster builds
+        // them, so `dev` and the cluster compute one digest.
+        let yaml = "apiVersion: wasmless.io/v1alpha1\nkind: Function\nmetadata: {name: f}\nspec:\n  language: go\n";
+        std::fs::write(dir.join("function.yaml"), yaml).unwrap();
         let from_dir = LocalFunction::load(&dir).unwrap();
-        let inline = format!("{yaml}  files:\n    go.mod: {GO_MOD:?}\n");
+        let inline = format!(
+            "{yaml}  source: {HANDLER:?}\n  files:\n    go.mod: {GO_MOD:?}\n    routes.go: \"package handlers\\n\"\n"
+        );
         let from_yaml = LocalFunction::from_yaml_text(&inline, Path::new("function.yaml")).unwrap();
+        // A yaml that holds a source too is refused: the handler.go beside it would not be built.
+        std::fs::write(dir.join("function.yaml"), &inline).unwrap();
+        let two = LocalFunction::load(&dir).err().unwrap().to_string();
         std::fs::remove_dir_all(&dir).unwrap();
+        assert!(two.contains("keep one"), "{two}");
+        assert_eq!(from_dir.name, "f");
+        assert_eq!(from_dir.watched, dir);
         assert_eq!(from_dir.source.module_files.len(), 1);
         assert_eq!(from_dir.source.files[0].name, "handler.go");
         assert_eq!(from_dir.source.digest("1"), from_yaml.source.digest("1"));
-        let files = [("handler.go", HANDLER.as_bytes()), ("go.mod", GO_MOD.as_bytes())];
+        let files = [
+            ("handler.go", HANDLER.as_bytes()),
+            ("go.mod", GO_MOD.as_bytes()),
+            ("routes.go", "package handlers\n".as_bytes()),
+        ];
         assert_eq!(
             from_yaml.source.digest("1"),
             crate::source::files_digest("go", "1", &files),

@@ -247,7 +247,20 @@ pub fn written(
     let mut function = match yaml {
         Some(yaml) if path.is_dir() => {
             let mut function = read_yaml(&yaml)?;
-            add_module_files(&mut function, path)?;
+            match wasmless_formats::function_file::handler_beside(&function, &yaml, path)? {
+                // The settings as written, the code as the folder without the yaml gives it.
+                Some(_) => {
+                    let code = from_handler(path)?;
+                    for key in ["language", "source", "files"] {
+                        if function["spec"].get(key).is_none()
+                            && let Some(value) = code["spec"].get(key)
+                        {
+                            function["spec"][key] = value.clone();
+                        }
+                    }
+                }
+                None => add_module_files(&mut function, path)?,
+            }
             function
         }
         Some(yaml) => read_yaml(&yaml)?,
@@ -515,13 +528,19 @@ mod tests {
             json!({"go.mod": go_mod, "go.sum": go_sum, "routes.go": "package handlers\n"})
         );
 
-        // A function.yaml beside them takes the module files, unless it names files itself.
-        let yaml = format!(
-            "apiVersion: wasmless.io/v1alpha1\nkind: Function\nmetadata: {{name: ids}}\nspec:\n  source: {handler:?}\n"
-        );
+        // A function.yaml beside them (its settings; the handler beside it the source) takes
+        // the folder's code as it is without the yaml, unless it names files itself.
+        let yaml = "apiVersion: wasmless.io/v1alpha1\nkind: Function\nmetadata: {name: ids}\nspec:\n  language: go\n"
+            .to_string();
         std::fs::write(project.join("function.yaml"), &yaml).unwrap();
         let function = manifest(&project, None).unwrap();
-        assert_eq!(function["spec"]["files"], json!({"go.mod": go_mod, "go.sum": go_sum}));
+        assert_eq!(function["metadata"]["name"], "ids");
+        assert_eq!(function["spec"]["source"], handler);
+        assert_eq!(
+            function["spec"]["files"],
+            json!({"go.mod": go_mod, "go.sum": go_sum, "routes.go": "package handlers\n"}),
+            "the folder's code as without the yaml"
+        );
         std::fs::write(
             project.join("function.yaml"),
             format!("{yaml}  files: {{go.mod: {go_mod:?}}}\n"),
@@ -537,6 +556,66 @@ mod tests {
         std::fs::remove_file(project.join("go.mod")).unwrap();
         let error = format!("{:#}", manifest(&project, None).unwrap_err());
         assert!(error.contains("go.sum without go.mod"), "{error}");
+    }
+
+    #[test]
+    fn a_function_yaml_of_settings_takes_the_handler_beside_it_as_dev_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("rates");
+        std::fs::create_dir(&folder).unwrap();
+        let handler =
+            "package handlers\n\nimport \"net/http\"\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {}\n";
+        std::fs::write(folder.join("handler.go"), handler).unwrap();
+        std::fs::write(folder.join("countries.csv"), "code,name\nfr,France\n").unwrap();
+        let settings = "apiVersion: wasmless.io/v1alpha1\nkind: Function\nmetadata: {name: rates}\nspec:\n  outbound:\n    allow: [\"http://127.0.0.1:18183\"]\n";
+        std::fs::write(folder.join("function.yaml"), settings).unwrap();
+
+        let function = manifest(&folder, None).unwrap();
+        assert_eq!(
+            function["spec"]["source"], handler,
+            "the handler beside the yaml is its source"
+        );
+        assert_eq!(function["spec"]["language"], "go");
+        assert_eq!(function["spec"]["outbound"]["allow"], json!(["http://127.0.0.1:18183"]));
+        assert_eq!(
+            function["spec"]["files"],
+            json!({"countries.csv": "code,name\nfr,France\n"})
+        );
+        let local = wasmless::function_file::LocalFunction::load(&folder).unwrap();
+        let files = [
+            ("handler.go", handler.as_bytes()),
+            ("countries.csv", "code,name\nfr,France\n".as_bytes()),
+        ];
+        assert_eq!(
+            local.source.digest("1"),
+            wasmless_formats::source::files_digest("go", "1", &files),
+            "`wasmless dev` builds what the cluster builds"
+        );
+        assert_eq!(local.watched, folder, "an edit of the handler rebuilds too");
+
+        // A yaml naming another language than the handler's file says so.
+        std::fs::write(folder.join("function.yaml"), format!("{settings}  language: rust\n")).unwrap();
+        let error = format!("{:#}", manifest(&folder, None).unwrap_err());
+        assert!(
+            error.contains("spec.language is rust") && error.contains("handler.go"),
+            "{error}"
+        );
+        // A yaml that holds a source too: the file beside it would never be built.
+        std::fs::write(
+            folder.join("function.yaml"),
+            format!("{settings}  source: {handler:?}\n"),
+        )
+        .unwrap();
+        let error = format!("{:#}", manifest(&folder, None).unwrap_err());
+        assert!(error.contains("keep one"), "{error}");
+        // With no handler beside it either, the error says both ways to give the source.
+        std::fs::write(folder.join("function.yaml"), settings).unwrap();
+        std::fs::remove_file(folder.join("handler.go")).unwrap();
+        let error = wasmless::function_file::LocalFunction::load(&folder)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains("spec.source") && error.contains("handler.go"), "{error}");
     }
 
     #[test]
