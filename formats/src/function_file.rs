@@ -200,15 +200,9 @@ impl LocalFunction {
                     watched: path.to_path_buf(),
                 });
             }
-            let sources: Vec<PathBuf> = ["handler.go", "handler.rs", "handler.wat", "lib.rs"]
-                .iter()
-                .map(|name| path.join(name))
-                .filter(|p| p.exists())
-                .collect();
-            return match sources.as_slice() {
-                [one] => Self::from_source_file(one, true),
-                [] => Err(FunctionFileError::NoHandler(path.to_path_buf())),
-                _ => Err(FunctionFileError::SeveralHandlers(path.to_path_buf())),
+            return match handler_in(path)? {
+                Some((handler, _)) => Self::from_source_file(&handler, true),
+                None => Err(FunctionFileError::NoHandler(path.to_path_buf())),
             };
         }
         match path.extension().and_then(|e| e.to_str()) {
