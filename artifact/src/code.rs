@@ -57,6 +57,10 @@ const BLOCKS_MAGIC: [u8; 4] = *b"\x89WLB";
 /// two to four cores busy, and large enough that LZ4 loses nothing of its ratio.
 pub const CODE_BLOCK_BYTES: usize = 1 << 20;
 
+/// Decompressed code beyond this many times its stored size is not what LZ4 makes of
+/// code: a reader decompresses it only once its digest is checked, if at all.
+pub const LIKELY_CODE_RATIO: usize = 16;
+
 /// Largest `.cwasm` a reader decompresses, so a crafted stream cannot make it allocate
 /// without bound. Compiled code is a few times the module's size.
 pub const MAX_CODE_BYTES: u64 = 1 << 30;
@@ -76,6 +80,28 @@ pub struct CodeHeader {
     /// only the module holds: a runtime loading this code reads the module too. Written
     /// only when set, so code of a module without files is what it always was.
     pub module_files: bool,
+}
+
+impl CodeHeader {
+    /// The header's lines, as the header block holds them before its padding.
+    pub fn to_lines(&self) -> String {
+        let mut lines = format!(
+            "{MAGIC}\nmodule-digest: {}\nengine: {}\nkind: {}\ntarget: {}\n",
+            self.module_digest,
+            self.engine,
+            self.kind.name(),
+            self.target
+        );
+        if self.module_files {
+            lines.push_str("module-files: true\n");
+        }
+        lines
+    }
+
+    /// Reads what [`CodeHeader::to_lines`] wrote (padded or not).
+    pub fn parse(lines: &str) -> Result<Self, CodeError> {
+        parse_header(lines)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,17 +135,7 @@ pub enum CodeError {
 
 /// Writes the artifact: the header block and the `.cwasm` bytes, LZ4-compressed.
 pub fn encode_code(header: &CodeHeader, cwasm: &[u8]) -> Vec<u8> {
-    let mut plain = format!(
-        "{MAGIC}\nmodule-digest: {}\nengine: {}\nkind: {}\ntarget: {}\n",
-        header.module_digest,
-        header.engine,
-        header.kind.name(),
-        header.target
-    )
-    .into_bytes();
-    if header.module_files {
-        plain.extend_from_slice(b"module-files: true\n");
-    }
+    let mut plain = header.to_lines().into_bytes();
     assert!(plain.len() < CODE_HEADER_BYTES, "a header of a few lines");
     plain.resize(CODE_HEADER_BYTES, b'\n');
     plain.extend_from_slice(cwasm);

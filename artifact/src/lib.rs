@@ -1,11 +1,13 @@
 //! The module storage format, written once and shared by the builder, the runtime and
 //! the operator: the digest type, how a module is compressed and split into ConfigMap
-//! chunks, the label and annotation keys, and the OCI media types.
+//! chunks, the label and annotation keys, the OCI media types, and how a runtime asks its
+//! node's store of verified code (`code_store`).
 //!
 //! It links neither wasmtime nor kube, so every part can depend on it.
 
 mod chunks;
 mod code;
+pub mod code_store;
 mod digest;
 mod go_source;
 pub mod guest_files;
@@ -17,8 +19,9 @@ pub use chunks::{
 };
 pub use code::{
     BlockSpan, CODE_BLOCK_BYTES, CODE_HEADER_BYTES, CODE_PREAMBLE_BYTES, CodeBlock, CodeError, CodeHeader, CodeKind,
-    CodePreamble, MAX_CODE_BYTES, code_block_spans, code_blocks, code_header, code_preamble, decode_code,
-    decode_code_into, decoded_code_size, decompress_block, decompress_code_into, encode_code, split_for_blocks,
+    CodePreamble, LIKELY_CODE_RATIO, MAX_CODE_BYTES, code_block_spans, code_blocks, code_header, code_preamble,
+    decode_code, decode_code_into, decoded_code_size, decompress_block, decompress_code_into, encode_code,
+    split_for_blocks,
 };
 pub use digest::{Digest, DigestError, DigestHasher};
 pub use go_source::go_package;

@@ -1,6 +1,7 @@
 //! `wasmless-host`: the host of handlers. One module, verified by its digest before
 //! anything reads it ([`module_source`], [`precompiled`]), compiled or opened from the
-//! builder's code ([`loader`], [`compile`], [`engine`]), and run per request in a fresh
+//! builder's code ([`loader`], [`compile`], [`engine`]) or mapped from the node's store of
+//! verified code ([`code_store`]), and run per request in a fresh
 //! instance under its limits ([`handler`]: one file per guest ABI, [`limits`],
 //! [`request_memory`]), with the per-Function metrics the servers export ([`metrics`]).
 //!
@@ -11,6 +12,7 @@
 pub mod abi;
 pub mod clocks;
 pub mod code_cost;
+pub mod code_store;
 pub mod compile;
 pub mod configmap_chunks;
 pub mod engine;

@@ -11,13 +11,16 @@ use std::time::{Duration, Instant};
 /// One step of loading a Function's code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LoadPhase {
+    /// The code asked of the node's store of verified code, and on a hit its file mapped
+    /// (what a hit takes in all; a miss goes on to `fetch`).
+    Store,
     /// The stored code brought into memory from the API server or a registry. Code read
     /// from files is read as it is hashed: that time is in `Verify`.
     Fetch,
     /// The stored code hashed against its pinned digest and decompressed.
     Verify,
     /// The verified code written to a file of the process's own, to be mapped from it (the
-    /// pool's code; a node-wide store of verified code would leave nothing to write).
+    /// pool's code; code from the node's store leaves nothing to write).
     Place,
     /// The verified code's header checked and the code handed to wasmtime: mapped from
     /// its file, or run where it was decompressed.
@@ -33,6 +36,7 @@ pub enum LoadPhase {
 impl LoadPhase {
     pub fn name(self) -> &'static str {
         match self {
+            Self::Store => "store",
             Self::Fetch => "fetch",
             Self::Verify => "verify",
             Self::Place => "place",

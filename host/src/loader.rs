@@ -3,6 +3,7 @@
 //! module the process loads.
 
 use crate::abi::{self, Abi, AbiError};
+use crate::code_store::{CodeStore, CodeStoreError, Stored};
 use crate::compile::{self, CacheOutcome, CompileError, Compiled};
 use crate::engine::CompileTarget;
 use crate::guest_root::GuestRoot;
@@ -61,6 +62,15 @@ impl OpenedCode {
     }
 }
 
+/// What the node's store gave for a load ([`Loader::open_stored`]).
+pub enum FromStore {
+    Opened(OpenedCode),
+    /// Read the code instead; `put`: and put it in the store after (it said it lacks it).
+    Missing {
+        put: bool,
+    },
+}
+
 /// The engine every module of this process runs on, and where compiled code is cached:
 /// made once, shared by each Function's [`Loader`].
 #[derive(Clone)]
@@ -69,6 +79,7 @@ pub struct EngineHost {
     target: CompileTarget,
     cache_dir: Option<PathBuf>,
     mapped_dir: Option<PathBuf>,
+    code_store: Option<CodeStore>,
 }
 
 impl EngineHost {
@@ -92,7 +103,15 @@ impl EngineHost {
             target,
             cache_dir,
             mapped_dir: None,
+            code_store: None,
         })
+    }
+
+    /// Asks `store` for the builder's code before reading it, and puts there what was read
+    /// (`--code-store`).
+    pub fn with_code_store(mut self, store: Option<CodeStore>) -> Self {
+        self.code_store = store;
+        self
     }
 
     /// Loads the builder's code by mapping a file written in the cache directory, not as a
@@ -116,6 +135,7 @@ pub struct Loader {
     shared: Arc<Shared>,
     cache_dir: Option<PathBuf>,
     mapped_dir: Option<PathBuf>,
+    code_store: Option<CodeStore>,
 }
 
 impl Loader {
@@ -156,6 +176,7 @@ impl Loader {
             shared,
             cache_dir: host.cache_dir.clone(),
             mapped_dir: host.mapped_dir.clone(),
+            code_store: host.code_store.clone(),
         }
     }
 
@@ -254,22 +275,111 @@ impl Loader {
         })
     }
 
+    /// The builder's code for `module` from the node's store, asked by `code_digest`, the
+    /// digest it is pinned to: mapped from the store's file, nothing read or verified here.
+    /// `Missing`: no store, the store does not hold it (or cannot be asked), or this host
+    /// cannot run it; read it from `source` instead. `Err`: the code was made from another
+    /// module, and nothing may run.
+    pub async fn open_stored(
+        &self,
+        source: &CodeSource,
+        code_digest: Digest,
+        module: Digest,
+        started: Instant,
+    ) -> Result<FromStore, ModuleError> {
+        let Some(store) = self.code_store.clone() else {
+            return Ok(FromStore::Missing { put: false });
+        };
+        let (engine, target, source) = (self.engine.clone(), self.target.clone(), source.clone());
+        let asking = Instant::now();
+        let (asked, opened) = tokio::task::spawn_blocking(move || match store.get(&code_digest) {
+            Ok(Stored::Code(header, file)) => {
+                let opened = precompiled::open_stored(&engine, &target, &source, &header, file, &module);
+                (Ok("found"), Some(opened))
+            }
+            Ok(other) => (Ok(other.name()), None),
+            Err(error) => (Err(error), None),
+        })
+        .await
+        .map_err(|e| ModuleError::Engine(e.to_string()))?;
+        let metrics = &self.shared.metrics;
+        // Put after a miss only where the store answered that it lacks the code: a store
+        // that cannot be asked, or is busy, is not sent megabytes.
+        let put = match asked {
+            Ok(result) => {
+                metrics.code_store_request("get", result);
+                true
+            }
+            Err(error) => {
+                metrics.code_store_request("get", "error");
+                tracing::warn!(%error, "cannot ask the node's code store: reading the code instead");
+                false
+            }
+        };
+        match opened {
+            Some(Ok(Opened::Loaded(compiled, abi, residence, needs_files))) => {
+                let mut phases = LoadPhases::default();
+                phases.since(LoadPhase::Store, asking);
+                Ok(FromStore::Opened(OpenedCode {
+                    compiled,
+                    abi,
+                    residence,
+                    digest: module,
+                    cache: CacheOutcome::Precompiled,
+                    started,
+                    phases,
+                    needs_files,
+                }))
+            }
+            Some(Ok(Opened::Fallback(reason))) => {
+                tracing::info!(reason = reason.reason(), error = %reason, "the stored code cannot run here: reading the code instead");
+                Ok(FromStore::Missing { put: false })
+            }
+            Some(Err(refused)) => Err(refused.into()),
+            None => Ok(FromStore::Missing { put }),
+        }
+    }
+
+    /// Puts `stored`, verified against `code_digest`, in the node's store, off the
+    /// request's path (a blocking thread, nothing waits for it).
+    fn put_in_store(&self, code_digest: Digest, stored: precompiled::StoredBytes) {
+        let Some(store) = self.code_store.clone() else {
+            return;
+        };
+        let metrics = self.shared.metrics.clone();
+        tokio::task::spawn_blocking(move || match store.put(&code_digest, stored.bytes()) {
+            Ok(()) => metrics.code_store_request("put", "stored"),
+            Err(CodeStoreError::Refused(why)) => {
+                metrics.code_store_request("put", "refused");
+                tracing::warn!(%code_digest, why, "the node's code store refused the code");
+            }
+            Err(error) => {
+                metrics.code_store_request("put", "error");
+                tracing::warn!(%code_digest, %error, "cannot put the code in the node's code store");
+            }
+        });
+    }
+
     /// Opens the code the builder compiled for `module`, read and verified by
     /// [`CodeSource::load_code`] since `started`, so that nothing is compiled here.
     /// `Ok(None)`: the code cannot be used on this host (logged and counted); compile the
     /// module instead. `Err`: the code is not what was pinned, or not made from `module`,
     /// and nothing may run.
+    /// `code_digest`: what it was verified against, under which a store keeps it.
     pub async fn open_precompiled(
         &self,
         source: &CodeSource,
         code: Result<Result<VerifiedCode, Fallback>, CodeRefused>,
         module: Digest,
+        code_digest: Digest,
         started: Instant,
     ) -> Result<Option<OpenedCode>, ModuleError> {
         let mut phases = LoadPhases::default();
+        let mut stored = None;
         let opened = match code? {
-            Ok(verified) => {
+            Ok(mut verified) => {
                 phases.extend(verified.phases());
+                stored = verified.take_stored();
                 let engine = self.engine.clone();
                 let target = self.target.clone();
                 let source = source.clone();
@@ -297,16 +407,22 @@ impl Loader {
             Err(fallback) => Opened::Fallback(fallback),
         };
         match opened {
-            Opened::Loaded(compiled, abi, residence, needs_files) => Ok(Some(OpenedCode {
-                compiled,
-                abi,
-                residence,
-                digest: module,
-                cache: CacheOutcome::Precompiled,
-                started,
-                phases,
-                needs_files,
-            })),
+            Opened::Loaded(compiled, abi, residence, needs_files) => {
+                // Code that loads here is worth keeping on the node.
+                if let Some(stored) = stored {
+                    self.put_in_store(code_digest, stored);
+                }
+                Ok(Some(OpenedCode {
+                    compiled,
+                    abi,
+                    residence,
+                    digest: module,
+                    cache: CacheOutcome::Precompiled,
+                    started,
+                    phases,
+                    needs_files,
+                }))
+            }
             Opened::Fallback(reason) => {
                 self.shared.metrics.compile_fallback(reason.reason());
                 tracing::warn!(code = %source, reason = reason.reason(), error = %reason, "not using the precompiled code: compiling the module here");

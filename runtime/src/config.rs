@@ -171,6 +171,14 @@ pub struct Config {
     #[arg(long, env = "WASMLESS_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
 
+    /// The node's store of verified compiled code: the socket of its agent
+    /// (`wasmless-node-agent`). The builder's code is asked of it by its pinned digest
+    /// before it is read, and mapped from the agent's file on a hit; code read the slow way
+    /// is put there for the next process on the node. Without it, or when it fails, code
+    /// is read and verified here as before.
+    #[arg(long, env = "WASMLESS_CODE_STORE")]
+    pub code_store: Option<PathBuf>,
+
     /// How often a module file is checked for replacement (0 turns watching off).
     #[arg(long, env = "WASMLESS_WATCH_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub watch_interval: Duration,

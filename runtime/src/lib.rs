@@ -180,13 +180,19 @@ type Serving = (
     SocketAddr,
 );
 
+/// The engine every Function of this process runs on, with the node's code store if given.
+fn engine_host(config: &Config) -> Result<loader::EngineHost, ServeError> {
+    let store = config.code_store.clone().map(wasmless_host::code_store::CodeStore::new);
+    Ok(loader::EngineHost::new(&config.request_limits(), config.cache_dir.clone())?.with_code_store(store))
+}
+
 /// A dedicated runtime: its one Function loaded before the port opens, and the module
 /// file watched for a replacement.
 async fn serve_one(config: &Config, metrics: &Arc<Metrics>, admin_port: u16) -> Result<Serving, ServeError> {
     // A new pod's code is read and verified on other threads while the engine is made.
     let started = Instant::now();
     let code = tenant::fetch_code(config);
-    let engine = loader::EngineHost::new(&config.request_limits(), config.cache_dir.clone())?;
+    let engine = engine_host(config)?;
     tracing::debug!(engine_ms = started.elapsed().as_secs_f64() * 1000.0, "engine made");
     let tenant = Tenant::new(
         &engine,
@@ -214,7 +220,7 @@ async fn serve_one(config: &Config, metrics: &Arc<Metrics>, admin_port: u16) -> 
 /// the `--traffic-file`s, which are then followed), each a tenant of its own on one engine,
 /// all loaded before the port opens.
 async fn serve_revisions(config: &Config, metrics: &Arc<Metrics>, admin_port: u16) -> Result<Serving, ServeError> {
-    let engine = loader::EngineHost::new(&config.request_limits(), config.cache_dir.clone())?;
+    let engine = engine_host(config)?;
     let (revisions, applied) = match &config.traffic {
         Some(traffic) => (
             split::Revisions::load(engine, config, metrics.clone(), admin_port, traffic).await?,
@@ -336,7 +342,7 @@ async fn serve_many(
     if let Err(error) = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable) {
         tracing::warn!(%error, "cannot make the pool's process undumpable");
     }
-    let engine = loader::EngineHost::new(&config.request_limits(), config.cache_dir.clone())?.mapping_code();
+    let engine = engine_host(config)?.mapping_code();
     let (pool, listeners) = pool::Pool::new(engine, metrics.clone(), config, admin_port);
     let _ = slot.set(pool.clone());
     let interval = if config.watch_interval.is_zero() {

@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 use wasmless_artifact::Digest;
 use wasmless_host::handler::LoadedHandler;
 use wasmless_host::load_phases::LoadPhase;
-use wasmless_host::loader::{EngineHost, Loader};
+use wasmless_host::loader::{EngineHost, FromStore, Loader};
 use wasmless_host::metrics::Metrics;
 use wasmless_host::module_source::ModuleSource;
 use wasmless_host::{limits, precompiled};
@@ -26,11 +26,16 @@ type CodeFetch = tokio::task::JoinHandle<CodeResult>;
 /// Starts reading and verifying `config`'s compiled code on other threads, for
 /// [`Tenant::use_prefetched`]: a new pod does that while it makes the engine, since
 /// neither needs the other and each takes milliseconds.
+/// With a node's code store, nothing is read ahead: the store is asked first, and a hit
+/// reads nothing.
 pub fn fetch_code(config: &Config) -> Option<CodeFetch> {
+    if config.code_store.is_some() {
+        return None;
+    }
     // A source that does not parse is refused by [`Tenant::new`], saying why.
     let code = precompiled::CodeSource::parse(config.code.as_ref()?).ok()?;
     let code_digest = config.code_digest?;
-    Some(tokio::spawn(async move { code.load_code(code_digest).await }))
+    Some(tokio::spawn(async move { code.load_code(code_digest, false).await }))
 }
 
 pub struct Tenant {
@@ -196,32 +201,32 @@ impl Tenant {
             .store(u64::try_from(millis).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
-    /// The builder's code first (a new pod: nothing to compile), then this node's cache
-    /// (a restart), then the module itself, compiled here. Every digest is checked
-    /// before anything runs.
+    /// The builder's code first (from the node's store if it holds it, else read and
+    /// verified: a new pod compiles nothing), then this node's cache (a restart), then the
+    /// module itself, compiled here. Every digest is checked before anything runs.
     async fn load(&self) -> Result<LoadedHandler, ServeError> {
         let started = Instant::now();
         let prefetched = self.prefetched.lock().unwrap().take();
         let expected = self.source.known_digest(self.pinned).await;
-        let code = match &self.code {
-            Some((code, code_digest)) => {
-                let module = expected.ok_or(ServeError::CodeWithoutModuleDigest)?;
-                let code_digest = code_digest.ok_or(ServeError::UnpinnedCode)?;
-                let code = code.clone();
-                let loading = prefetched.unwrap_or_else(|| {
-                    let code = code.clone();
-                    tokio::spawn(async move { code.load_code(code_digest).await })
-                });
-                Some((code, module, loading))
-            }
-            None => None,
-        };
         let mut opened = None;
-        if let Some((code, module, loading)) = code {
-            let loaded = loading
-                .await
-                .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()));
-            opened = self.loader.open_precompiled(&code, loaded, module, started).await?;
+        if let Some((code, code_digest)) = &self.code {
+            let module = expected.ok_or(ServeError::CodeWithoutModuleDigest)?;
+            let code_digest = code_digest.ok_or(ServeError::UnpinnedCode)?;
+            opened = match self.loader.open_stored(code, code_digest, module, started).await? {
+                FromStore::Opened(stored) => Some(stored),
+                FromStore::Missing { put: keep_stored } => {
+                    let loading = prefetched.unwrap_or_else(|| {
+                        let code = code.clone();
+                        tokio::spawn(async move { code.load_code(code_digest, keep_stored).await })
+                    });
+                    let loaded = loading
+                        .await
+                        .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()));
+                    self.loader
+                        .open_precompiled(code, loaded, module, code_digest, started)
+                        .await?
+                }
+            };
         }
         if opened.is_none()
             && let Some(digest) = expected

@@ -7,6 +7,7 @@ mod support;
 
 mod abis;
 mod adversarial;
+mod code_store;
 mod failures;
 mod loading;
 mod observability;

@@ -130,6 +130,14 @@ pub(super) struct PhaseLabels {
     pub(super) phase: &'static str,
 }
 
+/// `op`: `get` or `put`; `result`: `found`, `absent`, `corrupt`, `stored`, `refused` or
+/// `error` (the store could not be asked). No `function`: the store is the node's.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct CodeStoreLabels {
+    pub(super) op: &'static str,
+    pub(super) result: &'static str,
+}
+
 /// Every family a Function's series are in (and the process's load phases).
 #[derive(Clone)]
 pub(super) struct Families {
@@ -142,6 +150,7 @@ pub(super) struct Families {
     pub(super) load_phase: Family<PhaseLabels, Histogram>,
     pub(super) module_info: Family<ModuleLabels, Gauge>,
     pub(super) compile_fallbacks: Family<FallbackLabels, Counter>,
+    pub(super) code_store: Family<CodeStoreLabels, Counter>,
     pub(super) refused: Family<RefusedLabels, Counter>,
     pub(super) connections_open: Family<FunctionLabels, Gauge>,
     pub(super) outbound_requests: Family<OutboundLabels, Counter>,
@@ -167,6 +176,7 @@ impl Families {
             load_phase: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0001, 2.0, 17))),
             module_info: Family::default(),
             compile_fallbacks: Family::default(),
+            code_store: Family::default(),
             refused: Family::default(),
             connections_open: Family::default(),
             outbound_requests: Family::default(),
@@ -197,7 +207,7 @@ impl Families {
         );
         registry.register(
             "wasmless_load_phase_seconds",
-            "Time each phase of loading a Function's code took: fetch, verify, place, open, compile, files, link",
+            "Time each phase of loading a Function's code took: store, fetch, verify, place, open, compile, files, link",
             f.load_phase,
         );
         registry.register(
@@ -209,6 +219,11 @@ impl Families {
             "wasmless_compile_fallbacks",
             "Precompiled code given but not used, so the module was compiled here, by reason",
             f.compile_fallbacks,
+        );
+        registry.register(
+            "wasmless_code_store_requests",
+            "Requests to the node's store of verified code (--code-store), by op (get, put) and result",
+            f.code_store,
         );
         registry.register(
             "wasmless_refused",

@@ -244,6 +244,14 @@ impl Metrics {
             .inc();
     }
 
+    /// A request to the node's code store (`op`: `get`, `put`) and what came of it.
+    pub fn code_store_request(&self, op: &'static str, result: &'static str) {
+        self.families
+            .code_store
+            .get_or_create(&families::CodeStoreLabels { op, result })
+            .inc();
+    }
+
     fn function_labels(&self) -> FunctionLabels {
         FunctionLabels {
             function: self.function.clone(),

@@ -58,6 +58,36 @@ pub(super) fn metadata_bytes(cwasm: &[u8]) -> u64 {
     elf_section_size(cwasm, b".wasmtime.info").unwrap_or(cwasm.len() as u64)
 }
 
+/// [`metadata_bytes`] of the code in `file`, read through a mapping of it (only the pages
+/// the section table is on are read in). The file's size when it cannot be mapped.
+pub(super) fn metadata_of_file(file: &File) -> u64 {
+    let Ok(len) = file.metadata().map(|metadata| metadata.len() as usize) else {
+        return u64::MAX;
+    };
+    if len == 0 {
+        return 0;
+    }
+    // SAFETY: a private read-only mapping of the whole file, read and unmapped here.
+    let mapped = unsafe {
+        rustix::mm::mmap(
+            std::ptr::null_mut(),
+            len,
+            rustix::mm::ProtFlags::READ,
+            rustix::mm::MapFlags::PRIVATE,
+            file,
+            0,
+        )
+    };
+    let Ok(memory) = mapped else {
+        return len as u64;
+    };
+    // SAFETY: the mapping just made, `len` bytes, readable; the file is never written.
+    let metadata = metadata_bytes(unsafe { std::slice::from_raw_parts(memory.cast::<u8>(), len) });
+    // SAFETY: the mapping made above, no longer borrowed.
+    let _ = unsafe { rustix::mm::munmap(memory, len) };
+    metadata
+}
+
 /// The size of the section `name` of the ELF64 (little-endian) image `elf`.
 fn elf_section_size(elf: &[u8], name: &[u8]) -> Option<u64> {
     let u16_at = |at: usize| Some(u16::from_le_bytes(elf.get(at..at + 2)?.try_into().ok()?));

@@ -173,13 +173,40 @@ impl Residence {
 pub type CodeSource = ModuleSource;
 
 /// Code whose stored bytes matched the pinned digest, decompressed and waiting for
-/// [`open`] to check its header and load it; with the time its fetch and verification took.
-pub struct VerifiedCode(CodeImage, LoadPhases);
+/// [`open`] to check its header and load it; with the time its fetch and verification took,
+/// and the stored bytes themselves when they were asked to be kept (for the node's store).
+pub struct VerifiedCode(CodeImage, LoadPhases, Option<StoredBytes>);
 
 impl VerifiedCode {
+    fn new(image: CodeImage) -> Self {
+        Self(image, LoadPhases::default(), None)
+    }
+
     /// How long fetching and verifying this code took.
     pub fn phases(&self) -> &LoadPhases {
         &self.1
+    }
+
+    /// The code as stored (compressed), which hashed to the pinned digest, if kept.
+    pub fn take_stored(&mut self) -> Option<StoredBytes> {
+        self.2.take()
+    }
+}
+
+/// The stored bytes of verified code, as they were read.
+pub struct StoredBytes(StoredMemory);
+
+enum StoredMemory {
+    Vec(Vec<u8>),
+    Pages(PageBuffer),
+}
+
+impl StoredBytes {
+    pub fn bytes(&self) -> &[u8] {
+        match &self.0 {
+            StoredMemory::Vec(bytes) => bytes,
+            StoredMemory::Pages(pages) => pages.bytes(),
+        }
     }
 }
 
@@ -201,7 +228,7 @@ impl ModuleSource {
     /// Reads the stored bytes and checks them against `pinned`, decompressing them on
     /// other threads while they are read and hashed. `Ok(Err(..))`: the code is
     /// unavailable or does not decode, and the module can be compiled instead.
-    pub async fn load_code(&self, pinned: Digest) -> CodeResult {
+    pub async fn load_code(&self, pinned: Digest, keep_stored: bool) -> CodeResult {
         let started = std::time::Instant::now();
         let code = self.to_string();
         let (files, chunks_of) = match self {
@@ -216,7 +243,8 @@ impl ModuleSource {
                     Err(error) => return Ok(Err(Fallback::Unavailable(error.into()))),
                 };
                 let (fetch, verifying) = (started.elapsed(), std::time::Instant::now());
-                let verified = blocking(move || verify_and_decode(code, &blob, pinned)).await;
+                let verified =
+                    blocking(move || keeping(verify_and_decode(code, &blob, pinned), || blob, keep_stored)).await;
                 return timed(verified, Some(fetch), verifying);
             }
             // The stored chunks joined as a chunk directory's are (each within the chunk
@@ -232,17 +260,26 @@ impl ModuleSource {
                 };
                 drop(stored);
                 let (fetch, verifying) = (started.elapsed(), std::time::Instant::now());
-                let verified = blocking(move || verify_and_decode(code, &joined, pinned)).await;
+                let verified =
+                    blocking(move || keeping(verify_and_decode(code, &joined, pinned), || joined, keep_stored)).await;
                 return timed(verified, Some(fetch), verifying);
             }
         };
         let verified = blocking(move || match streaming::StoredFiles::open(files, chunks_of) {
-            Ok(stored) => streaming::read_verify_and_decode(code, stored, pinned),
+            Ok(stored) => streaming::read_verify_and_decode(code, stored, pinned, keep_stored),
             Err(error) => Ok(Err(Fallback::Unavailable(error))),
         })
         .await;
         timed(verified, None, started)
     }
+}
+
+/// `result` with the stored bytes kept in it, when asked to be.
+fn keeping(mut result: CodeResult, stored: impl FnOnce() -> Vec<u8>, keep: bool) -> CodeResult {
+    if keep && let Ok(Ok(code)) = &mut result {
+        code.2 = Some(StoredBytes(StoredMemory::Vec(stored())));
+    }
+    result
 }
 
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
@@ -251,9 +288,9 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) 
         .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()))
 }
 
-/// Decompressed code beyond this many times its stored size is not what LZ4 makes of
-/// code: it is decompressed only once verified.
-const LIKELY_RATIO: usize = 16;
+/// Decompressed code beyond this many times its stored size is decompressed only once
+/// verified.
+const LIKELY_RATIO: usize = wasmless_artifact::LIKELY_CODE_RATIO;
 
 /// Hashing the stored bytes and decompressing them are both on a new pod's start path (the
 /// Goless sample: ~3 ms to hash its 5.5 MB, ~7.5 ms of LZ4 on one core), so they share the
@@ -283,9 +320,7 @@ fn verify_and_decode(
         });
     }
     let decoded = decoded.unwrap_or_else(|| CodeImage::decompress_while(stored, || ()).1);
-    Ok(decoded
-        .map(|image| VerifiedCode(image, LoadPhases::default()))
-        .map_err(Fallback::Malformed))
+    Ok(decoded.map(VerifiedCode::new).map_err(Fallback::Malformed))
 }
 
 /// Runs `first` on a thread of its own, then `decompress` there too, while `decompress`
@@ -340,30 +375,13 @@ pub fn open(
     mapped_dir: Option<&std::path::Path>,
     phases: &mut LoadPhases,
 ) -> Result<Opened, CodeRefused> {
-    let VerifiedCode(image, _) = code;
+    let VerifiedCode(image, _, _) = code;
     let header = match code_header(image.decompressed()) {
         Ok(header) => header,
         Err(error) => return Ok(Opened::Fallback(Fallback::Malformed(error))),
     };
-    if header.module_digest != *module {
-        return Err(CodeRefused::OtherModule {
-            code: source.to_string(),
-            compiled_from: header.module_digest,
-            pinned: *module,
-        });
-    }
-    if let CompileTarget::Host { missing } = target {
-        return Ok(Opened::Fallback(Fallback::Cpu {
-            target: header.target,
-            missing: missing.join(", "),
-        }));
-    }
-    let runtime = engine::engine_hash(engine);
-    if header.engine != runtime {
-        return Ok(Opened::Fallback(Fallback::Engine {
-            code: header.engine,
-            runtime,
-        }));
+    if let Some(fallback) = check_header(engine, target, source, &header, module)? {
+        return Ok(Opened::Fallback(fallback));
     }
     if let Some(dir) = mapped_dir {
         let metadata = mapped::metadata_bytes(image.code());
@@ -418,6 +436,65 @@ pub fn open(
         (false, _) => {}
     }
     Ok(loaded_or_fallback(loaded, Residence::Copied, header.module_files))
+}
+
+/// Whether code of `header` may run for `module` on this engine: refused when it was made
+/// from another module, a fallback when this engine or CPU cannot run it.
+fn check_header(
+    engine: &Engine,
+    target: &CompileTarget,
+    source: &CodeSource,
+    header: &CodeHeader,
+    module: &Digest,
+) -> Result<Option<Fallback>, CodeRefused> {
+    if header.module_digest != *module {
+        return Err(CodeRefused::OtherModule {
+            code: source.to_string(),
+            compiled_from: header.module_digest,
+            pinned: *module,
+        });
+    }
+    if let CompileTarget::Host { missing } = target {
+        return Ok(Some(Fallback::Cpu {
+            target: header.target.clone(),
+            missing: missing.join(", "),
+        }));
+    }
+    let runtime = engine::engine_hash(engine);
+    if header.engine != runtime {
+        return Ok(Some(Fallback::Engine {
+            code: header.engine.clone(),
+            runtime,
+        }));
+    }
+    Ok(None)
+}
+
+/// Loads code the node's store handed over (`header`, and `file`: the `.cwasm`, verified
+/// by the store against the pinned code digest, read-only and never written again),
+/// mapped from that file, after the same header checks as [`open`]. Runs on a blocking
+/// thread.
+pub fn open_stored(
+    engine: &Engine,
+    target: &CompileTarget,
+    source: &CodeSource,
+    header: &CodeHeader,
+    file: std::fs::File,
+    module: &Digest,
+) -> Result<Opened, CodeRefused> {
+    if let Some(fallback) = check_header(engine, target, source, header, module)? {
+        return Ok(Opened::Fallback(fallback));
+    }
+    let metadata = mapped::metadata_of_file(&file);
+    // SAFETY: the store's file holds the code it checked against the pinned digest (the
+    // digest this runtime asked for), and nothing writes to it: a root-owned read-only
+    // file of a directory only the store's agent reaches, never rewritten in place.
+    let loaded = unsafe { mapped::load(engine, header.kind, file) };
+    Ok(loaded_or_fallback(
+        loaded,
+        Residence::Mapped { metadata },
+        header.module_files,
+    ))
 }
 
 fn loaded_or_fallback(loaded: wasmtime::Result<Compiled>, residence: Residence, module_files: bool) -> Opened {

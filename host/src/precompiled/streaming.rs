@@ -13,7 +13,10 @@
 //! files is read whole and goes that way.
 
 use super::pages::PageBuffer;
-use super::{CodeImage, CodeRefused, Fallback, VerifiedCode, verify_and_decode, with_decompressing_threads};
+use super::{
+    CodeImage, CodeRefused, Fallback, StoredBytes, StoredMemory, VerifiedCode, verify_and_decode,
+    with_decompressing_threads,
+};
 use crate::load_phases::LoadPhases;
 use crate::module_source::LoadError;
 use std::collections::VecDeque;
@@ -114,6 +117,7 @@ pub(super) fn read_verify_and_decode(
     code: String,
     stored: StoredFiles,
     pinned: Digest,
+    keep_stored: bool,
 ) -> Result<Result<VerifiedCode, Fallback>, CodeRefused> {
     let unavailable = |error| Ok(Err(Fallback::Unavailable(error)));
     let total = stored.total;
@@ -136,7 +140,8 @@ pub(super) fn read_verify_and_decode(
         _ => None,
     };
     let Some(table_bytes) = blocks_format else {
-        return read_whole(code, files, bytes, preamble_len, pinned);
+        let verified = read_whole(code, files, bytes, preamble_len, pinned);
+        return super::keeping(verified, || bytes.to_vec(), keep_stored);
     };
     let (head, blocks) = bytes.split_at_mut(CODE_PREAMBLE_BYTES + table_bytes);
     if let Err(error) = files.read_exact(&mut head[CODE_PREAMBLE_BYTES..]) {
@@ -146,7 +151,8 @@ pub(super) fn read_verify_and_decode(
         Ok(spans) if spans.iter().map(|span| span.compressed_len).sum::<usize>() == blocks.len() => spans,
         _ => {
             let read = head.len();
-            return read_whole(code, files, buffer.bytes_mut(), read, pinned);
+            let verified = read_whole(code, files, &mut buffer.bytes_mut()[..total], read, pinned);
+            return super::keeping(verified, || buffer.bytes()[..total].to_vec(), keep_stored);
         }
     };
     let decoded = spans.last().map_or(0, |span| span.decompressed.end);
@@ -154,7 +160,8 @@ pub(super) fn read_verify_and_decode(
         Ok(image) => image,
         Err(_) => {
             let read = head.len();
-            return read_whole(code, files, buffer.bytes_mut(), read, pinned);
+            let verified = read_whole(code, files, &mut buffer.bytes_mut()[..total], read, pinned);
+            return super::keeping(verified, || buffer.bytes()[..total].to_vec(), keep_stored);
         }
     };
     let (read, failure) = decompress_while_reading(files, head, blocks, &spans, image.bytes_mut());
@@ -171,7 +178,10 @@ pub(super) fn read_verify_and_decode(
     }
     Ok(match failure {
         Some(error) => Err(Fallback::Malformed(error)),
-        None => Ok(VerifiedCode(CodeImage(image), LoadPhases::default())),
+        None => {
+            let stored = keep_stored.then(|| StoredBytes(StoredMemory::Pages(buffer)));
+            Ok(VerifiedCode(CodeImage(image), LoadPhases::default(), stored))
+        }
     })
 }
 
@@ -315,7 +325,7 @@ mod tests {
 
     fn decoded(result: Result<Result<VerifiedCode, Fallback>, CodeRefused>) -> Vec<u8> {
         match result {
-            Ok(Ok(VerifiedCode(image, _))) => image.decompressed().to_vec(),
+            Ok(Ok(VerifiedCode(image, _, _))) => image.decompressed().to_vec(),
             Ok(Err(fallback)) => panic!("fell back: {fallback}"),
             Err(refused) => panic!("refused: {refused}"),
         }
@@ -331,6 +341,7 @@ mod tests {
                 "code".into(),
                 in_files(dir.path(), &stored, cuts),
                 Digest::of(&stored),
+                false,
             ));
             assert_eq!(plain[CODE_HEADER_BYTES..], cwasm[..], "cut {cuts:?}");
         }
@@ -349,6 +360,7 @@ mod tests {
                 "code".into(),
                 in_files(dir.path(), &changed, &[11, 600_000]),
                 Digest::of(&stored),
+                false,
             );
             assert!(
                 matches!(result, Err(CodeRefused::DigestMismatch { .. })),
@@ -364,7 +376,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let files = in_files(dir.path(), &stored, &[1_000_000]);
         std::fs::write(dir.path().join("0001.cwasm.lz4"), b"short").unwrap();
-        let result = read_verify_and_decode("code".into(), files, Digest::of(&stored));
+        let result = read_verify_and_decode("code".into(), files, Digest::of(&stored), false);
         match result {
             Ok(Err(Fallback::Unavailable(error))) => assert!(error.to_string().contains("shrank"), "{error}"),
             other => panic!("expected unavailable code, got {:?}", other.map(|r| r.map(|_| ()))),

@@ -1,0 +1,133 @@
+//! The runtime's side of its node's store of verified code (`--code-store`, the
+//! `wasmless-node-agent`): before reading a Function's code through the API, ask the store
+//! for it by its pinned digest; on a hit, map the file it hands over, which holds code it
+//! checked against that digest, so nothing is read, hashed, decompressed or written here.
+//! After a miss, the code read and verified the slow way is put there for the next process
+//! on the node. Any failure of the store is a miss: the slow path is always there.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use wasmless_artifact::code_store::{self, ProtocolError, Reply, Request};
+use wasmless_artifact::{CodeHeader, Digest};
+
+/// How long a `get` may take before the load goes the slow way: the agent answers from
+/// its index and a file it opens, in well under a millisecond.
+const GET_TIMEOUT: Duration = Duration::from_secs(1);
+/// A `put` runs after the load, off the request's path: the agent reads, checks and
+/// writes megabytes.
+const PUT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The store's socket.
+#[derive(Debug, Clone)]
+pub struct CodeStore {
+    socket: PathBuf,
+}
+
+/// What a `get` found.
+#[derive(Debug)]
+pub enum Stored {
+    /// The code: its header, and its file (read-only, the agent's).
+    Code(CodeHeader, File),
+    Absent,
+    /// The agent found the file changed since it verified it, and removed it.
+    Corrupt,
+}
+
+impl Stored {
+    /// The `result` label.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Code(..) => "found",
+            Self::Absent => "absent",
+            Self::Corrupt => "corrupt",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CodeStoreError {
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    #[error("the code store refused: {0}")]
+    Refused(String),
+    #[error("the code store answered {0:?} to a {1}")]
+    Unexpected(String, &'static str),
+    #[error("cannot hand the code to the store: {0}")]
+    Memfd(#[from] std::io::Error),
+    #[error("not the node's code store: {0}")]
+    NotTheStore(String),
+}
+
+/// `file` if it is what the store hands out: a regular file of root's that no one may
+/// write, open for reading only. Anything else could change under the mapping.
+fn read_only_root_file(file: File) -> Result<File, CodeStoreError> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = file.metadata()?;
+    let access = rustix::fs::fcntl_getfl(&file).map_err(std::io::Error::from)? & rustix::fs::OFlags::RWMODE;
+    let problem = match () {
+        _ if !metadata.file_type().is_file() => Some("not a regular file"),
+        _ if metadata.uid() != 0 => Some("not root's"),
+        _ if metadata.mode() & 0o222 != 0 => Some("writable"),
+        _ if access != rustix::fs::OFlags::RDONLY => Some("open for writing"),
+        _ => None,
+    };
+    match problem {
+        Some(problem) => Err(CodeStoreError::NotTheStore(format!("the code's file is {problem}"))),
+        None => Ok(file),
+    }
+}
+
+impl CodeStore {
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        Self { socket: socket.into() }
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The code stored under `code_digest` for this namespace. Blocking.
+    pub fn get(&self, code_digest: &Digest) -> Result<Stored, CodeStoreError> {
+        let socket = code_store::connect(&self.socket, GET_TIMEOUT)?;
+        // Whoever answers is mapped without a hash: only the store's agent, root, may.
+        let peer = rustix::net::sockopt::socket_peercred(&socket).map_err(std::io::Error::from)?;
+        if !peer.uid.is_root() {
+            return Err(CodeStoreError::NotTheStore(format!(
+                "the socket's peer is uid {}, not root",
+                peer.uid.as_raw()
+            )));
+        }
+        code_store::send(socket.as_fd(), &Request::Get(*code_digest).encode(), None)?;
+        let (text, file) = code_store::receive(socket.as_fd())?;
+        match (Reply::parse(&text)?, file) {
+            (Reply::Found(header), Some(file)) => Ok(Stored::Code(header, read_only_root_file(File::from(file))?)),
+            (Reply::Absent, _) => Ok(Stored::Absent),
+            (Reply::Corrupt, _) => Ok(Stored::Corrupt),
+            (Reply::Refused(why), _) => Err(CodeStoreError::Refused(why)),
+            (other, _) => Err(CodeStoreError::Unexpected(other.encode(), "get")),
+        }
+    }
+
+    /// Hands the store `stored`, the code as stored (compressed) that hashes to
+    /// `code_digest`, in a memory file of this process's. Blocking.
+    pub fn put(&self, code_digest: &Digest, stored: &[u8]) -> Result<(), CodeStoreError> {
+        let memfd =
+            rustix::fs::memfd_create("wasmless-code", rustix::fs::MemfdFlags::CLOEXEC).map_err(std::io::Error::from)?;
+        let mut file = File::from(memfd);
+        file.write_all(stored)?;
+        let (reply, _) = code_store::call(
+            &self.socket,
+            &Request::Put(*code_digest),
+            Some(file.as_fd()),
+            PUT_TIMEOUT,
+        )?;
+        match reply {
+            Reply::Stored => Ok(()),
+            Reply::Refused(why) => Err(CodeStoreError::Refused(why)),
+            other => Err(CodeStoreError::Unexpected(other.encode(), "put")),
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! One socket per namespace: whoever can reach a socket asks as its namespace, so the
+//! socket's place decides who may use it (on a cluster, the CSI driver puts each pod's in
+//! that pod's volume; here, `--socket NAMESPACE=PATH`). One request per connection, on a
+//! thread of its own, a few at a time per socket (the rest wait in the socket's backlog,
+//! and a runtime that waits too long reads its code itself): a pod that opens connections
+//! and sends nothing holds its own socket's threads until their timeout, not another's.
+//! Puts are checked one at a time on the node, so the agent's memory holds one code's
+//! bytes, not one per connection.
+
+use crate::admission;
+use crate::store::{Found, Namespace, Store};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Duration;
+use wasmless_artifact::code_store::{self, Reply, Request};
+
+/// How the agent serves each connection.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeLimits {
+    /// Connections served at once on one socket; more are closed unanswered.
+    pub connections_per_socket: usize,
+    /// How long a peer may take to send its request or read its reply.
+    pub timeout: Duration,
+    /// Largest file a `put` may bring (the code as stored, compressed).
+    pub max_put_bytes: u64,
+    /// Largest code a `put` may decompress to.
+    pub max_code_bytes: usize,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        Self {
+            connections_per_socket: 4,
+            timeout: Duration::from_secs(10),
+            max_put_bytes: 256 << 20,
+            max_code_bytes: 512 << 20,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen at {path}: {source}")]
+    Listen {
+        path: PathBuf,
+        #[source]
+        source: code_store::ProtocolError,
+    },
+    #[error("{path} exists and is not a socket: refusing to replace it")]
+    NotASocket { path: PathBuf },
+}
+
+/// Listens at `path` for `namespace`'s runtimes, on a thread of its own. A socket left there
+/// by an earlier agent is replaced; any other file is not.
+pub fn serve(
+    store: Arc<Store>,
+    namespace: Namespace,
+    path: &Path,
+    limits: ServeLimits,
+) -> Result<std::thread::JoinHandle<()>, ServeError> {
+    if let Ok(existing) = std::fs::symlink_metadata(path) {
+        if !existing.file_type().is_socket() {
+            return Err(ServeError::NotASocket { path: path.into() });
+        }
+        let _ = std::fs::remove_file(path);
+    }
+    // Connecting needs write permission on the socket (the runtime runs as a user of its
+    // own): made so by the umask as it is bound, not by a chmod after, which would follow
+    // whatever stood at the path by then. Files the store writes meanwhile on other threads
+    // are given their modes explicitly, which an empty umask only leaves as they are.
+    let umask = rustix::process::umask(rustix::fs::Mode::empty());
+    let listened = code_store::listen(path);
+    rustix::process::umask(umask);
+    let listener = listened.map_err(|source| ServeError::Listen {
+        path: path.into(),
+        source,
+    })?;
+    tracing::info!(%namespace, socket = %path.display(), "serving a namespace's code");
+    let path = path.to_path_buf();
+    Ok(std::thread::spawn(move || {
+        accept_loop(store, namespace, path, listener, limits)
+    }))
+}
+
+/// Connections of one socket being answered, at most a number.
+struct Slots {
+    busy: Mutex<usize>,
+    freed: Condvar,
+    most: usize,
+}
+
+/// A slot taken, given back when dropped (a thread that panics gives it back too).
+struct Slot(Arc<Slots>);
+
+impl Slots {
+    fn take(self: &Arc<Self>) -> Slot {
+        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        while *busy >= self.most {
+            busy = self.freed.wait(busy).unwrap_or_else(PoisonError::into_inner);
+        }
+        *busy += 1;
+        Slot(self.clone())
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        *self.0.busy.lock().unwrap_or_else(PoisonError::into_inner) -= 1;
+        self.0.freed.notify_one();
+    }
+}
+
+fn accept_loop(store: Arc<Store>, namespace: Namespace, path: PathBuf, listener: OwnedFd, limits: ServeLimits) {
+    let slots = Arc::new(Slots {
+        busy: Mutex::new(0),
+        freed: Condvar::new(),
+        most: limits.connections_per_socket,
+    });
+    loop {
+        let slot = slots.take();
+        let connection = match code_store::accept(listener.as_fd(), limits.timeout) {
+            Ok(connection) => connection,
+            Err(error) => {
+                tracing::warn!(%namespace, socket = %path.display(), %error, "cannot accept a connection");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        let (store, namespace) = (store.clone(), namespace.clone());
+        std::thread::spawn(move || {
+            answer(&store, &namespace, connection, &limits);
+            drop(slot);
+        });
+    }
+}
+
+/// One put's bytes in the agent's memory at a time, whichever socket it came by.
+static ADMITTING: Mutex<()> = Mutex::new(());
+
+/// Reads one request from `connection` and answers it.
+fn answer(store: &Store, namespace: &Namespace, connection: OwnedFd, limits: &ServeLimits) {
+    let (text, file) = match code_store::receive(connection.as_fd()) {
+        Ok(received) => received,
+        Err(error) => {
+            tracing::debug!(%namespace, %error, "a request that could not be read");
+            return;
+        }
+    };
+    let (reply, sent) = match Request::parse(&text) {
+        Ok(Request::Get(digest)) => match store.get(namespace, &digest) {
+            Found::Code(header, file) => (Reply::Found(header), Some(file)),
+            Found::Absent => (Reply::Absent, None),
+            Found::Corrupt => (Reply::Corrupt, None),
+        },
+        Ok(Request::Put(digest)) => (put(store, namespace, &digest, file, limits), None),
+        Err(error) => (Reply::Refused(error.to_string()), None),
+    };
+    let result = code_store::send(
+        connection.as_fd(),
+        &reply.encode(),
+        sent.as_ref().map(|file| file.as_fd()),
+    );
+    if let Err(error) = result {
+        tracing::debug!(%namespace, %error, "a reply that could not be sent");
+    }
+}
+
+fn put(
+    store: &Store,
+    namespace: &Namespace,
+    digest: &wasmless_artifact::Digest,
+    file: Option<OwnedFd>,
+    limits: &ServeLimits,
+) -> Reply {
+    let Some(file) = file else {
+        return Reply::Refused("a put brings the code's file beside it".into());
+    };
+    let admitting = ADMITTING.lock().unwrap_or_else(PoisonError::into_inner);
+    let admitted = admission::read_sent(&std::fs::File::from(file), limits.max_put_bytes)
+        .and_then(|stored| admission::admit(digest, &stored, limits.max_code_bytes));
+    let refused = |reason: &str, error: &dyn std::fmt::Display| {
+        tracing::warn!(%namespace, %digest, reason, %error, "a put refused");
+        Reply::Refused(format!("{reason}: {error}"))
+    };
+    let stored = admitted.map(|admitted| store.put(namespace, digest, admitted));
+    drop(admitting);
+    match stored {
+        Ok(stored) => match stored {
+            Ok(()) => {
+                tracing::info!(%namespace, %digest, "code stored");
+                Reply::Stored
+            }
+            Err(error) => refused(error.reason(), &error),
+        },
+        Err(error) => refused(error.reason(), &error),
+    }
+}

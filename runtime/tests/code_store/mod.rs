@@ -1,0 +1,186 @@
+//! The node's store of verified code (`--code-store`, the node agent): the first runtime of
+//! a namespace reads and verifies the builder's code and puts it there; the next maps the
+//! store's file and reads nothing; a file changed on the node, or a store that does not
+//! hold the code for this namespace, leaves the runtime on the path it took before.
+
+use crate::support::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wasmless_artifact::{Digest, Part};
+use wasmless_node_agent::server::{self, ServeLimits};
+use wasmless_node_agent::store::{Namespace, Store, StoreLimits};
+
+/// The agent, in this process, serving two namespaces on sockets of their own.
+struct Agent {
+    dir: tempfile::TempDir,
+}
+
+impl Agent {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = StoreLimits {
+            budget: 1 << 30,
+            namespace_quota: 1 << 30,
+        };
+        let store = Arc::new(Store::open(&dir.path().join("store"), limits, false).unwrap());
+        for namespace in ["team-a", "team-b"] {
+            let socket = dir.path().join(format!("{namespace}.sock"));
+            let namespace = Namespace::new(namespace).unwrap();
+            server::serve(store.clone(), namespace, &socket, ServeLimits::default()).unwrap();
+        }
+        Self { dir }
+    }
+
+    fn socket(&self, namespace: &str) -> String {
+        self.dir.path().join(format!("{namespace}.sock")).display().to_string()
+    }
+
+    fn object(&self, code_digest: &Digest) -> std::path::PathBuf {
+        self.dir
+            .path()
+            .join("store/objects")
+            .join(format!("{}.cwasm", code_digest.hex()))
+    }
+}
+
+/// `wasmless_code_store_requests_total{op, result}`, once it is at least 1 (a put runs
+/// after the load, in the background).
+async fn store_requests(runtime: &Runtime, op: &str, result: &str) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics = get(runtime.admin_url("/metrics")).await.1;
+        let count = sample(
+            &metrics,
+            "wasmless_code_store_requests_total",
+            &[("op", op), ("result", result)],
+        );
+        if let Some(count) = count {
+            return count;
+        }
+        assert!(Instant::now() < deadline, "no {op} {result} in 30 s: {metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn write_chunks(volume: &std::path::Path, part: Part, chunks: &[Vec<u8>]) {
+    for (index, chunk) in chunks.iter().enumerate() {
+        std::fs::write(volume.join(part.chunk_file_name(index)), chunk).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_next_runtime_maps_the_code_the_first_put_and_a_changed_file_falls_back() {
+    let module = std::fs::read(go_handler("goless-sample")).unwrap();
+    let digest = Digest::of(&module);
+    let code = precompile_for(&portable_engine(), &module);
+    let code_digest = Digest::of(&code);
+    let dir = tempfile::tempdir().unwrap();
+    let volume = dir.path().join("module");
+    std::fs::create_dir(&volume).unwrap();
+    write_chunks(&volume, Part::Module, &wasmless_artifact::compress_and_split(&module));
+    write_chunks(&volume, Part::Code, &wasmless_artifact::split_chunks(&code));
+    let agent = Agent::start();
+    let args = |namespace: &str| {
+        [
+            "--module-digest".to_string(),
+            digest.to_string(),
+            "--code".into(),
+            volume.display().to_string(),
+            "--code-digest".into(),
+            code_digest.to_string(),
+            "--code-store".into(),
+            agent.socket(namespace),
+        ]
+    };
+    let start = |namespace: &str| {
+        let args = args(namespace);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut command = runtime_command(&volume, &args);
+        without_shared_cache(&mut command);
+        Runtime::spawn(command)
+    };
+
+    // The first of team-a's runtimes on the node: the store has nothing, the code is read
+    // from the volume, verified, and put there.
+    let first = start("team-a");
+    first.wait_for_log(&["module loaded", "\"compiled_code\":\"precompiled\""]);
+    assert_eq!(get(first.url("/")).await.1, "This works!");
+    assert_eq!(store_requests(&first, "get", "absent").await, 1.0);
+    assert_eq!(store_requests(&first, "put", "stored").await, 1.0);
+    drop(first);
+    assert!(agent.object(&code_digest).exists());
+
+    // The next reads nothing: the code's chunks are gone from its volume, and it serves.
+    let code_chunks: Vec<_> = std::fs::read_dir(&volume)
+        .unwrap()
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().contains("cwasm"))
+        .map(|entry| entry.path())
+        .collect();
+    let saved: Vec<_> = code_chunks.iter().map(|path| std::fs::read(path).unwrap()).collect();
+    for path in &code_chunks {
+        std::fs::remove_file(path).unwrap();
+    }
+    let second = start("team-a");
+    let loaded = second.wait_for_log(&["module loaded", "\"compiled_code\":\"precompiled\""]);
+    assert!(loaded.contains("\"phases\":\"store "), "{loaded}");
+    assert!(!loaded.contains("fetch") && !loaded.contains("verify"), "{loaded}");
+    assert!(loaded.contains("mapped from a file"), "{loaded}");
+    assert_eq!(get(second.url("/")).await.1, "This works!");
+    assert_eq!(store_requests(&second, "get", "found").await, 1.0);
+
+    // The store lets go of the file (its budget, a restart): what is mapped serves on.
+    std::fs::remove_file(agent.object(&code_digest)).unwrap();
+    assert_eq!(get(second.url("/")).await.1, "This works!");
+    drop(second);
+
+    // team-b asks by the same digest (every pod's arguments show it): the store answers
+    // only what team-b put, so it reads the code itself.
+    for (path, bytes) in code_chunks.iter().zip(&saved) {
+        std::fs::write(path, bytes).unwrap();
+    }
+    let other = start("team-b");
+    other.wait_for_log(&["module loaded", "\"compiled_code\":\"precompiled\""]);
+    assert_eq!(store_requests(&other, "get", "absent").await, 1.0);
+    assert_eq!(store_requests(&other, "put", "stored").await, 1.0);
+    drop(other);
+
+    // A byte of the stored file changed on the node: refused, and the runtime serves from
+    // the code it reads and verifies itself.
+    let object = agent.object(&code_digest);
+    let mut bytes = std::fs::read(&object).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(&object, &bytes).unwrap();
+    let after = start("team-b");
+    let loaded = after.wait_for_log(&["module loaded", "\"compiled_code\":\"precompiled\""]);
+    assert!(loaded.contains("verify"), "read and verified again: {loaded}");
+    assert_eq!(get(after.url("/")).await.1, "This works!");
+    assert_eq!(store_requests(&after, "get", "corrupt").await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runtime_whose_store_is_not_there_serves_as_without_one() {
+    let module = std::fs::read(go_handler("goless-sample")).unwrap();
+    let code = precompile_for(&portable_engine(), &module);
+    let dir = tempfile::tempdir().unwrap();
+    let (module_path, digest) = write_module(dir.path(), "module.wasm", &module);
+    let (code_path, code_digest) = write_module(dir.path(), "module.cwasm.lz4", &code);
+    let missing = dir.path().join("no-agent.sock");
+    let args = [
+        "--module-digest",
+        &digest.to_string(),
+        "--code",
+        code_path.to_str().unwrap(),
+        "--code-digest",
+        &code_digest.to_string(),
+        "--code-store",
+        missing.to_str().unwrap(),
+    ];
+    let mut command = runtime_command(&module_path, &args);
+    without_shared_cache(&mut command);
+    let runtime = Runtime::spawn(command);
+    runtime.wait_for_log(&["module loaded", "\"compiled_code\":\"precompiled\""]);
+    assert_eq!(get(runtime.url("/")).await.1, "This works!");
+    assert_eq!(store_requests(&runtime, "get", "error").await, 1.0);
+}
