@@ -21,6 +21,9 @@ pub struct Density {
     pub mapped: PoolRun,
     /// The same without a cache directory: the code copied into the pool's memory.
     pub copied: PoolRun,
+    /// A new pool process with the node's code store (`--code-store`), after another put
+    /// every Function's code there: each first request maps the store's file.
+    pub stored: PoolRun,
 }
 
 pub struct DensityRow {
@@ -72,14 +75,79 @@ pub fn density(settings: &Settings, functions: usize, go_functions: usize) -> an
     // As the operator starts a pool (code mapped from files in its cache directory), then,
     // in the same run, without a cache directory: every load a copy in the pool's memory,
     // the way all pools loaded code before.
-    let mapped = measure_pool(settings, &table, &groups, Some(settings.work("pool-cache")))?;
-    let copied = measure_pool(settings, &table, &groups, None)?;
+    let mapped = measure_pool(settings, &table, &groups, Some(settings.work("pool-cache")), None)?;
+    let copied = measure_pool(settings, &table, &groups, None, None)?;
+    let stored = from_the_store(settings, &table, &groups, functions)?;
     Ok(Density {
         functions,
         code_identical,
         mapped,
         copied,
+        stored,
     })
+}
+
+/// The node agent started with a store of its own; a pool process that puts every
+/// Function's code there (its first requests read the code, as without a store); then a new
+/// pool process, measured, whose first requests map the store's files.
+fn from_the_store(
+    settings: &Settings,
+    table: &Path,
+    groups: &[(&'static str, usize, usize, f64)],
+    functions: usize,
+) -> anyhow::Result<PoolRun> {
+    let dir = settings.work("code-store");
+    let socket = dir.join("bench.sock");
+    let objects = dir.join("store/objects");
+    let _agent = Server::spawn(
+        Command::new(settings.bin("wasmless-node-agent"))
+            .arg("--store-dir")
+            .arg(dir.join("store"))
+            .arg("--socket")
+            .arg(format!("bench={}", socket.display()))
+            .args(["--store-budget", "64Gi", "--namespace-quota", "64Gi"])
+            .env("RUST_LOG", "warn"),
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        if Instant::now() > deadline {
+            bail!("the node agent made no socket in 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("filling the node's code store");
+    measure_pool(
+        settings,
+        table,
+        groups,
+        Some(settings.work("pool-cache-filling")),
+        Some(&socket),
+    )?;
+    let stored = |objects: &Path| {
+        std::fs::read_dir(objects).map_or(0, |entries| {
+            entries
+                .flatten()
+                .filter(|entry| entry.file_name().to_string_lossy().ends_with(".meta"))
+                .count()
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while stored(&objects) < functions {
+        if Instant::now() > deadline {
+            bail!(
+                "the store holds {} of {functions} Functions' code after 2 minutes",
+                stored(&objects)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    measure_pool(
+        settings,
+        table,
+        groups,
+        Some(settings.work("pool-cache-stored")),
+        Some(&socket),
+    )
 }
 
 /// What one run of the pool saw: a row per group, its memory empty and with all loaded,
@@ -96,6 +164,7 @@ fn measure_pool(
     table: &Path,
     groups: &[(&'static str, usize, usize, f64)],
     cache: Option<std::path::PathBuf>,
+    store: Option<&Path>,
 ) -> anyhow::Result<PoolRun> {
     let admin = wasmless_testkit::free_port();
     let mut command = Command::new(settings.bin("wasmless-runtime"));
@@ -108,12 +177,16 @@ fn measure_pool(
         // The first request of a Function not loaded is what is measured.
         .args(["--pool-load-ahead", "false"])
         .env("RUST_LOG", "warn");
-    let mode = match &cache {
-        Some(cache) => {
-            command.arg("--cache-dir").arg(cache);
-            "mapped"
-        }
-        None => "copied",
+    if let Some(cache) = &cache {
+        command.arg("--cache-dir").arg(cache);
+    }
+    if let Some(store) = store {
+        command.arg("--code-store").arg(store);
+    }
+    let mode = match (&cache, store) {
+        (_, Some(_)) => "from the node's store",
+        (Some(_), None) => "mapped",
+        (None, None) => "copied",
     };
     let mut pool = Server::spawn(&mut command)?;
     wait_ready(admin, &mut pool)?;
@@ -290,15 +363,32 @@ pub fn section(density: &Density) -> String {
         },
         crate::report::chrono_free_now()
     );
-    let rows: Vec<&DensityRow> = density.mapped.rows.iter().chain(&density.copied.rows).collect();
+    let rows: Vec<&DensityRow> = density
+        .mapped
+        .rows
+        .iter()
+        .chain(&density.copied.rows)
+        .chain(&density.stored.rows)
+        .collect();
     md.push_str(&density_table(&rows));
     let _ = writeln!(
         md,
-        "\n- the pool was run twice in this run: *mapped*, as the operator starts it (`--cache-dir`: the \
+        "\n- the pool was run three times in this run: *mapped*, as the operator starts it (`--cache-dir`: the \
          builder's code written to a file there and mapped), and *copied*, without a cache directory (every load \
          a copy of the code in the pool's memory, as every pool loaded it before)"
     );
-    for (mode, run) in [("mapped", &density.mapped), ("copied", &density.copied)] {
+    let _ = writeln!(
+        md,
+        "- and a third time *from the node's store*: the node agent (`wasmless-node-agent`) beside, a pool process \
+         that read every Function's code and put it there (not measured), then a new pool process, measured, \
+         with `--code-store`: each first request asks the store and maps the file it hands over, reading, \
+         verifying and writing nothing (docs/architecture.md, \"The node's code store\")"
+    );
+    for (mode, run) in [
+        ("mapped", &density.mapped),
+        ("copied", &density.copied),
+        ("from the store", &density.stored),
+    ] {
         let _ = writeln!(
             md,
             "- the pool's RSS, {mode}: {:.1} MiB with the table read and nothing loaded ({:.1} MiB of it private), \
