@@ -96,6 +96,10 @@ fn from_the_store(
     groups: &[(&'static str, usize, usize, f64)],
     functions: usize,
 ) -> anyhow::Result<PoolRun> {
+    // The runtime maps only what a root agent hands it, as on a node.
+    if !rustix::process::geteuid().is_root() {
+        bail!("the node's code store is measured as a node runs it, its agent as root: run the bench as root");
+    }
     let dir = settings.work("code-store");
     let socket = dir.join("bench.sock");
     let objects = dir.join("store/objects");
@@ -115,14 +119,6 @@ fn from_the_store(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    eprintln!("filling the node's code store");
-    measure_pool(
-        settings,
-        table,
-        groups,
-        Some(settings.work("pool-cache-filling")),
-        Some(&socket),
-    )?;
     let stored = |objects: &Path| {
         std::fs::read_dir(objects).map_or(0, |entries| {
             entries
@@ -131,22 +127,30 @@ fn from_the_store(
                 .count()
         })
     };
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while stored(&objects) < functions {
-        if Instant::now() > deadline {
-            bail!(
-                "the store holds {} of {functions} Functions' code after 2 minutes",
-                stored(&objects)
+    // A pool process puts one code at a time and skips a put while another is on its way
+    // (the next process that misses the code puts it): new processes until the store holds
+    // every Function's.
+    for pass in 1..=20 {
+        eprintln!(
+            "filling the node's code store, pass {pass}: {} of {functions}",
+            stored(&objects)
+        );
+        let filling = settings.work(&format!("pool-cache-filling-{pass}"));
+        measure_pool(settings, table, groups, Some(filling), Some(&socket))?;
+        std::thread::sleep(Duration::from_secs(1));
+        if stored(&objects) >= functions {
+            return measure_pool(
+                settings,
+                table,
+                groups,
+                Some(settings.work("pool-cache-stored")),
+                Some(&socket),
             );
         }
-        std::thread::sleep(Duration::from_millis(100));
     }
-    measure_pool(
-        settings,
-        table,
-        groups,
-        Some(settings.work("pool-cache-stored")),
-        Some(&socket),
+    bail!(
+        "the store holds {} of {functions} Functions' code after 20 pools",
+        stored(&objects)
     )
 }
 
@@ -382,7 +386,9 @@ pub fn section(density: &Density) -> String {
         "- and a third time *from the node's store*: the node agent (`wasmless-node-agent`) beside, a pool process \
          that read every Function's code and put it there (not measured), then a new pool process, measured, \
          with `--code-store`: each first request asks the store and maps the file it hands over, reading, \
-         verifying and writing nothing (docs/architecture.md, \"The node's code store\")"
+         verifying and writing nothing (docs/architecture.md, \"The node's code store\"); each file was checked \
+         by the agent when it was put, so these first requests do not include the re-hash the first get after \
+         an agent's restart makes (~6 ms for the Goless sample's code, once per file)"
     );
     for (mode, run) in [
         ("mapped", &density.mapped),

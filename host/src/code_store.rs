@@ -9,6 +9,8 @@ use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use wasmless_artifact::code_store::{self, ProtocolError, Reply, Request};
 use wasmless_artifact::{CodeHeader, Digest};
@@ -24,6 +26,18 @@ const PUT_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone)]
 pub struct CodeStore {
     socket: PathBuf,
+    /// A put is on its way: one at a time per process, so a pool loading many Functions at
+    /// once does not hold a copy of each one's code for the store, nor its threads.
+    putting: Arc<AtomicBool>,
+}
+
+/// A put's turn, given back when dropped.
+pub struct PutTurn(Arc<AtomicBool>);
+
+impl Drop for PutTurn {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// What a `get` found.
@@ -82,7 +96,16 @@ fn read_only_root_file(file: File) -> Result<File, CodeStoreError> {
 
 impl CodeStore {
     pub fn new(socket: impl Into<PathBuf>) -> Self {
-        Self { socket: socket.into() }
+        Self {
+            socket: socket.into(),
+            putting: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// The turn to put, unless another put of this process is on its way.
+    pub fn turn_to_put(&self) -> Option<PutTurn> {
+        let taken = self.putting.swap(true, Ordering::AcqRel);
+        (!taken).then(|| PutTurn(self.putting.clone()))
     }
 
     pub fn socket(&self) -> &Path {
@@ -111,17 +134,25 @@ impl CodeStore {
         }
     }
 
-    /// Hands the store `stored`, the code as stored (compressed) that hashes to
-    /// `code_digest`, in a memory file of this process's. Blocking.
-    pub fn put(&self, code_digest: &Digest, stored: &[u8]) -> Result<(), CodeStoreError> {
-        let memfd =
-            rustix::fs::memfd_create("wasmless-code", rustix::fs::MemfdFlags::CLOEXEC).map_err(std::io::Error::from)?;
+    /// `stored` in a memory file sealed against change, as a put hands it over.
+    pub fn sealed_copy(stored: &[u8]) -> Result<File, CodeStoreError> {
+        use rustix::fs::{MemfdFlags, SealFlags};
+        let memfd = rustix::fs::memfd_create("wasmless-code", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .map_err(std::io::Error::from)?;
         let mut file = File::from(memfd);
         file.write_all(stored)?;
+        let seals = SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL;
+        rustix::fs::fcntl_add_seals(&file, seals).map_err(std::io::Error::from)?;
+        Ok(file)
+    }
+
+    /// Hands the store `sealed` ([`CodeStore::sealed_copy`] of the code as stored, which
+    /// hashes to `code_digest`). Blocking.
+    pub fn put(&self, code_digest: &Digest, sealed: &File) -> Result<(), CodeStoreError> {
         let (reply, _) = code_store::call(
             &self.socket,
             &Request::Put(*code_digest),
-            Some(file.as_fd()),
+            Some(sealed.as_fd()),
             PUT_TIMEOUT,
         )?;
         match reply {

@@ -55,6 +55,28 @@ pub struct OpenedCode {
 }
 
 impl OpenedCode {
+    /// The builder's code for `module`, opened: read and verified here, or from the store.
+    fn builders(
+        compiled: Compiled,
+        abi: Abi,
+        residence: Residence,
+        needs_files: bool,
+        module: Digest,
+        started: Instant,
+        phases: LoadPhases,
+    ) -> Self {
+        Self {
+            compiled,
+            abi,
+            residence,
+            digest: module,
+            cache: CacheOutcome::Precompiled,
+            started,
+            phases,
+            needs_files,
+        }
+    }
+
     /// Whether this came from the compiled-code cache (a link that fails there falls back to
     /// the module).
     pub fn from_cache(&self) -> bool {
@@ -301,7 +323,11 @@ impl Loader {
             Err(error) => (Err(error), None),
         })
         .await
-        .map_err(|e| ModuleError::Engine(e.to_string()))?;
+        // A panic while asking or mapping (wasmtime's): read the code instead.
+        .unwrap_or_else(|panicked| {
+            let error = CodeStoreError::Unexpected(panicked.to_string(), "get");
+            (Err(error), None)
+        });
         let metrics = &self.shared.metrics;
         // Put after a miss only where the store answered that it lacks the code: a store
         // that cannot be asked, or is busy, is not sent megabytes.
@@ -320,42 +346,52 @@ impl Loader {
             Some(Ok(Opened::Loaded(compiled, abi, residence, needs_files))) => {
                 let mut phases = LoadPhases::default();
                 phases.since(LoadPhase::Store, asking);
-                Ok(FromStore::Opened(OpenedCode {
-                    compiled,
-                    abi,
-                    residence,
-                    digest: module,
-                    cache: CacheOutcome::Precompiled,
-                    started,
-                    phases,
-                    needs_files,
-                }))
+                let opened = OpenedCode::builders(compiled, abi, residence, needs_files, module, started, phases);
+                Ok(FromStore::Opened(opened))
             }
             Some(Ok(Opened::Fallback(reason))) => {
                 tracing::info!(reason = reason.reason(), error = %reason, "the stored code cannot run here: reading the code instead");
                 Ok(FromStore::Missing { put: false })
             }
-            Some(Err(refused)) => Err(refused.into()),
+            // Code of another module under the pinned digest: the store's record is not what
+            // the digest pins (the header is inside the bytes it covers). The code is read
+            // here, whose check says whether it is the pin or the store that is wrong.
+            Some(Err(refused)) => {
+                tracing::warn!(error = %refused, "the node's code store answered code of another module: reading the code instead");
+                Ok(FromStore::Missing { put: false })
+            }
             None => Ok(FromStore::Missing { put }),
         }
     }
 
     /// Puts `stored`, verified against `code_digest`, in the node's store, off the
-    /// request's path (a blocking thread, nothing waits for it).
+    /// request's path (a blocking thread, nothing waits for it), one at a time: a put that
+    /// finds another of this process on its way is not made (the next process that misses
+    /// the code puts it).
     fn put_in_store(&self, code_digest: Digest, stored: precompiled::StoredBytes) {
         let Some(store) = self.code_store.clone() else {
             return;
         };
+        let Some(turn) = store.turn_to_put() else {
+            return;
+        };
         let metrics = self.shared.metrics.clone();
-        tokio::task::spawn_blocking(move || match store.put(&code_digest, stored.bytes()) {
-            Ok(()) => metrics.code_store_request("put", "stored"),
-            Err(CodeStoreError::Refused(why)) => {
-                metrics.code_store_request("put", "refused");
-                tracing::warn!(%code_digest, why, "the node's code store refused the code");
-            }
-            Err(error) => {
-                metrics.code_store_request("put", "error");
-                tracing::warn!(%code_digest, %error, "cannot put the code in the node's code store");
+        tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            // The copy handed over is made, and the bytes read given back, before the store
+            // is asked.
+            let sealed = CodeStore::sealed_copy(stored.bytes());
+            drop(stored);
+            match sealed.and_then(|sealed| store.put(&code_digest, &sealed)) {
+                Ok(()) => metrics.code_store_request("put", "stored"),
+                Err(CodeStoreError::Refused(why)) => {
+                    metrics.code_store_request("put", "refused");
+                    tracing::warn!(%code_digest, why, "the node's code store refused the code");
+                }
+                Err(error) => {
+                    metrics.code_store_request("put", "error");
+                    tracing::warn!(%code_digest, %error, "cannot put the code in the node's code store");
+                }
             }
         });
     }
@@ -412,16 +448,8 @@ impl Loader {
                 if let Some(stored) = stored {
                     self.put_in_store(code_digest, stored);
                 }
-                Ok(Some(OpenedCode {
-                    compiled,
-                    abi,
-                    residence,
-                    digest: module,
-                    cache: CacheOutcome::Precompiled,
-                    started,
-                    phases,
-                    needs_files,
-                }))
+                let opened = OpenedCode::builders(compiled, abi, residence, needs_files, module, started, phases);
+                Ok(Some(opened))
             }
             Opened::Fallback(reason) => {
                 self.shared.metrics.compile_fallback(reason.reason());

@@ -41,6 +41,8 @@ pub enum Refusal {
     NotElf,
     #[error("cannot read the file sent: {0}")]
     Read(#[from] std::io::Error),
+    #[error("the file sent is not a memory file sealed against writes, growing and shrinking")]
+    NotSealed,
 }
 
 impl Refusal {
@@ -50,8 +52,20 @@ impl Refusal {
             Self::TooLarge { .. } | Self::Oversized { .. } => "too-large",
             Self::Digest { .. } => "digest",
             Self::Malformed(_) | Self::Implausible | Self::NotElf => "malformed",
-            Self::Read(_) => "read",
+            Self::Read(_) | Self::NotSealed => "read",
         }
+    }
+}
+
+/// Whether `file` is a memory file sealed against writes, growing and shrinking: only
+/// such a file is read, as nothing can change it, cut it short or make a read wait on it
+/// (a file of a network or FUSE mount could hold the agent's one put at a time).
+pub fn sealed(file: &File) -> Result<(), Refusal> {
+    use rustix::fs::SealFlags;
+    let needed = SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK;
+    match rustix::fs::fcntl_get_seals(file) {
+        Ok(seals) if seals.contains(needed) => Ok(()),
+        _ => Err(Refusal::NotSealed),
     }
 }
 

@@ -5,7 +5,9 @@
 //! and a runtime that waits too long reads its code itself): a pod that opens connections
 //! and sends nothing holds its own socket's threads until their timeout, not another's.
 //! Puts are checked one at a time on the node, so the agent's memory holds one code's
-//! bytes, not one per connection.
+//! bytes, not one per connection; a put that comes while another is checked is refused as
+//! busy (the runtime goes on without the store), and a put's file must be a sealed memory
+//! file, which nothing can grow, change or make the agent wait on.
 
 use crate::admission;
 use crate::store::{Found, Namespace, Store};
@@ -40,6 +42,21 @@ impl Default for ServeLimits {
     }
 }
 
+/// Makes the socket at `path` connectable by any user (the runtime runs as one of its own):
+/// through a descriptor of the path itself, never following whatever link may stand there
+/// by now, and only if it is a socket.
+fn reachable_by_anyone(path: &Path) -> std::io::Result<()> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    let handle = rustix::fs::open(path, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
+    if FileType::from_raw_mode(rustix::fs::fstat(&handle)?.st_mode) != FileType::Socket {
+        return Err(std::io::Error::other("not the socket just bound"));
+    }
+    // chmod through the descriptor's /proc link reaches the inode it holds (as glibc's
+    // fchmodat with AT_SYMLINK_NOFOLLOW does).
+    let by_descriptor = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&handle));
+    std::fs::set_permissions(by_descriptor, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("cannot listen at {path}: {source}")]
@@ -50,6 +67,12 @@ pub enum ServeError {
     },
     #[error("{path} exists and is not a socket: refusing to replace it")]
     NotASocket { path: PathBuf },
+    #[error("cannot make {path} reachable: {source}")]
+    Permissions {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Listens at `path` for `namespace`'s runtimes, on a thread of its own. A socket left there
@@ -66,14 +89,11 @@ pub fn serve(
         }
         let _ = std::fs::remove_file(path);
     }
-    // Connecting needs write permission on the socket (the runtime runs as a user of its
-    // own): made so by the umask as it is bound, not by a chmod after, which would follow
-    // whatever stood at the path by then. Files the store writes meanwhile on other threads
-    // are given their modes explicitly, which an empty umask only leaves as they are.
-    let umask = rustix::process::umask(rustix::fs::Mode::empty());
-    let listened = code_store::listen(path);
-    rustix::process::umask(umask);
-    let listener = listened.map_err(|source| ServeError::Listen {
+    let listener = code_store::listen(path).map_err(|source| ServeError::Listen {
+        path: path.into(),
+        source,
+    })?;
+    reachable_by_anyone(path).map_err(|source| ServeError::Permissions {
         path: path.into(),
         source,
     })?;
@@ -128,11 +148,16 @@ fn accept_loop(store: Arc<Store>, namespace: Namespace, path: PathBuf, listener:
                 continue;
             }
         };
-        let (store, namespace) = (store.clone(), namespace.clone());
-        std::thread::spawn(move || {
-            answer(&store, &namespace, connection, &limits);
+        let (store, answering) = (store.clone(), namespace.clone());
+        let spawned = std::thread::Builder::new().spawn(move || {
+            answer(&store, &answering, connection, &limits);
             drop(slot);
         });
+        // Out of threads: this connection goes unanswered, the socket serves on.
+        if let Err(error) = spawned {
+            tracing::warn!(%namespace, %error, "cannot start a thread for a connection");
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 }
 
@@ -177,8 +202,16 @@ fn put(
     let Some(file) = file else {
         return Reply::Refused("a put brings the code's file beside it".into());
     };
-    let admitting = ADMITTING.lock().unwrap_or_else(PoisonError::into_inner);
-    let admitted = admission::read_sent(&std::fs::File::from(file), limits.max_put_bytes)
+    let admitting = match ADMITTING.try_lock() {
+        Ok(admitting) => admitting,
+        Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => {
+            return Reply::Refused("busy: another put is being checked; try again later".into());
+        }
+    };
+    let file = std::fs::File::from(file);
+    let admitted = admission::sealed(&file)
+        .and_then(|()| admission::read_sent(&file, limits.max_put_bytes))
         .and_then(|stored| admission::admit(digest, &stored, limits.max_code_bytes));
     let refused = |reason: &str, error: &dyn std::fmt::Display| {
         tracing::warn!(%namespace, %digest, reason, %error, "a put refused");

@@ -70,9 +70,16 @@ impl Agent {
         (reply, file.map(std::fs::File::from))
     }
 
+    /// A put as the runtime makes it: the stored bytes in a sealed memory file.
     fn put(&self, namespace: &str, digest: &Digest, stored: &[u8]) -> Reply {
-        let mut file = tempfile::tempfile().unwrap();
-        std::io::Write::write_all(&mut file, stored).unwrap();
+        use rustix::fs::{MemfdFlags, SealFlags};
+        let file = std::fs::File::from(rustix::fs::memfd_create("code", MemfdFlags::ALLOW_SEALING).unwrap());
+        std::io::Write::write_all(&mut &file, stored).unwrap();
+        rustix::fs::fcntl_add_seals(&file, SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK).unwrap();
+        self.put_file(namespace, digest, &file)
+    }
+
+    fn put_file(&self, namespace: &str, digest: &Digest, file: &std::fs::File) -> Reply {
         call(
             &self.socket(namespace),
             &Request::Put(*digest),
@@ -144,7 +151,7 @@ fn a_namespace_gets_back_the_code_it_put_and_another_namespace_gets_nothing() {
 }
 
 #[test]
-fn a_put_of_bytes_that_are_not_what_the_digest_pins_is_refused_and_stores_nothing() {
+fn a_put_of_bytes_that_are_not_what_the_digest_pins_or_in_an_unsealed_file_is_refused() {
     let agent = Agent::start();
     let (victim, _) = stored_code("payments");
     let (forged, _) = stored_code("malicious");
@@ -158,6 +165,15 @@ fn a_put_of_bytes_that_are_not_what_the_digest_pins_is_refused_and_stores_nothin
     assert_eq!(agent.put("team-a", &victims_digest, &victim), Reply::Stored);
     let (_, file) = agent.get("team-a", &victims_digest);
     assert_eq!(read(&file.unwrap())[..12], *b"\x7fELFpayments");
+
+    // A file that could change or grow while the agent reads it is not read at all.
+    let mut unsealed = tempfile::tempfile().unwrap();
+    std::io::Write::write_all(&mut unsealed, &victim).unwrap();
+    let reply = agent.put_file("team-b", &victims_digest, &unsealed);
+    assert!(
+        matches!(&reply, Reply::Refused(why) if why.starts_with("read:")),
+        "{reply:?}"
+    );
 
     let not_code = b"#!/bin/sh\nrm -rf /\n".to_vec();
     let reply = agent.put("team-b", &Digest::of(&not_code), &not_code);

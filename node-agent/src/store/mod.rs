@@ -22,7 +22,7 @@ use crate::record::{Identity, Meta, hash_file};
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use wasmless_artifact::{CodeHeader, Digest};
@@ -45,6 +45,8 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{path} is not a directory of the agent's own user: refusing to keep code there")]
+    NotOurs { path: PathBuf },
     #[error("{size} bytes of code is over the store's {limit} ({what})")]
     TooLarge { size: u64, limit: u64, what: &'static str },
 }
@@ -52,7 +54,7 @@ pub enum StoreError {
 impl StoreError {
     pub fn reason(&self) -> &'static str {
         match self {
-            Self::Io { .. } => "io",
+            Self::Io { .. } | Self::NotOurs { .. } => "io",
             Self::TooLarge { .. } => "too-large",
         }
     }
@@ -71,6 +73,16 @@ pub enum Found {
     Code(CodeHeader, File),
     Absent,
     Corrupt,
+}
+
+/// Why an object cannot be opened as recorded.
+enum NotThere {
+    /// No file (let go of by someone other than this agent, or never written whole).
+    Gone,
+    /// A file, not the one written, or a record that does not parse.
+    Changed,
+    /// It could not be read now (descriptors, the disk): kept.
+    Unreadable(std::io::Error),
 }
 
 #[derive(Debug)]
@@ -143,7 +155,14 @@ impl Store {
                 .create(&dir)
                 .map_err(io_error(&dir))?;
         }
-        // A root made by someone else, or opened up, is made the agent's alone again.
+        // The store's directories must be the agent's own (whoever else owns one could rewrite
+        // the records it checks files against), and no one else's to enter.
+        for dir in [root.to_path_buf(), root.join("objects"), root.join("namespaces")] {
+            let metadata = std::fs::symlink_metadata(&dir).map_err(io_error(&dir))?;
+            if !metadata.is_dir() || metadata.uid() != rustix::process::geteuid().as_raw() {
+                return Err(StoreError::NotOurs { path: dir });
+            }
+        }
         std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700)).map_err(io_error(root))?;
         let tmp = root.join("tmp");
         let _ = std::fs::remove_dir_all(&tmp);
@@ -250,20 +269,27 @@ impl Store {
         self.open_object(digest).ok()
     }
 
-    /// [`Store::read_meta`], saying why not: `Err(true)`, the object is there but not what
-    /// was written; `Err(false)`, it is not there.
-    fn open_object(&self, digest: &Digest) -> Result<(Meta, File), bool> {
-        let meta = std::fs::read_to_string(self.meta_path(digest)).map_err(|_| false)?;
-        let meta = Meta::parse(&meta).ok_or(true)?;
+    /// [`Store::read_meta`], saying why not.
+    fn open_object(&self, digest: &Digest) -> Result<(Meta, File), NotThere> {
+        let unreadable = |error: std::io::Error| match error.kind() {
+            std::io::ErrorKind::NotFound => NotThere::Gone,
+            _ => NotThere::Unreadable(error),
+        };
+        let meta = std::fs::read_to_string(self.meta_path(digest)).map_err(unreadable)?;
+        let meta = Meta::parse(&meta).ok_or(NotThere::Changed)?;
         let file = OpenOptions::new()
             .read(true)
             .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(self.object_path(digest))
-            .map_err(|error| error.kind() != std::io::ErrorKind::NotFound)?;
-        let identity = Identity::of(&file.metadata().map_err(|_| true)?);
+            .map_err(|error| match error.raw_os_error() {
+                // A symbolic link where the object was: not what the agent wrote.
+                Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() => NotThere::Changed,
+                _ => unreadable(error),
+            })?;
+        let identity = Identity::of(&file.metadata().map_err(NotThere::Unreadable)?);
         match identity == meta.identity {
             true => Ok((meta, file)),
-            false => Err(true),
+            false => Err(NotThere::Changed),
         }
     }
 
@@ -274,50 +300,66 @@ impl Store {
 
     /// The code `namespace` put under `digest`, as a read-only file.
     pub fn get(&self, namespace: &Namespace, digest: &Digest) -> Found {
-        let mut index = self.lock();
-        let held = index
-            .namespaces
-            .get(namespace)
-            .is_some_and(|held| held.contains(digest));
-        let now = index.tick();
-        let checked = match index.objects.get_mut(digest) {
-            Some(object) if held => {
-                object.last_used = now;
-                object.checked
-            }
-            _ => return Found::Absent,
-        };
-        let (meta, file) = match self.open_object(digest) {
-            Ok(opened) => opened,
-            // Gone from the disk (not by this agent): nothing to warn of, nothing to serve.
-            Err(false) => {
-                self.remove_object(&mut index, digest);
-                return Found::Absent;
-            }
-            Err(true) => {
-                tracing::warn!(%digest, "a stored object's file is not the one written: removed");
-                self.remove_object(&mut index, digest);
-                return Found::Corrupt;
-            }
-        };
-        if !checked || self.verify_every_get {
-            match hash_file(&file) {
-                Ok(actual) if actual == meta.cwasm_sha256 => {}
-                Ok(_) => {
-                    tracing::warn!(%digest, "a stored object's bytes are not the ones verified: removed");
+        let (meta, file, checked) = {
+            let mut index = self.lock();
+            let held = index
+                .namespaces
+                .get(namespace)
+                .is_some_and(|held| held.contains(digest));
+            let now = index.tick();
+            let checked = match index.objects.get_mut(digest) {
+                Some(object) if held => {
+                    object.last_used = now;
+                    object.checked
+                }
+                _ => return Found::Absent,
+            };
+            match self.open_object(digest) {
+                Ok((meta, file)) => (meta, file, checked),
+                // Gone from the disk (not by this agent): nothing to warn of, nothing to serve.
+                Err(NotThere::Gone) => {
+                    self.remove_object(&mut index, digest);
+                    return Found::Absent;
+                }
+                Err(NotThere::Changed) => {
+                    tracing::warn!(%digest, "a stored object's file is not the one written: removed");
                     self.remove_object(&mut index, digest);
                     return Found::Corrupt;
                 }
-                Err(error) => {
-                    tracing::warn!(%digest, %error, "cannot read a stored object to check it");
+                // Out of descriptors, a disk error: kept, for a later get.
+                Err(NotThere::Unreadable(error)) => {
+                    tracing::warn!(%digest, %error, "cannot open a stored object");
                     return Found::Absent;
                 }
             }
-            if let Some(object) = index.objects.get_mut(digest) {
-                object.checked = true;
+        };
+        if checked && !self.verify_every_get {
+            return Found::Code(meta.header, file);
+        }
+        // Hashed outside the lock (megabytes): other gets and puts go on meanwhile.
+        let hashed = hash_file(&file);
+        let mut index = self.lock();
+        match hashed {
+            Ok(actual) if actual == meta.cwasm_sha256 => {
+                if let Some(object) = index.objects.get_mut(digest) {
+                    object.checked = true;
+                }
+                Found::Code(meta.header, file)
+            }
+            Ok(_) => {
+                tracing::warn!(%digest, "a stored object's bytes are not the ones verified: removed");
+                // Only the file that was hashed: one written anew meanwhile stays.
+                let still_this_file = self.read_meta(digest).is_some_and(|(now, _)| now == meta);
+                if still_this_file {
+                    self.remove_object(&mut index, digest);
+                }
+                Found::Corrupt
+            }
+            Err(error) => {
+                tracing::warn!(%digest, %error, "cannot read a stored object to check it");
+                Found::Absent
             }
         }
-        Found::Code(meta.header, file)
     }
 
     /// Keeps admitted code under `digest` (if it is not kept already) and lets `namespace`
@@ -380,7 +422,15 @@ impl Store {
             .mode(0o700)
             .recursive(true)
             .create(dir)
-            .and_then(|()| File::create(&marker).map(drop));
+            .and_then(|()| {
+                OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .mode(0o600)
+                    .open(&marker)
+                    .map(drop)
+            });
         if let Err(source) = marked {
             if !index.namespaces.values().any(|held| held.contains(digest)) {
                 self.remove_object(&mut index, digest);
