@@ -4,7 +4,7 @@
 use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 use wasmless_artifact::code_store::{Reply, Request, call};
@@ -217,7 +217,11 @@ fn a_tenant_cannot_change_the_code_it_is_handed_nor_look_into_the_store() {
     let (stored, _) = stored_code("payments");
     let digest = Digest::of(&stored);
     assert_eq!(agent.put("team-a", &digest, &stored), Reply::Stored);
-    let probe = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tenant_probe.py");
+    // Beside the sockets, where the tenant's uid may read it (a checkout may be in a home
+    // only root enters).
+    let probe = agent.sockets.join("tenant_probe.py");
+    std::fs::write(&probe, include_str!("tenant_probe.py")).unwrap();
+    std::fs::set_permissions(&probe, std::fs::Permissions::from_mode(0o644)).unwrap();
     let output = Command::new("python3")
         .arg(&probe)
         .arg(agent.socket("team-a"))
