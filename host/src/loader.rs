@@ -299,9 +299,9 @@ impl Loader {
 
     /// The builder's code for `module` from the node's store, asked by `code_digest`, the
     /// digest it is pinned to: mapped from the store's file, nothing read or verified here.
-    /// `Missing`: no store, the store does not hold it (or cannot be asked), or this host
-    /// cannot run it; read it from `source` instead. `Err`: the code was made from another
-    /// module, and nothing may run.
+    /// `Missing`: no store, the store does not hold it (or cannot be asked, or answers code
+    /// of another module), or this host cannot run it; read it from `source` instead, whose
+    /// checks decide. A store never fails a load.
     pub async fn open_stored(
         &self,
         source: &CodeSource,
