@@ -16,6 +16,9 @@ mod harness;
 #[path = "operator/scenarios.rs"]
 mod scenarios;
 
+#[path = "operator/cluster_state.rs"]
+mod cluster_state;
+
 #[path = "operator/fake_only.rs"]
 mod fake_only;
 

@@ -1950,8 +1950,13 @@ macro_rules! scenarios {
                 #[tokio::test]
                 async fn $name() {
                     let h = super::Harness::real(stringify!($name)).await;
-                    super::$name(&h).await;
-                    // Kept when the scenario fails, to look at.
+                    let run = std::panic::AssertUnwindSafe(super::$name(&h));
+                    if let Err(failed) = futures::FutureExt::catch_unwind(run).await {
+                        // Kept when the scenario fails, to look at; and printed, for a run
+                        // whose cluster is gone by the time anyone looks.
+                        println!("{}", h.cluster_state().await);
+                        std::panic::resume_unwind(failed);
+                    }
                     h.delete_namespace().await;
                 }
             )*
