@@ -121,6 +121,10 @@ step "images (scripts/build-images.sh)"
 images=$(scripts/build-images.sh)
 
 step "test cluster up (scripts/cluster.sh)"
+# From no cluster: one left up by a run stopped before its trap (`up` would reuse it) may
+# still hold the e2e's installed operator, which then reconciles the scenarios' Functions
+# beside the tests with its own builder image (stop 54's CI: 16 scenarios left Building).
+scripts/cluster.sh down
 trap 'step "test cluster down"; scripts/cluster.sh down; summary' EXIT
 export WASMLESS_TEST_KUBECONFIG
 WASMLESS_TEST_KUBECONFIG=$(scripts/cluster.sh up)

@@ -63,6 +63,7 @@ impl Harness {
             .await
             .expect("kubeconfig");
         let client = Client::try_from(config.clone()).expect("client");
+        no_operator_installed(&client).await;
         refuse_build_pods(&client).await;
         grant_the_operators_rights(&client).await;
         let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
@@ -553,6 +554,27 @@ impl Harness {
         events.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
         events.into_iter().filter_map(|e| e.reason).collect()
     }
+}
+
+/// An operator running on the cluster (the e2e installs one) would reconcile the
+/// scenarios' Functions beside the test's own reconciles, with its own settings (another
+/// builder image, so another source digest): the scenarios would fail far from the cause.
+async fn no_operator_installed(client: &Client) {
+    let found = Api::<Deployment>::all(client.clone())
+        .list_metadata(&ListParams::default().fields("metadata.name=wasmless-operator"))
+        .await
+        .expect("listing the cluster's Deployments");
+    let installed: Vec<String> = found
+        .items
+        .iter()
+        .map(|d| format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any()))
+        .collect();
+    assert!(
+        installed.is_empty(),
+        "an operator is installed on the test cluster ({installed:?}) and would reconcile these scenarios' \
+         Functions too: run them on a cluster of their own (scripts/test.sh starts one from none), or remove \
+         it first (kubectl delete -k deploy/)"
+    );
 }
 
 /// Label of the test namespaces in which build Jobs get no pods of their own.
