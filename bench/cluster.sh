@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wasmless/target}"
 cargo test --release --workspace --no-run --quiet   # the binaries scripts/test.sh builds
 images=$(scripts/build-images.sh)
-if ! scripts/cluster.sh status | grep -q 'kube-apiserver: running'; then
+if [[ $(scripts/cluster.sh status) != *'kube-apiserver: running'* ]]; then
   trap 'scripts/cluster.sh down' EXIT
 fi
 scripts/cluster.sh up >/dev/null

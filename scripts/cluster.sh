@@ -263,7 +263,7 @@ setup_host() {
   # process on the node would reach it through the default route, off the machine (where
   # this machine's network answered the API server's first dial of metrics-server with a
   # 404, on a connection it then kept). On the bridge it goes nowhere instead.
-  if ! ip route show "$SERVICE_CIDR" | grep -q .; then
+  if [[ -z $(ip route show "$SERVICE_CIDR") ]]; then
     ip route add "$SERVICE_CIDR" dev "$BRIDGE"
     touch "$CLUSTER_DIR/host/service-route.created"
   fi
@@ -691,9 +691,13 @@ check_clean() {
   [[ -n $(shim_pids) ]] && left+=("containerd shims")
   [[ -n $(cluster_mounts) ]] && left+=("mounts under $CLUSTER_DIR")
   ip link show "$BRIDGE" >/dev/null 2>&1 && left+=("bridge $BRIDGE")
-  ip route show "$SERVICE_CIDR" | grep -q . && left+=("route to $SERVICE_CIDR")
-  iptables-save 2>/dev/null | grep -q 'KUBE-' && left+=("iptables chains KUBE-*")
-  iptables-save 2>/dev/null | grep -q 'WASMLESS-' && left+=("iptables chain WASMLESS-DNS")
+  # Each output taken whole, not piped to `grep -q`: under pipefail a grep leaving at its
+  # first match can fail the pipeline with the writer's SIGPIPE, and hide what is left.
+  [[ -n $(ip route show "$SERVICE_CIDR") ]] && left+=("route to $SERVICE_CIDR")
+  local rules
+  rules=$(iptables-save 2>/dev/null || true)
+  [[ $rules == *KUBE-* ]] && left+=("iptables chains KUBE-*")
+  [[ $rules == *WASMLESS-* ]] && left+=("iptables chain WASMLESS-DNS")
   [[ -e $CLUSTER_DIR ]] && left+=("$CLUSTER_DIR")
   [[ ${#left[@]} -eq 0 ]] || die "left behind: ${left[*]}"
 }

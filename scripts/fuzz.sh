@@ -40,7 +40,7 @@ mapfile -t all < <(cd fuzz && cargo fuzz list)
 targets=("$@")
 [[ ${#targets[@]} -gt 0 ]] || targets=("${all[@]}")
 for target in "${targets[@]}"; do
-  printf '%s\n' "${all[@]}" | grep -qx "$target" || { say "no fuzz target $target (there are: ${all[*]})"; exit 2; }
+  [[ " ${all[*]} " == *" $target "* ]] || { say "no fuzz target $target (there are: ${all[*]})"; exit 2; }
 done
 
 start=$SECONDS

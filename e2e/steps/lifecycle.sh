@@ -51,7 +51,7 @@ build_deadline() {
 delete_during_build() {
   step "a Function deleted while its builder runs: no ConfigMap, Job or pod of it is left"
   new_function doomed doomed
-  builder_running() { kubectl get pods -n "$NS" -l wasmless.io/function=doomed --field-selector=status.phase=Running -o name | grep -q .; }
+  builder_running() { [[ -n $(kubectl get pods -n "$NS" -l wasmless.io/function=doomed --field-selector=status.phase=Running -o name) ]]; }
   wait_until 120 "the builder of doomed to run" builder_running
   local uid env
   uid=$(kubectl get fn doomed -n "$NS" -o 'jsonpath={.metadata.uid}')
@@ -59,8 +59,8 @@ delete_during_build() {
   expect_eq "$env" "$uid" "the build Job's WASMLESS_FUNCTION_UID"
   kubectl delete fn doomed -n "$NS" --wait=false >/dev/null
   nothing_left() {
-    ! kubectl get cm,jobs,pods -n "$NS" -l wasmless.io/function=doomed --no-headers 2>/dev/null | grep -q . &&
-      ! kubectl get cm -n "$NS" -o name | grep -q '^configmap/doomed-'
+    [[ -z $(kubectl get cm,jobs,pods -n "$NS" -l wasmless.io/function=doomed --no-headers 2>/dev/null) ]] &&
+      [[ $'\n'$(kubectl get cm -n "$NS" -o name) != *$'\n'configmap/doomed-* ]]
   }
   wait_until 120 "everything of doomed collected" nothing_left
   # A builder that published after the deletion would show now: its chunks are collected too.

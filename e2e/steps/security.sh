@@ -267,7 +267,9 @@ keepalive_to_deleted() {
   wait_until 240 "leaving to be Ready in the pool" bash -c "[[ \$(kubectl get fn leaving -n $NS -o 'jsonpath={.status.phase}/{.status.servedBy}') == Ready/pool ]]"
   wait_until 30 "every pool pod to list leaving" pool_lists leaving
   port=$(kubectl get cm leaving-pool -n "$NS" -o 'jsonpath={.data.entry\.json}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["port"])')
-  ip=$(pool_ips | head -1)
+  # Not `pool_ips | head -1`: head leaving early can kill kubectl with SIGPIPE, and
+  # under pipefail that fails the step (stop 55's CI, exit 141).
+  read -r ip < <(pool_ips)
   # The operator gives a pooled Function the port its name hashes to (objects/pool.rs
   # free_pool_port: sha256 of the name, 20000 + the first 16 bits mod 12000) when free: a
   # name that lands on leaving's port is the Function an attacker would create next.

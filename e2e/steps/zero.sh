@@ -20,7 +20,7 @@ pool_lists() {
   ips=$(pool_ips)
   [[ -n $ips ]] || return 1
   for ip in $ips; do
-    curl -fsS --max-time 2 "http://$ip:9090/pool" | grep -q "\"$1\"" || return 1
+    [[ $(curl -fsS --max-time 2 "http://$ip:9090/pool") == *"\"$1\""* ]] || return 1
   done
 }
 
@@ -28,7 +28,7 @@ pool_lists() {
 pool_forgot() {
   local ip
   for ip in $(pool_ips); do
-    ! curl -fsS --max-time 2 "http://$ip:9090/pool" | grep -q "\"$1\"" || return 1
+    [[ $(curl -fsS --max-time 2 "http://$ip:9090/pool") != *"\"$1\""* ]] || return 1
   done
 }
 
@@ -129,7 +129,7 @@ scale_to_zero() {
   ((total > 100)) || fail "the request loop made only $total requests"
   expect_eq "$failed" 0 "failed requests in the loop ($(grep -v '^200 ' "$WORK/idle-loop.log" | sort | uniq -c | head -3))"
   kubectl get events -n "$NS" --field-selector involvedObject.name=idle -o custom-columns=REASON:.reason,MESSAGE:.message --no-headers |
-    grep -E 'Scaled|ServedByPool|Available' | sed 's/^/    event: /' | head -8
+    grep -E 'Scaled|ServedByPool|Available' | sed -n '1,8s/^/    event: /p'
   expect_contains "$(kubectl get events -n "$NS" --field-selector involvedObject.name=idle -o jsonpath='{.items[*].reason}')" ScaledUp "idle's Events"
 
   # Deleting the Function removes it from the pool within seconds.
