@@ -7,6 +7,7 @@
 #   wasmless/runtime:TAG   FROM scratch: the release wasmless-runtime, the C library it links
 #                          and the CA bundle
 #   wasmless/operator:TAG  FROM scratch: the same for wasmless-operator
+#   wasmless/node-agent:TAG  FROM scratch: the same for wasmless-node-agent
 #   wasmless/builder:TAG   a Debian 12 (bookworm) base from debootstrap with gcc (cargo links
 #                          build scripts with it), the Go toolchain on this machine, the Rust
 #                          toolchain with wasm32-wasip2, wasmless-builder (the SDKs are compiled
@@ -33,7 +34,7 @@ SAY_AS=images
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 
-for binary in wasmless-runtime wasmless-operator wasmless-builder; do
+for binary in wasmless-runtime wasmless-operator wasmless-node-agent wasmless-builder; do
   [[ -x $release/$binary ]] || { say "no $release/$binary: run cargo test --release --workspace --no-run first"; exit 1; }
 done
 
@@ -170,4 +171,5 @@ builder_image() {
 
 scratch_image runtime wasmless-runtime
 scratch_image operator wasmless-operator
+scratch_image node-agent wasmless-node-agent
 builder_image

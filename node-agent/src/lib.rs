@@ -6,9 +6,11 @@
 //! which maps it instead of reading, verifying and writing megabytes again.
 //!
 //! `admission` is what a put must be, `store` the files on disk and who may get them,
-//! `record` what it keeps of each file to check it again, `server` a socket per namespace.
+//! `record` what it keeps of each file to check it again, `server` a socket per namespace,
+//! `csi` the kubelet's plugin that places those sockets in pods.
 
 pub mod admission;
+pub mod csi;
 pub mod namespace;
 mod record;
 pub mod server;

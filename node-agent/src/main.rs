@@ -1,9 +1,11 @@
-//! `wasmless-node-agent`: serves a node's store of verified code on a socket per namespace.
+//! `wasmless-node-agent`: serves a node's store of verified code on a socket per namespace,
+//! each placed by the kubelet's CSI calls (`--kubelet-dir`) or named on the command line.
 
 use anyhow::Context;
 use clap::Parser;
 use std::path::PathBuf;
 use std::sync::Arc;
+use wasmless_node_agent::csi::{self, volumes::Volumes};
 use wasmless_node_agent::server::{self, ServeLimits};
 use wasmless_node_agent::store::{Namespace, Store, StoreLimits};
 
@@ -14,8 +16,15 @@ struct Flags {
     #[arg(long, env = "WASMLESS_STORE_DIR", default_value = "/var/lib/wasmless/code-store")]
     store_dir: PathBuf,
     /// A socket to serve one namespace's runtimes on, as NAMESPACE=PATH (repeatable).
-    #[arg(long = "socket", value_parser = parse_socket, required = true)]
+    #[arg(long = "socket", value_parser = parse_socket, required_unless_present = "kubelet_dir")]
     sockets: Vec<(Namespace, PathBuf)>,
+    /// The kubelet's root directory: the agent registers there as the CSI driver
+    /// code.wasmless.io and serves a socket in each pod volume the kubelet publishes.
+    #[arg(long, env = "WASMLESS_KUBELET_DIR")]
+    kubelet_dir: Option<PathBuf>,
+    /// This node's name, as the kubelet's CSI calls report it.
+    #[arg(long, env = "NODE_NAME", default_value = "")]
+    node_name: String,
     /// Bytes of code kept on the node; the least recently used go first beyond it.
     #[arg(long, default_value = "8Gi", value_parser = wasmless_formats::quantity::parse_bytes)]
     store_budget: u64,
@@ -62,12 +71,25 @@ fn main() -> anyhow::Result<()> {
         max_code_bytes: usize::try_from(flags.max_code_bytes).unwrap_or(usize::MAX),
         ..ServeLimits::default()
     };
-    let mut threads = Vec::new();
+    let mut sockets = Vec::new();
     for (namespace, path) in flags.sockets {
-        threads.push(server::serve(store.clone(), namespace, &path, serve_limits)?);
+        sockets.push(server::serve(store.clone(), namespace, &path, serve_limits)?);
     }
-    for thread in threads {
-        let _ = thread.join();
+    if let Some(kubelet_dir) = &flags.kubelet_dir {
+        let records = flags.store_dir.join("volumes");
+        let volumes = Volumes::open(store.clone(), serve_limits, kubelet_dir, &records)
+            .with_context(|| format!("cannot serve the volumes recorded in {}", records.display()))?;
+        let plugin = csi::NodePlugin {
+            node_name: flags.node_name.clone(),
+            volumes: Arc::new(volumes),
+        };
+        let registration = kubelet_dir.join("plugins_registry").join(csi::REGISTRATION_SOCKET);
+        let serving = csi::serve(plugin, &registration)
+            .with_context(|| format!("cannot serve the kubelet at {}", registration.display()))?;
+        let _ = serving.join();
+    }
+    for socket in sockets {
+        socket.join();
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ use crate::store::{Found, Namespace, Store};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 use wasmless_artifact::code_store::{self, Reply, Request};
@@ -75,6 +76,28 @@ pub enum ServeError {
     },
 }
 
+/// A socket being served, until [`Listening::stop`].
+pub struct Listening {
+    listener: Arc<OwnedFd>,
+    stopped: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Listening {
+    /// Accepts no more connections (those being answered finish). The socket's file stays
+    /// for the caller to remove.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        // Wakes the accept this socket's thread waits in; it sees `stopped` and ends.
+        let _ = rustix::net::shutdown(&*self.listener, rustix::net::Shutdown::Both);
+    }
+
+    /// Waits for the socket's thread, which ends only once stopped.
+    pub fn join(self) {
+        let _ = self.thread.join();
+    }
+}
+
 /// Listens at `path` for `namespace`'s runtimes, on a thread of its own. A socket left there
 /// by an earlier agent is replaced; any other file is not.
 pub fn serve(
@@ -82,26 +105,64 @@ pub fn serve(
     namespace: Namespace,
     path: &Path,
     limits: ServeLimits,
-) -> Result<std::thread::JoinHandle<()>, ServeError> {
+) -> Result<Listening, ServeError> {
     if let Ok(existing) = std::fs::symlink_metadata(path) {
         if !existing.file_type().is_socket() {
             return Err(ServeError::NotASocket { path: path.into() });
         }
         let _ = std::fs::remove_file(path);
     }
-    let listener = code_store::listen(path).map_err(|source| ServeError::Listen {
-        path: path.into(),
-        source,
-    })?;
+    let listener = listen_at(path)?;
     reachable_by_anyone(path).map_err(|source| ServeError::Permissions {
         path: path.into(),
         source,
     })?;
     tracing::info!(%namespace, socket = %path.display(), "serving a namespace's code");
-    let path = path.to_path_buf();
-    Ok(std::thread::spawn(move || {
-        accept_loop(store, namespace, path, listener, limits)
-    }))
+    let listener = Arc::new(listener);
+    let stopped = Arc::new(AtomicBool::new(false));
+    let accepting = Accepting {
+        namespace,
+        path: path.to_path_buf(),
+        listener: listener.clone(),
+        stopped: stopped.clone(),
+    };
+    let thread = std::thread::spawn(move || accept_loop(store, accepting, limits));
+    Ok(Listening {
+        listener,
+        stopped,
+        thread,
+    })
+}
+
+/// Listens at `path`, however long: a socket's address holds at most 107 bytes, and the
+/// kubelet's volume directories are longer than that on some nodes, so a long path is bound
+/// through its directory's descriptor (`/proc/self/fd/N/name`), which names the same place.
+fn listen_at(path: &Path) -> Result<OwnedFd, ServeError> {
+    let listen_error = |source| ServeError::Listen {
+        path: path.into(),
+        source,
+    };
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return code_store::listen(path).map_err(listen_error);
+    };
+    if path.as_os_str().len() < 100 {
+        return code_store::listen(path).map_err(listen_error);
+    }
+    use rustix::fs::{Mode, OFlags};
+    let dir = rustix::fs::open(dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|error| listen_error(code_store::ProtocolError::from(std::io::Error::from(error))))?;
+    let short = Path::new("/proc/self/fd")
+        .join(std::os::fd::AsRawFd::as_raw_fd(&dir).to_string())
+        .join(name);
+    code_store::listen(&short).map_err(listen_error)
+}
+
+/// What one socket's thread accepts on.
+struct Accepting {
+    namespace: Namespace,
+    path: PathBuf,
+    listener: Arc<OwnedFd>,
+    stopped: Arc<AtomicBool>,
 }
 
 /// Connections of one socket being answered, at most a number.
@@ -132,7 +193,13 @@ impl Drop for Slot {
     }
 }
 
-fn accept_loop(store: Arc<Store>, namespace: Namespace, path: PathBuf, listener: OwnedFd, limits: ServeLimits) {
+fn accept_loop(store: Arc<Store>, accepting: Accepting, limits: ServeLimits) {
+    let Accepting {
+        namespace,
+        path,
+        listener,
+        stopped,
+    } = accepting;
     let slots = Arc::new(Slots {
         busy: Mutex::new(0),
         freed: Condvar::new(),
@@ -140,7 +207,12 @@ fn accept_loop(store: Arc<Store>, namespace: Namespace, path: PathBuf, listener:
     });
     loop {
         let slot = slots.take();
-        let connection = match code_store::accept(listener.as_fd(), limits.timeout) {
+        let accepted = code_store::accept(listener.as_fd(), limits.timeout);
+        if stopped.load(Ordering::SeqCst) {
+            tracing::info!(%namespace, socket = %path.display(), "no longer serving a namespace's code");
+            return;
+        }
+        let connection = match accepted {
             Ok(connection) => connection,
             Err(error) => {
                 tracing::warn!(%namespace, socket = %path.display(), %error, "cannot accept a connection");

@@ -63,6 +63,12 @@ pub struct Args {
     /// which then waits for the load).
     #[arg(long, env = "WASMLESS_POOL_LOAD_AHEAD", default_value_t = true, action = clap::ArgAction::Set)]
     pub pool_load_ahead: bool,
+    /// Pool pods map compiled code from their node's store (the node agent of
+    /// deploy/node-agent/, the CSI driver code.wasmless.io), so a node keeps each Function's
+    /// code once and a pool loads it without reading it through the API. Set it only where
+    /// that agent runs on every node: a pool pod waits for the driver before it starts.
+    #[arg(long, env = "WASMLESS_NODE_CODE_STORE", default_value_t = false, action = clap::ArgAction::Set)]
+    pub node_code_store: bool,
     /// The OpenTelemetry collector function pods and pools send traces to, and the
     /// operator its trace of each apply: an OTLP/HTTP endpoint such as
     /// http://otel-collector.observability:4318. Unset: no traces.
@@ -111,6 +117,7 @@ impl Args {
         settings.pool_replicas = self.pool_replicas;
         settings.pool_memory_budget = self.pool_memory_budget;
         settings.pool_load_ahead = self.pool_load_ahead;
+        settings.node_code_store = self.node_code_store;
         settings.otlp_endpoint = self
             .otlp_endpoint
             .clone()

@@ -19,8 +19,8 @@ use crate::module::{Module, ModuleLocation};
 use crate::settings::Settings;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec, PodTemplateSpec, ResourceRequirements,
-    ServiceAccount,
+    CSIVolumeSource, ConfigMap, Container, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec, PodTemplateSpec,
+    ResourceRequirements, ServiceAccount, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -140,7 +140,7 @@ pub fn pool_rbac(namespace: &str, secrets: &BTreeSet<String>) -> (ServiceAccount
 pub fn pool_deployment(namespace: &str, settings: &Settings) -> Deployment {
     let labels = pool_labels();
     let probe = admin_probe;
-    let args: Vec<String> = [
+    let mut args: Vec<String> = [
         ("--pool", format!("api:{}", pool_entry_selector())),
         ("--admin-port", ports::ADMIN.to_string()),
         ("--memory-limit", POOL_MEMORY_LIMIT.into()),
@@ -169,6 +169,7 @@ pub fn pool_deployment(namespace: &str, settings: &Settings) -> Deployment {
         }),
         ..Default::default()
     };
+    let (volumes, mounts) = pool_volumes(settings, &mut args);
     let mut env: Vec<EnvVar> = runtime_settings_env(settings).collect();
     env.push(field(NAMESPACE_ENV, "metadata.namespace"));
     env.push(field(super::POD_IP_ENV, "status.podIP"));
@@ -194,7 +195,7 @@ pub fn pool_deployment(namespace: &str, settings: &Settings) -> Deployment {
             ..Default::default()
         }),
         security_context: Some(restricted_container_security()),
-        volume_mounts: Some(vec![mount("cache", "/cache", false)]),
+        volume_mounts: Some(mounts),
         ..Default::default()
     };
     Deployment {
@@ -221,13 +222,43 @@ pub fn pool_deployment(namespace: &str, settings: &Settings) -> Deployment {
                     security_context: Some(restricted_pod_security()),
                     containers: vec![container],
                     termination_grace_period_seconds: Some(TERMINATION_GRACE_PERIOD_SECONDS),
-                    volumes: Some(vec![empty_dir(
-                        "cache",
-                        &quantity(POOL_MAPPED_CODE_BUDGET + POOL_COMPILE_CACHE).0,
-                    )]),
+                    volumes: Some(volumes),
                     ..Default::default()
                 }),
             },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The pool's volumes and their mounts: the cache of mapped and compiled code, and with
+/// `--node-code-store` the node's store, whose socket `args` then name.
+fn pool_volumes(settings: &Settings, args: &mut Vec<String>) -> (Vec<Volume>, Vec<VolumeMount>) {
+    let mut volumes = vec![empty_dir(
+        "cache",
+        &quantity(POOL_MAPPED_CODE_BUDGET + POOL_COMPILE_CACHE).0,
+    )];
+    let mut mounts = vec![mount("cache", "/cache", false)];
+    if settings.node_code_store {
+        volumes.push(node_code_store_volume());
+        mounts.push(mount(NODE_CODE_STORE_VOLUME, NODE_CODE_STORE_DIR, true));
+        args.extend(["--code-store".into(), format!("{NODE_CODE_STORE_DIR}/agent.sock")]);
+    }
+    (volumes, mounts)
+}
+
+const NODE_CODE_STORE_VOLUME: &str = "code-store";
+const NODE_CODE_STORE_DIR: &str = "/code-store";
+
+/// The node's code store: a directory the node agent serves the pod's namespace a socket
+/// in (docs/plans/node-code-store.md). Read-only: the socket is reached, nothing written.
+fn node_code_store_volume() -> Volume {
+    Volume {
+        name: NODE_CODE_STORE_VOLUME.into(),
+        csi: Some(CSIVolumeSource {
+            driver: "code.wasmless.io".into(),
+            read_only: Some(true),
             ..Default::default()
         }),
         ..Default::default()
@@ -348,5 +379,52 @@ mod tests {
         for bytes in [1 << 30, 1536 << 20, 5 << 30] {
             assert_eq!(wasmless_formats::quantity::parse_bytes(&quantity(bytes).0), Ok(bytes));
         }
+    }
+
+    #[test]
+    fn with_the_node_code_store_a_pool_pod_reaches_its_agent_through_a_read_only_volume() {
+        let pod = |node_code_store| {
+            let settings = Settings {
+                node_code_store,
+                ..Settings::new("wasmless/runtime:0.1.0", "wasmless/builder:0.1.0")
+            };
+            pool_deployment("team-a", &settings)
+                .spec
+                .unwrap()
+                .template
+                .spec
+                .unwrap()
+        };
+        let without = pod(false);
+        assert!(
+            !without.containers[0]
+                .args
+                .as_ref()
+                .unwrap()
+                .contains(&"--code-store".to_string())
+        );
+        assert_eq!(without.volumes.unwrap().len(), 1);
+
+        let with = pod(true);
+        let volume = with
+            .volumes
+            .unwrap()
+            .into_iter()
+            .find(|volume| volume.csi.is_some())
+            .unwrap();
+        let csi = volume.csi.unwrap();
+        assert_eq!((csi.driver.as_str(), csi.read_only), ("code.wasmless.io", Some(true)));
+        let container = &with.containers[0];
+        let mounted = container
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|mount| mount.name == volume.name)
+            .unwrap();
+        assert_eq!(mounted.read_only, Some(true));
+        let args = container.args.as_ref().unwrap();
+        let socket = &args[args.iter().position(|arg| arg == "--code-store").unwrap() + 1];
+        assert_eq!(socket, &format!("{}/agent.sock", mounted.mount_path));
     }
 }
