@@ -142,15 +142,13 @@ fn listen_at(path: &Path) -> Result<OwnedFd, ServeError> {
         path: path.into(),
         source,
     };
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+    let long = path.as_os_str().len() >= 100;
+    let (true, Some(dir), Some(name)) = (long, path.parent(), path.file_name()) else {
         return code_store::listen(path).map_err(listen_error);
     };
-    if path.as_os_str().len() < 100 {
-        return code_store::listen(path).map_err(listen_error);
-    }
     use rustix::fs::{Mode, OFlags};
     let dir = rustix::fs::open(dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-        .map_err(|error| listen_error(code_store::ProtocolError::from(std::io::Error::from(error))))?;
+        .map_err(|error| listen_error(error.into()))?;
     let short = Path::new("/proc/self/fd")
         .join(std::os::fd::AsRawFd::as_raw_fd(&dir).to_string())
         .join(name);

@@ -180,20 +180,15 @@ impl Volumes {
         if std::fs::symlink_metadata(&socket).is_ok_and(|metadata| metadata.file_type().is_socket()) {
             std::fs::remove_file(&socket).map_err(failed(&socket))?;
         }
-        match std::fs::remove_dir(&target) {
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(failed(&target)(error)),
-            _ => {}
-        }
+        gone(std::fs::remove_dir(&target)).map_err(failed(&target))?;
         let record = self.records_dir.join(volume_id);
-        match std::fs::remove_file(&record) {
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(failed(&record)(error)),
-            _ => {}
-        }
+        gone(std::fs::remove_file(&record)).map_err(failed(&record))?;
         tracing::info!(volume_id, target = %target.display(), "volume unpublished");
         Ok(())
     }
 
     /// How many volumes are served now.
+    #[cfg(test)]
     pub fn count(&self) -> usize {
         self.lock().len()
     }
@@ -260,6 +255,14 @@ fn make_target_dir(target: &Path) -> Result<(), VolumeError> {
         created => created.map_err(failed(target))?,
     }
     std::fs::set_permissions(target, std::fs::Permissions::from_mode(0o755)).map_err(failed(target))
+}
+
+/// A removal's outcome, where what was already gone is removed too.
+fn gone(removed: std::io::Result<()>) -> std::io::Result<()> {
+    match removed {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
 }
 
 fn failed(path: &Path) -> impl Fn(std::io::Error) -> VolumeError + '_ {

@@ -5,8 +5,8 @@
 use super::*;
 use crate::store::StoreLimits;
 use std::time::Duration;
+use wasmless_artifact::Digest;
 use wasmless_artifact::code_store::{Reply, Request, call};
-use wasmless_artifact::{CodeHeader, CodeKind, Digest, encode_code};
 
 struct Node {
     store: Arc<Store>,
@@ -59,17 +59,7 @@ impl Node {
 
     /// Code put by `namespace`, as its runtime would have.
     fn code_of(&self, namespace: &str) -> Digest {
-        let header = CodeHeader {
-            module_digest: Digest::of(namespace.as_bytes()),
-            engine: "ab".repeat(32),
-            kind: CodeKind::Module,
-            target: "x86-64-v3".into(),
-            module_files: false,
-        };
-        let cwasm = crate::admission::tests::code_starting(format!("\x7fELF{namespace}").as_bytes());
-        let stored = encode_code(&header, &cwasm);
-        let digest = Digest::of(&stored);
-        let admitted = crate::admission::admit(&digest, &stored, 1 << 30).unwrap();
+        let (digest, admitted) = crate::store::tests::code(namespace);
         self.store
             .put(&Namespace::new(namespace).unwrap(), &digest, admitted)
             .unwrap();

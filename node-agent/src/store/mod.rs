@@ -556,4 +556,4 @@ fn tempfile_in(dir: &Path) -> Result<(File, PathBuf), StoreError> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -5,7 +5,7 @@ use super::*;
 use crate::admission::admit;
 use wasmless_artifact::{CodeKind, encode_code};
 
-fn code(body: &str) -> (Digest, Admitted) {
+pub(crate) fn code(body: &str) -> (Digest, Admitted) {
     let header = CodeHeader {
         module_digest: Digest::of(body.as_bytes()),
         engine: "ab".repeat(32),
