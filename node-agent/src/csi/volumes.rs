@@ -1,7 +1,10 @@
 //! The volumes the kubelet publishes: each pod that mounts `code.wasmless.io` gets a
 //! directory holding one socket, `agent.sock`, served as the pod's namespace. The namespace
 //! comes from the kubelet (`csi.storage.k8s.io/pod.namespace`, which it writes over any
-//! attribute the pod sets), never from the pod. Nothing is mounted: the kubelet bind-mounts
+//! attribute the pod sets), never from the pod. Were the CSIDriver's `podInfoOnMount`
+//! turned off, the kubelet would pass the pod's own attributes instead: so the pod's UID
+//! must come too, and be the pod whose directory the target is in, which a pod cannot
+//! know before it is made, so cannot write in its spec. Nothing is mounted: the kubelet bind-mounts
 //! the directory into the pod's containers, read-only, and `connect()` needs no write
 //! access to the mount. Each published volume is recorded on disk, so an agent that
 //! restarts serves its sockets again (the kubelet does not publish twice for that).
@@ -19,6 +22,7 @@ pub const SOCKET_NAME: &str = "agent.sock";
 /// The attributes the kubelet gives a pod's inline volume when the CSIDriver asks for pod
 /// information (`podInfoOnMount: true`).
 const POD_NAMESPACE: &str = "csi.storage.k8s.io/pod.namespace";
+const POD_UID: &str = "csi.storage.k8s.io/pod.uid";
 const EPHEMERAL: &str = "csi.storage.k8s.io/ephemeral";
 
 /// A volume the kubelet asks to publish.
@@ -130,6 +134,13 @@ impl Volumes {
                 ))
             })
             .and_then(|name| Namespace::new(name).map_err(VolumeError::Invalid))?;
+        let pod_uid = request.volume_context.get(POD_UID).map(String::as_str);
+        if pod_uid.is_none() || pod_uid != self.pod_of(&target) {
+            return Err(VolumeError::Invalid(format!(
+                "{POD_UID} {pod_uid:?} from the kubelet is not the pod whose directory {} is in: the CSIDriver code.wasmless.io must have podInfoOnMount: true",
+                target.display()
+            )));
+        }
         if let Some(published) = self.lock().get(&request.volume_id) {
             return match published.target == target && published.namespace == namespace {
                 true => Ok(()),
@@ -211,6 +222,14 @@ impl Volumes {
                 "{target_path:?} is not a pod volume's directory in {}",
                 self.pods_dir.display()
             ))),
+        }
+    }
+
+    /// The pod a target belongs to: the kubelet's `<pods>/<pod uid>/volumes/…/mount`.
+    fn pod_of<'a>(&self, target: &'a Path) -> Option<&'a str> {
+        match target.strip_prefix(&self.pods_dir).ok()?.components().next()? {
+            Component::Normal(uid) => uid.to_str(),
+            _ => None,
         }
     }
 

@@ -68,13 +68,19 @@ impl Node {
 }
 
 /// The kubelet's request for a pod of `namespace`'s inline volume at `target`.
+/// The pod's UID is the name of its directory, `pods/<uid>/volumes/kubernetes.io~csi/code/mount`.
 fn publish(volume_id: &str, target: &Path, namespace: &str) -> Publish {
+    let pod_uid = target.ancestors().nth(4).and_then(Path::file_name);
     Publish {
         volume_id: volume_id.into(),
         target_path: target.display().to_string(),
         readonly: true,
         volume_context: HashMap::from([
             (POD_NAMESPACE.to_string(), namespace.to_string()),
+            (
+                POD_UID.to_string(),
+                pod_uid.unwrap_or_default().to_string_lossy().into_owned(),
+            ),
             ("csi.storage.k8s.io/pod.name".to_string(), "pool-1".to_string()),
             (EPHEMERAL.to_string(), "true".to_string()),
         ]),
@@ -180,6 +186,16 @@ fn what_is_not_a_pods_inline_read_only_volume_is_refused() {
     let mut no_pod_info = publish("csi-a", &target, "team-a");
     no_pod_info.volume_context.remove(POD_NAMESPACE);
     refused(no_pod_info, "podInfoOnMount");
+    // Without podInfoOnMount the kubelet passes the pod's own attributes: a pod can claim a
+    // namespace, but not its own UID, which it has only once made.
+    let mut claimed = publish("csi-a", &target, "team-a");
+    claimed.volume_context.remove(POD_UID);
+    refused(claimed, "podInfoOnMount");
+    let mut another_pod = publish("csi-a", &target, "team-a");
+    another_pod
+        .volume_context
+        .insert(POD_UID.to_string(), "pod-b".to_string());
+    refused(another_pod, "podInfoOnMount");
     refused(publish("csi-a", &target, "Team A"), "not a namespace");
     let outside = node.kubelet.path().join("plugins/mount");
     refused(publish("csi-a", &outside, "team-a"), "not a pod volume's directory");
