@@ -3,13 +3,15 @@
 use crate::precompiled::Residence;
 
 /// Bytes a loaded module holds: `private` only this process pays for (a copy of the code
-/// in its memory, and what wasmtime builds from it), `mapped` the code file's pages it
-/// maps (page cache: shared with every process mapping the same file, paged in where
-/// touched, on disk).
+/// in its memory, and what wasmtime builds from it), `mapped` the pages of a code file it
+/// wrote on its own disk and maps (page cache, paged in where touched), `shared` the pages
+/// of the node's store's file it maps: the node's one copy, which every process on the
+/// node mapping it shares, and which no budget of this process pays for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CodeCost {
     pub private: u64,
     pub mapped: u64,
+    pub shared: u64,
 }
 
 /// What mapped code is counted to hold privately: 16 bytes per byte of its metadata, and
@@ -25,7 +27,7 @@ impl CodeCost {
         match residence {
             Residence::Copied => Self {
                 private: image,
-                mapped: 0,
+                ..Self::default()
             },
             // Mapped, the code's pages are the file's; what the process builds from it (the
             // functions' metadata, type registrations, the instance template) is its own,
@@ -36,11 +38,21 @@ impl CodeCost {
             // 0.35 MiB (bench/run.sh --only pool); a value type of one byte there is ~32 in
             // memory, counted twice. Sixteen times the metadata covers either.
             Residence::Mapped { metadata } => Self {
-                private: metadata.saturating_mul(MAPPED_PRIVATE_PER_METADATA_BYTE) + MAPPED_PRIVATE_BASE,
+                private: private_of_mapped(metadata),
                 mapped: image,
+                shared: 0,
+            },
+            Residence::Stored { metadata } => Self {
+                private: private_of_mapped(metadata),
+                mapped: 0,
+                shared: image,
             },
         }
     }
+}
+
+fn private_of_mapped(metadata: u64) -> u64 {
+    metadata.saturating_mul(MAPPED_PRIVATE_PER_METADATA_BYTE) + MAPPED_PRIVATE_BASE
 }
 
 impl std::ops::Add for CodeCost {
@@ -49,6 +61,7 @@ impl std::ops::Add for CodeCost {
         Self {
             private: self.private + other.private,
             mapped: self.mapped + other.mapped,
+            shared: self.shared + other.shared,
         }
     }
 }
@@ -59,6 +72,7 @@ impl std::ops::Sub for CodeCost {
         Self {
             private: self.private.saturating_sub(other.private),
             mapped: self.mapped.saturating_sub(other.mapped),
+            shared: self.shared.saturating_sub(other.shared),
         }
     }
 }
@@ -79,7 +93,7 @@ mod tests {
             CodeCost::of(14 << 20, Residence::Copied),
             CodeCost {
                 private: 14 << 20,
-                mapped: 0
+                ..CodeCost::default()
             }
         );
         let mapped = CodeCost::of(14 << 20, Residence::Mapped { metadata: 93 << 10 });
@@ -88,5 +102,16 @@ mod tests {
         // A module that is mostly metadata is charged for it, whatever its code's size.
         let metadata_heavy = CodeCost::of(80 << 20, Residence::Mapped { metadata: 40 << 20 });
         assert!(metadata_heavy.private > 600 << 20, "{metadata_heavy:?}");
+    }
+
+    #[test]
+    fn code_from_the_nodes_store_is_shared_and_only_its_metadata_private() {
+        let stored = CodeCost::of(14 << 20, Residence::Stored { metadata: 93 << 10 });
+        let mapped = CodeCost::of(14 << 20, Residence::Mapped { metadata: 93 << 10 });
+        assert_eq!(stored.shared, 14 << 20);
+        assert_eq!(stored.mapped, 0, "the store's file is not on the pool's disk");
+        assert_eq!(stored.private, mapped.private);
+        let both = stored + mapped;
+        assert_eq!((both - stored), mapped);
     }
 }

@@ -293,7 +293,7 @@ impl PoolFamilies {
         );
         registry.register(
             "wasmless_pool_code_bytes",
-            "Bytes the loaded Functions' code holds: private (counted against --pool-memory-budget) or mapped from files (--pool-mapped-code-budget)",
+            "Bytes the loaded Functions' code holds: private (counted against --pool-memory-budget), mapped from files the pool wrote (--pool-mapped-code-budget), or shared, mapped from the node's store (on no budget)",
             families.code_bytes.clone(),
         );
         families

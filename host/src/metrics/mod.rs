@@ -199,7 +199,11 @@ impl Metrics {
 
     fn pool_code(&self, code: CodeCost) {
         if let Some(pool) = &self.pool {
-            for (memory, bytes) in [("private", code.private), ("mapped", code.mapped)] {
+            for (memory, bytes) in [
+                ("private", code.private),
+                ("mapped", code.mapped),
+                ("shared", code.shared),
+            ] {
                 pool.code_bytes
                     .get_or_create(&families::CodeMemoryLabels { memory })
                     .set(i64::try_from(bytes).unwrap_or(i64::MAX));

@@ -156,6 +156,9 @@ pub enum Residence {
     /// Mapped from a file: clean page-cache pages, paged in where touched. `metadata`:
     /// bytes of what wasmtime decodes into the process's own memory as it loads the code.
     Mapped { metadata: u64 },
+    /// Mapped from the node's store's file: as `Mapped`, but the file is the node's one
+    /// copy, on the node's disk, whose pages every process on the node mapping it shares.
+    Stored { metadata: u64 },
 }
 
 impl Residence {
@@ -163,6 +166,7 @@ impl Residence {
         match self {
             Self::Copied => "in memory",
             Self::Mapped { .. } => "mapped from a file",
+            Self::Stored { .. } => "mapped from the node's store",
         }
     }
 }
@@ -492,7 +496,7 @@ pub fn open_stored(
     let loaded = unsafe { mapped::load(engine, header.kind, file) };
     Ok(loaded_or_fallback(
         loaded,
-        Residence::Mapped { metadata },
+        Residence::Stored { metadata },
         header.module_files,
     ))
 }

@@ -1,7 +1,9 @@
 //! What the pool keeps loaded: the code its Functions hold, against two budgets, because
 //! code costs two things. Code in the process's memory (and what wasmtime builds from any
-//! code) is private memory, `--pool-memory-budget`; code mapped from a file is page cache
-//! on the pod's disk, shared and paged in where touched, `--pool-mapped-code-budget`.
+//! code) is private memory, `--pool-memory-budget`; code mapped from a file the pool wrote
+//! is page cache on the pod's disk, shared and paged in where touched,
+//! `--pool-mapped-code-budget`. Code mapped from the node's store is the node's one copy:
+//! neither budget pays for its pages, only for what the process builds from it.
 
 use wasmless_host::code_cost::CodeCost;
 
@@ -35,7 +37,11 @@ mod tests {
     };
 
     fn cost(private: u64, mapped: u64) -> CodeCost {
-        CodeCost { private, mapped }
+        CodeCost {
+            private,
+            mapped,
+            shared: 0,
+        }
     }
 
     #[test]
@@ -43,6 +49,11 @@ mod tests {
         assert!(BUDGET.fits(cost(100, 1000)));
         assert!(!BUDGET.fits(cost(101, 0)), "private memory over its budget");
         assert!(!BUDGET.fits(cost(0, 1001)), "mapped code over its budget");
+        let stored = CodeCost {
+            shared: 1 << 40,
+            ..cost(100, 1000)
+        };
+        assert!(BUDGET.fits(stored), "the node's store's code is on neither budget");
     }
 
     #[test]

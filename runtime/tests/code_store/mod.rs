@@ -125,7 +125,7 @@ async fn the_next_runtime_maps_the_code_the_first_put_and_a_changed_file_falls_b
     let loaded = second.wait_for_log(&["module loaded", "\"compiled_code\":\"precompiled\""]);
     assert!(loaded.contains("\"phases\":\"store "), "{loaded}");
     assert!(!loaded.contains("fetch") && !loaded.contains("verify"), "{loaded}");
-    assert!(loaded.contains("mapped from a file"), "{loaded}");
+    assert!(loaded.contains("mapped from the node's store"), "{loaded}");
     assert_eq!(get(second.url("/")).await.1, "This works!");
     assert_eq!(store_requests(&second, "get", "found").await, 1.0);
 
