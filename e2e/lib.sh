@@ -42,6 +42,8 @@ diagnostics() {
     echo "=== logs of $pod"
     kubectl logs -n wasmless-system "$pod" --tail=30 2>&1 || true
   done
+  echo "=== the node agent (deploy/node-agent/)"
+  kubectl logs -n wasmless-node ds/wasmless-node-agent --tail=20 2>&1 || true
   for pod in $(kubectl get pods -n "$NS" -o name 2>/dev/null | head -8); do
     echo "=== logs of $pod"
     kubectl logs -n "$NS" "$pod" --all-containers --tail=15 2>&1 || true

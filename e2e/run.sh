@@ -41,6 +41,7 @@ steps=(
   cluster_dns                                                  # steps/dns.sh
   scale_and_autoscale autoscale_on_cpu                         # steps/scale.sh
   scale_to_zero pooled_secret                                  # steps/zero.sh
+  node_store                                                   # steps/node_store.sh
   cli_deploy                                                   # steps/cli.sh
   least_privilege tenant_doors heavy_neighbour keepalive_to_deleted  # steps/security.sh
   call_another_function secret_rotation                       # steps/outbound.sh

@@ -3,7 +3,8 @@
 # Sourced by e2e/run.sh, which runs the steps in its order; e2e/lib.sh has the helpers.
 
 install_operator() {
-  step "kubectl apply -k deploy/: the operator is available and one replica holds the Lease"
+  step "kubectl apply -k deploy/node-agent/ and deploy/: the node agent is registered, the operator is available and one replica holds the Lease"
+  install_node_agent # steps/node_store.sh
   # deploy/ as shipped, plus the registry of this test (e2e/operator/kustomization.yaml).
   sed "s/@REGISTRY@/$REGISTRY/g" e2e/operator/kustomization.yaml.in >e2e/operator/kustomization.yaml
   kubectl apply -k e2e/operator >/dev/null
