@@ -7,7 +7,7 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -75,6 +75,32 @@ pub enum CodeStoreError {
     NotTheStore(String),
 }
 
+/// The uid of the process at the other end of `socket` (`SO_PEERCRED`). Not rustix's
+/// `socket_peercred`: its `UCred` holds the pid as a non-zero number, and a peer in
+/// another pid namespace (the agent's pod, seen from a runtime's pod) has pid 0, which it
+/// returns as an error reading "Success (os error 0)" (found on the test cluster).
+fn peer_uid(socket: BorrowedFd) -> std::io::Result<u32> {
+    let mut credentials = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut length = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes a `ucred`, at most `length` bytes, into `credentials`.
+    let result = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut credentials).cast(),
+            &mut length,
+        )
+    };
+    if result != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if length as usize != std::mem::size_of::<libc::ucred>() {
+        return Err(std::io::Error::other(format!("SO_PEERCRED gave {length} bytes")));
+    }
+    Ok(credentials.uid)
+}
+
 /// `file` if it is what the store hands out: a regular file of root's that no one may
 /// write, open for reading only. Anything else could change under the mapping.
 fn read_only_root_file(file: File) -> Result<File, CodeStoreError> {
@@ -116,11 +142,11 @@ impl CodeStore {
     pub fn get(&self, code_digest: &Digest) -> Result<Stored, CodeStoreError> {
         let socket = code_store::connect(&self.socket, GET_TIMEOUT)?;
         // Whoever answers is mapped without a hash: only the store's agent, root, may.
-        let peer = rustix::net::sockopt::socket_peercred(&socket).map_err(std::io::Error::from)?;
-        if !peer.uid.is_root() {
+        let peer_uid = peer_uid(socket.as_fd())
+            .map_err(|error| CodeStoreError::NotTheStore(format!("cannot tell who the socket's peer is: {error}")))?;
+        if peer_uid != 0 {
             return Err(CodeStoreError::NotTheStore(format!(
-                "the socket's peer is uid {}, not root",
-                peer.uid.as_raw()
+                "the socket's peer is uid {peer_uid}, not root"
             )));
         }
         code_store::send(socket.as_fd(), &Request::Get(*code_digest).encode(), None)?;
@@ -160,5 +186,21 @@ impl CodeStore {
             Reply::Refused(why) => Err(CodeStoreError::Refused(why)),
             other => Err(CodeStoreError::Unexpected(other.encode(), "put")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_peer_of_a_socket_is_the_process_that_made_its_other_end() {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let uid = rustix::process::getuid().as_raw();
+        assert_eq!(peer_uid(ours.as_fd()).unwrap(), uid);
+        drop(theirs);
+        let file = File::open("/dev/null").unwrap();
+        let refused = peer_uid(file.as_fd()).unwrap_err();
+        assert_eq!(refused.raw_os_error(), Some(libc::ENOTSOCK), "{refused}");
     }
 }
