@@ -118,7 +118,17 @@ impl Load {
                 None => *sample,
             };
             busy += (sample.busy_seconds - before.busy_seconds).max(0.0);
-            in_flight += sample.in_flight;
+            // The gauge is one instant; the busy time covers the whole tick, but only of the
+            // requests that ended in it. So the gauge counts only where fewer requests ended
+            // in the tick than it shows running: requests longer than the tick (streams),
+            // which the busy time has not seen yet. Else a periodic load in step with the
+            // scrapes (a client's eight requests at once every 400 ms, read every 2 s) shows
+            // its bursts at every reading, and a trickle of 0.1 in flight held three pods
+            // (found in the e2e's zero_failed_requests).
+            let ended = (sample.requests - before.requests).max(0.0);
+            if sample.in_flight > ended {
+                in_flight += sample.in_flight;
+            }
         }
         let concurrency = (busy / tick.as_secs_f64()).max(in_flight);
         self.last = samples;
@@ -408,6 +418,45 @@ wasmless_requests_in_flight{function="other"} 0
         }
         let (wanted, _) = decide(&func, &mut load, 3, idle);
         assert_eq!(wanted, 1, "idle: min 1, not 0");
+    }
+
+    fn tick_in_flight(load: &mut Load, busy: f64, requests: f64, in_flight: f64) -> f64 {
+        let sample = Sample {
+            busy_seconds: busy,
+            requests,
+            in_flight,
+        };
+        load.observe(HashMap::from([("p".to_string(), sample)]), TICK)
+    }
+
+    #[test]
+    fn requests_longer_than_a_tick_count_by_the_gauge() {
+        let mut load = Load::default();
+        tick_in_flight(&mut load, 0.0, 0.0, 0.0);
+        // Six streams open for minutes: none has ended, so no busy time yet.
+        assert_eq!(tick_in_flight(&mut load, 0.0, 0.0, 6.0), 6.0);
+        assert_eq!(tick_in_flight(&mut load, 0.0, 0.0, 6.0), 6.0);
+    }
+
+    #[test]
+    fn bursts_in_step_with_the_scrapes_are_not_taken_for_the_load() {
+        let func = function(0, 3, 2, "15s");
+        let start = Instant::now();
+        // Three pods, busy until `start`; then the trickle.
+        let mut load = Load {
+            last_active: Some(start),
+            ..Load::default()
+        };
+        tick_in_flight(&mut load, 0.0, 0.0, 0.0);
+        // 20 requests a second of 7 ms, eight at once, each reading catching a burst: 40
+        // ended per tick, 0.28 s busy, 8 running at the instant of the scrape.
+        let mut concurrency = 0.0;
+        for n in 1..=10 {
+            concurrency = tick_in_flight(&mut load, 0.28 * n as f64, 40.0 * n as f64, 8.0);
+        }
+        assert!((concurrency - 0.14).abs() < 1e-9, "{concurrency}");
+        let (wanted, why) = decide(&func, &mut load, 3, start + Duration::from_secs(16));
+        assert_eq!(wanted, 0, "{why}");
     }
 
     #[test]
