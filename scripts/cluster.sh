@@ -8,6 +8,8 @@
 #   scripts/cluster.sh load ARCHIVE...   import image archives (scripts/build-images.sh) for the kubelet
 #   scripts/cluster.sh build    only build (and cache) Kubernetes, etcd, CoreDNS, the pause and metrics-server images
 #   scripts/cluster.sh status   say what runs
+#   scripts/cluster.sh node-agent   install deploy/node-agent/ (the node's code store) with its
+#                               paths moved to this cluster's kubelet; waits for its CSI driver
 #
 # Kubernetes is built with `go build` from the k8s.io/kubernetes module at KUBE_VERSION, and
 # etcd from go.etcd.io/etcd/server/v3 at ETCD_VERSION, cached under ~/.cache/wasmless/kube/;
@@ -711,6 +713,23 @@ status() {
   done
 }
 
+# deploy/node-agent/ as shipped, its host paths moved to where this cluster's kubelet keeps
+# its files (--root-dir) and the store to $CLUSTER_DIR/code-store (`down` removes both);
+# done once the kubelet has registered the CSI driver, so pods mounting it can start.
+install_node_agent() {
+  running kube-apiserver || die "the cluster is not up"
+  local kubectl=("$KUBE_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG")
+  "${kubectl[@]}" kustomize deploy/node-agent |
+    sed "s#/var/lib/kubelet#$CLUSTER_DIR/kubelet#g; s#/var/lib/wasmless/code-store#$CLUSTER_DIR/code-store#g" |
+    "${kubectl[@]}" apply -f - >/dev/null
+  "${kubectl[@]}" rollout status ds/wasmless-node-agent -n wasmless-node --timeout=120s >/dev/null
+  driver_registered() {
+    [[ $("${kubectl[@]}" get csinode -o 'jsonpath={.items[*].spec.drivers[*].name}') == *code.wasmless.io* ]]
+  }
+  wait_until 60 "the kubelet to register the CSI driver code.wasmless.io" driver_registered
+  say "node agent installed; its store: $CLUSTER_DIR/code-store"
+}
+
 case ${1:-} in
   up) up ;;
   down) down ;;
@@ -725,5 +744,6 @@ case ${1:-} in
     ;;
   build) build_kube; build_etcd; build_coredns; build_pause; build_metrics_server ;;
   status) status ;;
-  *) echo "usage: $0 up | down | env | load ARCHIVE... | build | status" >&2; exit 2 ;;
+  node-agent) install_node_agent ;;
+  *) echo "usage: $0 up | down | env | load ARCHIVE... | build | status | node-agent" >&2; exit 2 ;;
 esac

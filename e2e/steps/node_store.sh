@@ -1,6 +1,6 @@
 # The node's code store (issue 39, docs/plans/node-code-store.md): the node agent installed
 # from deploy/node-agent/ as the CSI driver code.wasmless.io, and the operator's
-# --node-code-store on, so pool pods map a Function's compiled code from the node's one
+# --node-code-store on, so runtime pods map a Function's compiled code from the node's one
 # verified copy. Tried as a user would notice it, and as an attacker in another namespace.
 # Sourced by e2e/run.sh, which runs the steps in its order; e2e/lib.sh has the helpers.
 
@@ -8,17 +8,10 @@ STORE_DIR=$WASMLESS_CLUSTER_DIR/code-store
 INTRUDER_NS=e2e-intruder
 
 # install_node_agent: deploy/node-agent/ as shipped, its paths moved to where the test
-# cluster's kubelet keeps its files (--root-dir); before the operator, whose pool pods
-# mount the driver's volumes. Waits until the kubelet has registered the driver.
+# cluster's kubelet keeps its files (scripts/cluster.sh node-agent; the store at
+# $STORE_DIR); before the operator, whose pool pods mount the driver's volumes.
 install_node_agent() {
-  kubectl kustomize deploy/node-agent |
-    sed "s#/var/lib/kubelet#$WASMLESS_CLUSTER_DIR/kubelet#g; s#/var/lib/wasmless/code-store#$STORE_DIR#g" |
-    kubectl apply -f - >/dev/null
-  kubectl rollout status ds/wasmless-node-agent -n wasmless-node --timeout=120s >/dev/null
-  driver_registered() {
-    [[ $(kubectl get csinode -o 'jsonpath={.items[*].spec.drivers[*].name}') == *code.wasmless.io* ]]
-  }
-  wait_until 60 "the kubelet to register the CSI driver code.wasmless.io" driver_registered
+  scripts/cluster.sh node-agent || fail "installing the node agent (scripts/cluster.sh node-agent) failed"
 }
 
 # pool_pods: the namespace's running pool pods that are not being deleted, ready or not,
@@ -63,7 +56,7 @@ replace_a_pool_pod() {
 }
 
 node_store() {
-  step "the node's code store: a pooled Go Function's code is put on the node once, a new pool pod maps it from there, a changed copy is refused and the code read again, and another namespace's pod gets nothing of it"
+  step "the node's code store: a pooled Go Function's code is put on the node once, a new pool pod maps it from there, a changed copy is refused and the code read again, another namespace's pod gets nothing of it, and the Function's own pods map the same copy"
   # A body of this run's own: the code's digest is new to the node's store, which outlives
   # a run on the same cluster.
   local body="stored once on the node (run $(date +%s))" manifest port digest object
@@ -119,6 +112,19 @@ with open(sys.argv[1], "r+b") as f:
   expect_contains "$PROBE_SAID" "get: found" "a pod of $NS asking for stored's code (the control)"
   node_store_intruder "$digest"
   expect_service_answer stored "$body"
+
+  # (5) Pods of its own (scale.min 1) map the same copy, and put nothing.
+  local pod_ip=""
+  kubectl patch fn stored -n "$NS" --type merge -p '{"spec": {"scale": {"min": 1}}}' >/dev/null
+  served_by_pods() { [[ $(fn_field stored .status.servedBy) == pods ]]; }
+  wait_until 180 "stored to be served by pods of its own" served_by_pods
+  read -r name pod_ip < <(kubectl get pods -n "$NS" -l wasmless.io/function=stored,wasmless.io/component=runtime --field-selector=status.phase=Running \
+    -o 'jsonpath={range .items[*]}{.metadata.name} {.status.podIP}{"\n"}{end}') || true
+  [[ -n $pod_ip ]] || fail "stored has no running pod of its own"
+  wait_until 30 "$name, stored's own pod, to map its code from the node's store" store_answered "$pod_ip" get found
+  expect_eq "$(store_requests "$pod_ip" put stored)" 0 "puts by $name, which found the code stored"
+  expect_service_answer stored "$body"
+  echo "    $name (stored's own pod): its code mapped from the node's store, $(kubectl logs -n "$NS" "$name" | grep -o '"load_ms":[0-9.]*' | tail -1)"
   kubectl delete fn stored -n "$NS" --wait=false >/dev/null
   ok
 }

@@ -63,10 +63,11 @@ pub struct Args {
     /// which then waits for the load).
     #[arg(long, env = "WASMLESS_POOL_LOAD_AHEAD", default_value_t = true, action = clap::ArgAction::Set)]
     pub pool_load_ahead: bool,
-    /// Pool pods map compiled code from their node's store (the node agent of
-    /// deploy/node-agent/, the CSI driver code.wasmless.io), so a node keeps each Function's
-    /// code once and a pool loads it without reading it through the API. Set it only where
-    /// that agent runs on every node: a pool pod waits for the driver before it starts.
+    /// Pool pods and Functions' own pods map compiled code from their node's store (the node
+    /// agent of deploy/node-agent/, the CSI driver code.wasmless.io), so a node keeps each
+    /// Function's code once and a pod loads it without reading it. Set it only where that
+    /// agent runs on every node: a pod waits for the driver before it starts. Turning it on
+    /// or off rolls every Function's pods.
     #[arg(long, env = "WASMLESS_NODE_CODE_STORE", default_value_t = false, action = clap::ArgAction::Set)]
     pub node_code_store: bool,
     /// The OpenTelemetry collector function pods and pools send traces to, and the

@@ -1,10 +1,10 @@
 //! What the runtime's and the builder's pods share: the restricted security contexts,
-//! scratch volumes and mounts, and the plain-HTTP registries setting.
+//! scratch volumes and mounts, the node's code store, and the plain-HTTP registries setting.
 
 use crate::settings::Settings;
 use k8s_openapi::api::core::v1::{
-    Capabilities, EmptyDirVolumeSource, EnvVar, PodSecurityContext, SeccompProfile, SecurityContext, Volume,
-    VolumeMount,
+    CSIVolumeSource, Capabilities, EmptyDirVolumeSource, EnvVar, PodSecurityContext, SeccompProfile, SecurityContext,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -66,6 +66,38 @@ pub(super) fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
         mount_path: path.into(),
         // `readOnly: false` is what the API server stores as no field at all.
         read_only: read_only.then_some(true),
+        ..Default::default()
+    }
+}
+
+const NODE_CODE_STORE_VOLUME: &str = "code-store";
+const NODE_CODE_STORE_DIR: &str = "/code-store";
+
+/// With `--node-code-store`, the node's store for a runtime pod (the pool's and a
+/// Function's own): its volume and mount, and the `--code-store` socket in `args`.
+pub(super) fn with_node_code_store(
+    settings: &Settings,
+    volumes: &mut Vec<Volume>,
+    mounts: &mut Vec<VolumeMount>,
+    args: &mut Vec<String>,
+) {
+    if settings.node_code_store {
+        volumes.push(node_code_store_volume());
+        mounts.push(mount(NODE_CODE_STORE_VOLUME, NODE_CODE_STORE_DIR, true));
+        args.extend(["--code-store".into(), format!("{NODE_CODE_STORE_DIR}/agent.sock")]);
+    }
+}
+
+/// The node's code store: a directory the node agent serves the pod's namespace a socket
+/// in (docs/plans/node-code-store.md). Read-only: the socket is reached, nothing written.
+fn node_code_store_volume() -> Volume {
+    Volume {
+        name: NODE_CODE_STORE_VOLUME.into(),
+        csi: Some(CSIVolumeSource {
+            driver: "code.wasmless.io".into(),
+            read_only: Some(true),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }

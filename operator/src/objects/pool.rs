@@ -8,7 +8,10 @@
 //! reads only its namespace's ConfigMaps; and the boundary between tenants stays the
 //! namespace (docs/pool.md, "Threat model").
 
-use super::pod::{empty_dir, mount, restricted_container_security, restricted_pod_security, runtime_settings_env};
+use super::pod::{
+    empty_dir, mount, restricted_container_security, restricted_pod_security, runtime_settings_env,
+    with_node_code_store,
+};
 use super::runtime::{
     DRAIN_DELAY_SECONDS, Expansion, SHUTDOWN_GRACE_SECONDS, TERMINATION_GRACE_PERIOD_SECONDS, admin_probe,
     args_with_locations, container_port, function_env, handler_env_from, surge_strategy,
@@ -19,8 +22,8 @@ use crate::module::{Module, ModuleLocation};
 use crate::settings::Settings;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    CSIVolumeSource, ConfigMap, Container, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec, PodTemplateSpec,
-    ResourceRequirements, ServiceAccount, Volume, VolumeMount,
+    ConfigMap, Container, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec, PodTemplateSpec, ResourceRequirements,
+    ServiceAccount, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -240,29 +243,8 @@ fn pool_volumes(settings: &Settings, args: &mut Vec<String>) -> (Vec<Volume>, Ve
         &quantity(POOL_MAPPED_CODE_BUDGET + POOL_COMPILE_CACHE).0,
     )];
     let mut mounts = vec![mount("cache", "/cache", false)];
-    if settings.node_code_store {
-        volumes.push(node_code_store_volume());
-        mounts.push(mount(NODE_CODE_STORE_VOLUME, NODE_CODE_STORE_DIR, true));
-        args.extend(["--code-store".into(), format!("{NODE_CODE_STORE_DIR}/agent.sock")]);
-    }
+    with_node_code_store(settings, &mut volumes, &mut mounts, args);
     (volumes, mounts)
-}
-
-const NODE_CODE_STORE_VOLUME: &str = "code-store";
-const NODE_CODE_STORE_DIR: &str = "/code-store";
-
-/// The node's code store: a directory the node agent serves the pod's namespace a socket
-/// in (docs/plans/node-code-store.md). Read-only: the socket is reached, nothing written.
-fn node_code_store_volume() -> Volume {
-    Volume {
-        name: NODE_CODE_STORE_VOLUME.into(),
-        csi: Some(CSIVolumeSource {
-            driver: "code.wasmless.io".into(),
-            read_only: Some(true),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
 }
 
 /// Name of a Function's entry ConfigMap.

@@ -357,3 +357,50 @@ async fn a_first_build_whose_pods_never_get_ready_rolls_out_after_a_while() {
     let service: Service = h.api().get("hello").await.unwrap();
     assert_eq!(service.spec.unwrap().publish_not_ready_addresses, Some(false));
 }
+
+#[tokio::test]
+async fn with_the_node_code_store_a_functions_pods_reach_the_nodes_copy_of_its_code() {
+    let pod_of = |node_code_store: bool| async move {
+        let fake = FakeApiServer::new();
+        let client = fake.client();
+        let mut settings = settings();
+        settings.node_code_store = node_code_store;
+        let h = Harness {
+            ctx: Arc::new(Context::new(client.clone(), settings, Metrics::default(), None)),
+            client,
+            fake: Some(fake),
+            ns: "default".into(),
+        };
+        h.create("hello", json!({"source": HELLO})).await;
+        h.reconcile("hello").await.unwrap();
+        h.finish_build("hello", &wasm("hello")).await;
+        h.reconcile("hello").await.unwrap();
+        let deployment = h.deployment("hello").await.expect("the Deployment");
+        deployment.spec.unwrap().template.spec.unwrap()
+    };
+    let without = pod_of(false).await;
+    let args = without.containers[0].args.clone().unwrap();
+    assert!(!args.contains(&"--code-store".to_string()), "{args:?}");
+    assert!(without.volumes.unwrap().iter().all(|volume| volume.csi.is_none()));
+
+    // The same volume as the pool's: the node agent serves it a socket as the pod's own
+    // namespace, read-only, and the runtime asks it for the code before reading its own.
+    let with = pod_of(true).await;
+    let volume = with
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.csi.is_some())
+        .expect("the store's volume");
+    let csi = volume.csi.unwrap();
+    assert_eq!((csi.driver.as_str(), csi.read_only), ("code.wasmless.io", Some(true)));
+    let container = &with.containers[0];
+    let mounts = container.volume_mounts.clone().unwrap();
+    let mounted = mounts.iter().find(|mount| mount.name == volume.name).expect("mounted");
+    assert_eq!(mounted.read_only, Some(true));
+    let args = container.args.clone().unwrap();
+    assert!(
+        has_flag(&args, "--code-store", &format!("{}/agent.sock", mounted.mount_path)),
+        "{args:?}"
+    );
+}

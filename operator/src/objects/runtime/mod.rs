@@ -19,7 +19,10 @@ pub use routes::{
     routes_of_document, template_without_revisions, traffic_summary,
 };
 
-use super::pod::{empty_dir, mount, restricted_container_security, restricted_pod_security, runtime_settings_env};
+use super::pod::{
+    empty_dir, mount, restricted_container_security, restricted_pod_security, runtime_settings_env,
+    with_node_code_store,
+};
 use super::{labels_for, meta, prometheus_annotations};
 use crate::crd::{Function, Isolation};
 use crate::module::{Module, ModuleLocation};
@@ -169,20 +172,7 @@ pub fn deployment(func: &Function, settings: &Settings, serving: &Serving, confi
         }
     }
     if let Some(bundle) = outbound_ca(func) {
-        volumes.push(Volume {
-            name: "outbound-ca".into(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: bundle.config_map_key_ref.name.clone(),
-                items: Some(vec![KeyToPath {
-                    key: bundle.config_map_key_ref.key.clone(),
-                    path: OUTBOUND_CA_FILE.into(),
-                    ..Default::default()
-                }]),
-                optional: Some(false),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
+        volumes.push(outbound_ca_volume(bundle));
         mounts.push(mount("outbound-ca", OUTBOUND_CA_DIR, true));
     }
     let mut args = function_args(func);
@@ -193,6 +183,8 @@ pub fn deployment(func: &Function, settings: &Settings, serving: &Serving, confi
         "--traffic-file".into(),
         format!("{FUNCTION_ROUTES_DIR}/{ROUTES_FILE}"),
     ]);
+    // The code the pool maps on this node, mapped here too: one copy for both.
+    with_node_code_store(settings, &mut volumes, &mut mounts, &mut args);
     let container = Container {
         volume_mounts: Some(mounts),
         args: Some(args),
@@ -237,6 +229,24 @@ pub fn deployment(func: &Function, settings: &Settings, serving: &Serving, confi
             },
             strategy: Some(surge_strategy()),
             template,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The ConfigMap key of the Function's extra CA certificates, as the one file the runtime reads.
+fn outbound_ca_volume(bundle: &crate::crd::CaBundle) -> Volume {
+    Volume {
+        name: "outbound-ca".into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: bundle.config_map_key_ref.name.clone(),
+            items: Some(vec![KeyToPath {
+                key: bundle.config_map_key_ref.key.clone(),
+                path: OUTBOUND_CA_FILE.into(),
+                ..Default::default()
+            }]),
+            optional: Some(false),
             ..Default::default()
         }),
         ..Default::default()
