@@ -134,6 +134,11 @@ impl CodeStore {
         (!taken).then(|| PutTurn(self.putting.clone()))
     }
 
+    /// Whether a put of this process (a turn taken) is on its way.
+    pub fn is_putting(&self) -> bool {
+        self.putting.load(Ordering::Acquire)
+    }
+
     pub fn socket(&self) -> &Path {
         &self.socket
     }

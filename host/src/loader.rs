@@ -20,6 +20,9 @@ use wasmless_artifact::Digest;
 use wasmless_outbound::Outbound;
 use wasmtime::Engine;
 
+mod staging;
+pub use staging::Staged;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ModuleError {
     #[error(transparent)]
@@ -367,7 +370,7 @@ impl Loader {
     /// Puts `stored`, verified against `code_digest`, in the node's store, off the
     /// request's path (a blocking thread, nothing waits for it), one at a time: a put that
     /// finds another of this process on its way is not made (the next process that misses
-    /// the code puts it).
+    /// the code puts it; loads ahead wait for [`Loader::puts_done`] first).
     fn put_in_store(&self, code_digest: Digest, stored: precompiled::StoredBytes) {
         let Some(store) = self.code_store.clone() else {
             return;
@@ -378,21 +381,7 @@ impl Loader {
         let metrics = self.shared.metrics.clone();
         tokio::task::spawn_blocking(move || {
             let _turn = turn;
-            // The copy handed over is made, and the bytes read given back, before the store
-            // is asked.
-            let sealed = CodeStore::sealed_copy(stored.bytes());
-            drop(stored);
-            match sealed.and_then(|sealed| store.put(&code_digest, &sealed)) {
-                Ok(()) => metrics.code_store_request("put", "stored"),
-                Err(CodeStoreError::Refused(why)) => {
-                    metrics.code_store_request("put", "refused");
-                    tracing::warn!(%code_digest, why, "the node's code store refused the code");
-                }
-                Err(error) => {
-                    metrics.code_store_request("put", "error");
-                    tracing::warn!(%code_digest, %error, "cannot put the code in the node's code store");
-                }
-            }
+            let _ = staging::put_now(&store, &metrics, code_digest, stored);
         });
     }
 

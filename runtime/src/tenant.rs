@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 use wasmless_artifact::Digest;
 use wasmless_host::handler::LoadedHandler;
 use wasmless_host::load_phases::LoadPhase;
-use wasmless_host::loader::{EngineHost, FromStore, Loader};
+use wasmless_host::loader::{EngineHost, FromStore, Loader, Staged};
 use wasmless_host::metrics::Metrics;
 use wasmless_host::module_source::ModuleSource;
 use wasmless_host::{limits, precompiled};
@@ -177,6 +177,19 @@ impl Tenant {
         let loaded = self.handler().await.map(drop);
         self.last_used.store(last_used, Ordering::Relaxed);
         loaded
+    }
+
+    /// Makes sure the node's store holds the Function's code, without loading it: for a
+    /// pool with no room to load it ahead, so that its first request maps the node's copy.
+    /// A Function with no pinned code, or a process with no store, stages nothing.
+    pub async fn stage(&self) -> Staged {
+        let Some((code, Some(code_digest))) = &self.code else {
+            return Staged::NoCode;
+        };
+        let Some(module) = self.source.known_digest(self.pinned).await else {
+            return Staged::NoCode;
+        };
+        self.loader.stage(code, *code_digest, module).await
     }
 
     /// Drops the loaded handler (requests running on it keep it until they finish).

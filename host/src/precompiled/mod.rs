@@ -442,6 +442,23 @@ pub fn open(
     Ok(loaded_or_fallback(loaded, Residence::Copied, header.module_files))
 }
 
+/// Whether `code` would run here for `module` (its header checked as [`open`] checks it),
+/// without loading it: what staging may put in the node's store. Why not, if not.
+pub fn runs_here(
+    engine: &Engine,
+    target: &CompileTarget,
+    source: &CodeSource,
+    code: &VerifiedCode,
+    module: &Digest,
+) -> Result<(), String> {
+    let header = code_header(code.0.decompressed()).map_err(|error| Fallback::Malformed(error).to_string())?;
+    match check_header(engine, target, source, &header, module) {
+        Ok(None) => Ok(()),
+        Ok(Some(fallback)) => Err(fallback.to_string()),
+        Err(refused) => Err(refused.to_string()),
+    }
+}
+
 /// Whether code of `header` may run for `module` on this engine: refused when it was made
 /// from another module, a fallback when this engine or CPU cannot run it.
 fn check_header(

@@ -7,6 +7,7 @@
 //! arrives on, whatever the client's `Host` header says, so a Service can point at the
 //! pool with nothing but a target port.
 
+mod ahead;
 pub mod api;
 mod budget;
 pub mod quarantine;
@@ -362,37 +363,6 @@ impl Pool {
         self.quarantine.lock().unwrap().free(old.entry.port, name, now);
         self.accounts.lock().unwrap().remove(&*old.tenant.function);
         self.forget(old);
-    }
-
-    /// Loads Functions new to the table in the background, one at a time, while the loaded
-    /// code stays under three quarters of the budget: a Function just deployed is likely to
-    /// be called, and its first request should not wait for its code to be fetched and
-    /// loaded. Past that share, Functions load on their first request as before, so a warm
-    /// load never unloads one that serves.
-    fn warm(self: &Arc<Self>, added: Vec<Arc<Tenant>>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        if added.is_empty() || !self.load_ahead {
-            return;
-        }
-        let pool = Arc::downgrade(self);
-        runtime.spawn(async move {
-            for tenant in added {
-                let Some(pool) = Weak::upgrade(&pool) else { return };
-                if !pool.budget.has_room_ahead(pool.loaded_cost()) {
-                    return;
-                }
-                // Gone from the table meanwhile: nothing to warm.
-                if !pool.by_port.read().unwrap().values().any(|t| Arc::ptr_eq(t, &tenant)) {
-                    continue;
-                }
-                drop(pool);
-                if let Err(error) = tenant.warm().await {
-                    tracing::warn!(function = %tenant.function, %error, "could not load ahead of its first request (it is tried again on that request)");
-                }
-            }
-        });
     }
 
     /// What the code the pool holds loaded costs.

@@ -184,3 +184,85 @@ async fn a_runtime_whose_store_is_not_there_serves_as_without_one() {
     assert_eq!(get(runtime.url("/")).await.1, "This works!");
     assert_eq!(store_requests(&runtime, "get", "error").await, 1.0);
 }
+
+/// A pool with no room to load a Function ahead of its first request stages its code in
+/// the node's store instead (read, verified and put, not loaded): a new pool pod's first
+/// request to it maps the node's copy and reads nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_with_no_room_to_load_ahead_stages_the_code_in_the_nodes_store() {
+    let agent = Agent::start();
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("table");
+    std::fs::create_dir(&table).unwrap();
+    let mut functions = Vec::new();
+    for (name, module) in [("echo", rust_echo()), ("sample", go_handler("goless-sample"))] {
+        let code = precompile_for(&portable_engine(), &std::fs::read(&module).unwrap());
+        let (code_path, code_digest) = write_module(dir.path(), &format!("{name}.cwasm.lz4"), &code);
+        functions.push((name, module, code_path, code_digest, free_port()));
+    }
+    // Both entries are there when the pool starts: they join its table together.
+    for (name, module, code_path, code_digest, port) in &functions {
+        let code = [
+            "--code",
+            code_path.to_str().unwrap(),
+            "--code-digest",
+            &code_digest.to_string(),
+        ];
+        crate::pool::add_function(&table, name, *port, module, &code);
+    }
+    let store = agent.socket("team-a");
+    // Room for one: the first Function loaded ahead takes more than three quarters of 1Ki.
+    let first = Runtime::start_pool(
+        &table,
+        &[
+            "--pool-load-ahead",
+            "true",
+            "--pool-memory-budget",
+            "1Ki",
+            "--code-store",
+            &store,
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !functions
+        .iter()
+        .all(|(_, _, _, code_digest, _)| agent.object(code_digest).exists())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the store holds not both Functions' code within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The loaded one's code put after its load, the staged one's without a load (each
+    // counted once the store has answered).
+    let puts = [("op", "put"), ("result", "stored")];
+    let mut metrics = get(first.admin_url("/metrics")).await.1;
+    while sample(&metrics, "wasmless_code_store_requests_total", &puts) != Some(2.0) {
+        assert!(Instant::now() < deadline, "not two puts within 60 s: {metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        metrics = get(first.admin_url("/metrics")).await.1;
+    }
+    assert_eq!(
+        sample(&metrics, "wasmless_pool_load_seconds_count", &[]),
+        Some(1.0),
+        "one Function loaded ahead, the other staged: {metrics}"
+    );
+    drop(first);
+
+    // A new pool pod, loading nothing ahead: each first request maps the node's copy.
+    let second = Runtime::start_pool(&table, &["--pool-load-ahead", "false", "--code-store", &store]);
+    for (name, _, _, _, port) in &functions {
+        let (status, body) = get(crate::pool::at(*port, "/hello")).await;
+        assert_eq!(status, 200, "{name}: {body}");
+    }
+    assert_eq!(store_requests(&second, "get", "found").await, 2.0);
+    let metrics = get(second.admin_url("/metrics")).await.1;
+    let read =
+        ["fetch", "verify"].map(|phase| sample(&metrics, "wasmless_load_phase_seconds_count", &[("phase", phase)]));
+    assert_eq!(
+        read,
+        [None, None],
+        "nothing read or verified by the new pool: {metrics}"
+    );
+}

@@ -13,7 +13,7 @@ use wasmless_artifact::Digest;
 
 /// Writes `<name>.json` into the pool's table: the Function `name` on `port`, serving
 /// `module` pinned to its digest, with `extra` arguments.
-fn add_function(table: &Path, name: &str, port: u16, module: &Path, extra: &[&str]) {
+pub(crate) fn add_function(table: &Path, name: &str, port: u16, module: &Path, extra: &[&str]) {
     let digest = Digest::of(&std::fs::read(module).unwrap());
     let mut args = vec![
         "--function".to_string(),

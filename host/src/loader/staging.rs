@@ -1,0 +1,125 @@
+//! Code put in the node's store ahead of its first load: a pool that has no room to load a
+//! Function ahead of its first request still makes sure the node holds its code, so that
+//! request maps the node's copy instead of reading and verifying the code itself.
+
+use super::Loader;
+use crate::code_store::{CodeStore, CodeStoreError};
+use crate::metrics::Metrics;
+use crate::precompiled::{self, CodeSource, StoredBytes};
+use std::time::{Duration, Instant};
+use wasmless_artifact::Digest;
+
+/// The longest a load ahead waits for this process's put on its way: a put's own timeout.
+const PUT_WAIT: Duration = Duration::from_secs(30);
+
+/// What staging a Function's code did ([`Loader::stage`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Staged {
+    /// No node store here.
+    NoStore,
+    /// No pinned code of the builder's to stage (a module compiled where it runs).
+    NoCode,
+    /// The store holds the code already.
+    Held,
+    /// Read, verified and put.
+    Put,
+    /// Not staged (its first load reads the code as without a store), and why.
+    Failed(String),
+    /// The store could not be asked, or did not take the code: staging more now would
+    /// only hold the node's one put at a time. Why.
+    StoreRefused(String),
+}
+
+impl Loader {
+    /// Waits until no put of this process is on its way (at most a put's timeout), so that
+    /// loads made one after another ahead of requests each find the turn to put free.
+    pub async fn puts_done(&self) {
+        let Some(store) = &self.code_store else {
+            return;
+        };
+        let deadline = Instant::now() + PUT_WAIT;
+        while store.is_putting() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Puts the builder's code pinned to `code_digest` in the node's store without loading
+    /// it, where the store lacks it: read from `source` and verified as a load reads it,
+    /// then put in this process's turn, waited for. Nothing is compiled or mapped.
+    pub async fn stage(&self, source: &CodeSource, code_digest: Digest, module: Digest) -> Staged {
+        let Some(store) = self.code_store.clone() else {
+            return Staged::NoStore;
+        };
+        let metrics = self.shared.metrics.clone();
+        let asking = store.clone();
+        // The file of code found is dropped at once: it is the store's to keep.
+        let asked = tokio::task::spawn_blocking(move || asking.get(&code_digest).map(|stored| stored.name())).await;
+        match asked {
+            Ok(Ok("found")) => {
+                metrics.code_store_request("get", "found");
+                return Staged::Held;
+            }
+            Ok(Ok(result)) => metrics.code_store_request("get", result),
+            Ok(Err(error)) => {
+                metrics.code_store_request("get", "error");
+                return Staged::StoreRefused(format!("cannot ask the node's code store: {error}"));
+            }
+            Err(panicked) => return Staged::StoreRefused(format!("asking the node's code store panicked: {panicked}")),
+        }
+        // Read only once this process's last put is done: nothing read waits for its turn.
+        self.puts_done().await;
+        let mut verified = match source.load_code(code_digest, true).await {
+            Ok(Ok(verified)) => verified,
+            Ok(Err(fallback)) => return Staged::Failed(format!("the code cannot be read: {fallback}")),
+            Err(refused) => return Staged::Failed(refused.to_string()),
+        };
+        // Only code that would load here is worth the node's keeping (as after a load).
+        if let Err(why) = precompiled::runs_here(&self.engine, &self.target, source, &verified, &module) {
+            return Staged::Failed(why);
+        }
+        let Some(stored) = verified.take_stored() else {
+            return Staged::Failed("the code's bytes were not kept".into());
+        };
+        drop(verified);
+        let Some(turn) = store.turn_to_put() else {
+            return Staged::StoreRefused("another put of this process is on its way".into());
+        };
+        let put = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            put_now(&store, &metrics, code_digest, stored)
+        })
+        .await;
+        match put {
+            Ok(Ok(())) => Staged::Put,
+            Ok(Err(error)) => Staged::StoreRefused(error.to_string()),
+            Err(panicked) => Staged::StoreRefused(format!("the put panicked: {panicked}")),
+        }
+    }
+}
+
+/// Hands `stored`, verified against `code_digest`, to the node's store as a sealed copy,
+/// and counts what the store answered. Blocks.
+pub(super) fn put_now(
+    store: &CodeStore,
+    metrics: &Metrics,
+    code_digest: Digest,
+    stored: StoredBytes,
+) -> Result<(), CodeStoreError> {
+    // The copy handed over is made, and the bytes read given back, before the store is
+    // asked.
+    let sealed = CodeStore::sealed_copy(stored.bytes());
+    drop(stored);
+    let put = sealed.and_then(|sealed| store.put(&code_digest, &sealed));
+    match &put {
+        Ok(()) => metrics.code_store_request("put", "stored"),
+        Err(CodeStoreError::Refused(why)) => {
+            metrics.code_store_request("put", "refused");
+            tracing::warn!(%code_digest, why, "the node's code store refused the code");
+        }
+        Err(error) => {
+            metrics.code_store_request("put", "error");
+            tracing::warn!(%code_digest, %error, "cannot put the code in the node's code store");
+        }
+    }
+    put
+}
