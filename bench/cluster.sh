@@ -4,8 +4,9 @@
 # revert to their new answer (each with the builder's phases), and a new pod of a built
 # Function against Goless's own way (an init container running `go build`), phase by phase. Writes its section of
 # docs/benchmarks.md (between the bench/cluster.sh markers; bench/run.sh keeps it).
-# `density` instead: a thousand Functions with `scale.min: 0` served by one pool pod
-# (bench/src/pool_pod.rs), its section "Pool density on the cluster".
+# `density` instead: a thousand Functions with `scale.min: 0` served by one pool pod, without
+# and with the node's code store (deploy/node-agent/; bench/src/pool_pod/), its section
+# "Pool density on the cluster".
 #   bench/cluster.sh [REPS]     (default 3; takes the cluster down again if it started it)
 #   bench/cluster.sh density [--pool-functions N --pool-go-functions M --output FILE]
 #                               (default 1000 Functions, 100 of them Go, into docs/benchmarks.md)
@@ -27,6 +28,7 @@ kubectl apply -k deploy/ >/dev/null
 kubectl rollout status deploy/wasmless-operator -n wasmless-system --timeout=180s >/dev/null
 
 if [[ ${1:-} == density ]]; then
+  scripts/cluster.sh node-agent   # its passes with the node's code store
   cargo build --release --quiet -p wasmless-bench   # `cargo test --no-run` builds no binary to run
   "$CARGO_TARGET_DIR/release/wasmless-bench" --bin-dir "$CARGO_TARGET_DIR/release" --only pool-pod "${@:2}"
 else

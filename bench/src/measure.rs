@@ -137,13 +137,17 @@ pub fn rss_mib(pid: u32) -> (f64, f64) {
 pub struct Resident {
     pub rss: f64,
     pub private: f64,
+    /// Proportional: each resident page divided by the processes that map it.
+    pub pss: f64,
 }
 
 pub fn resident_mib(pid: u32) -> Resident {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
     Resident {
         rss: status_mib(&status, "VmRSS:"),
         private: status_mib(&status, "RssAnon:") + status_mib(&status, "RssShmem:"),
+        pss: status_mib(&rollup, "Pss:"),
     }
 }
 
