@@ -73,6 +73,8 @@ pub enum CodeStoreError {
     Memfd(#[from] std::io::Error),
     #[error("not the node's code store: {0}")]
     NotTheStore(String),
+    #[error("no room in this pod's memory limit for a copy of the code ({0} bytes)")]
+    NoRoom(usize),
 }
 
 /// The uid of the process at the other end of `socket` (`SO_PEERCRED`). Not rustix's

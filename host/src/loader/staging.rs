@@ -105,6 +105,13 @@ pub(super) fn put_now(
     code_digest: Digest,
     stored: StoredBytes,
 ) -> Result<(), CodeStoreError> {
+    // The copy is charged to this pod's memory: a Function's own pod may be sized close to
+    // what it runs, and a put that kills it would be tried again at every start.
+    let size = stored.bytes().len();
+    if cgroup_memory().is_some_and(|(in_use, limit)| !room_for_copy(size as u64, in_use, limit)) {
+        tracing::info!(%code_digest, size, "no room in this pod's memory limit to put the code in the node's store");
+        return Err(CodeStoreError::NoRoom(size));
+    }
     // The copy handed over is made, and the bytes read given back, before the store is
     // asked.
     let sealed = CodeStore::sealed_copy(stored.bytes());
@@ -122,4 +129,43 @@ pub(super) fn put_now(
         }
     }
     put
+}
+
+/// Whether a copy of `bytes` more leaves a quarter of a memory limit free, with `in_use`
+/// of it taken by memory that cannot be reclaimed.
+fn room_for_copy(bytes: u64, in_use: u64, limit: u64) -> bool {
+    in_use.saturating_add(bytes) <= limit / 4 * 3
+}
+
+/// This process's cgroup's (v2) memory that cannot be reclaimed (anonymous and shared
+/// memory; page cache can) and its limit, where a limit is set.
+fn cgroup_memory() -> Option<(u64, u64)> {
+    let cgroup = std::path::Path::new("/sys/fs/cgroup");
+    let limit = std::fs::read_to_string(cgroup.join("memory.max"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let stat = std::fs::read_to_string(cgroup.join("memory.stat")).ok()?;
+    let counter = |name: &str| {
+        stat.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse::<u64>().ok())
+    };
+    Some((counter("anon")? + counter("shmem")?, limit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::room_for_copy;
+
+    #[test]
+    fn a_put_copies_only_while_a_quarter_of_the_pods_memory_limit_stays_free() {
+        const MIB: u64 = 1 << 20;
+        assert!(
+            room_for_copy(14 * MIB, 20 * MIB, 64 * MIB),
+            "a Go Function's code in a 64Mi pod"
+        );
+        assert!(!room_for_copy(14 * MIB, 40 * MIB, 64 * MIB), "past three quarters");
+        assert!(!room_for_copy(u64::MAX, 0, 64 * MIB), "no overflow");
+    }
 }

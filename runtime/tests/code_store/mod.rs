@@ -43,6 +43,11 @@ impl Agent {
     }
 }
 
+/// The agents of these tests live in this one process, whose puts are checked one at a
+/// time as a node's are (a put that comes meanwhile is refused as busy): the tests that put
+/// take turns.
+static ONE_PUT_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// `wasmless_code_store_requests_total{op, result}`, once it is at least 1 (a put runs
 /// after the load, in the background).
 async fn store_requests(runtime: &Runtime, op: &str, result: &str) -> f64 {
@@ -70,6 +75,7 @@ fn write_chunks(volume: &std::path::Path, part: Part, chunks: &[Vec<u8>]) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_next_runtime_maps_the_code_the_first_put_and_a_changed_file_falls_back() {
+    let _turn = ONE_PUT_AT_A_TIME.lock().await;
     let module = std::fs::read(go_handler("goless-sample")).unwrap();
     let digest = Digest::of(&module);
     let code = precompile_for(&portable_engine(), &module);
@@ -190,6 +196,7 @@ async fn a_runtime_whose_store_is_not_there_serves_as_without_one() {
 /// request to it maps the node's copy and reads nothing.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pool_with_no_room_to_load_ahead_stages_the_code_in_the_nodes_store() {
+    let _turn = ONE_PUT_AT_A_TIME.lock().await;
     let agent = Agent::start();
     let dir = tempfile::tempdir().unwrap();
     let table = dir.path().join("table");
