@@ -1,6 +1,6 @@
 # The node's code store (issue 39, docs/plans/node-code-store.md): the node agent installed
-# from deploy/node-agent/ as the CSI driver code.wasmless.io, and the operator's
-# --node-code-store on, so runtime pods map a Function's compiled code from the node's one
+# from deploy/node-agent/ as the CSI driver code.wasmless.io, which the operator's
+# --node-code-store auto finds, so runtime pods map a Function's compiled code from the node's one
 # verified copy. Tried as a user would notice it, and as an attacker in another namespace.
 # Sourced by e2e/run.sh, which runs the steps in its order; e2e/lib.sh has the helpers.
 
@@ -56,7 +56,7 @@ replace_a_pool_pod() {
 }
 
 node_store() {
-  step "the node's code store: a pooled Go Function's code is put on the node once, a new pool pod maps it from there, a changed copy is refused and the code read again, another namespace's pod gets nothing of it, and the Function's own pods map the same copy"
+  step "the node's code store: a pooled Go Function's code is put on the node once, a new pool pod maps it from there, a changed copy is refused and the code read again, another namespace's pod gets nothing of it, and the Function's own pods map the same copy; the operator follows the agent's coming and going"
   # A body of this run's own: the code's digest is new to the node's store, which outlives
   # a run on the same cluster.
   local body="stored once on the node (run $(date +%s))" manifest port digest object
@@ -125,6 +125,20 @@ with open(sys.argv[1], "r+b") as f:
   expect_eq "$(store_requests "$pod_ip" put stored)" 0 "puts by $name, which found the code stored"
   expect_service_answer stored "$body"
   echo "    $name (stored's own pod): its code mapped from the node's store, $(kubectl logs -n "$NS" "$name" | grep -o '"load_ms":[0-9.]*' | tail -1)"
+
+  # (6) The operator's default (--node-code-store auto) follows the agent's CSIDriver: with
+  # it gone, new pods would wait for a driver no node serves, so they are made without the
+  # store; installed again, with it.
+  store_volume_in() { kubectl get deploy "$1" -n "$NS" -o 'jsonpath={.spec.template.spec.volumes[*].csi.driver}'; }
+  made_on_store() { [[ $(store_volume_in stored) == code.wasmless.io ]]; }
+  made_off_store() { [[ -z $(store_volume_in stored) ]]; }
+  kubectl delete csidriver code.wasmless.io >/dev/null
+  wait_until 60 "stored's pods to be made without the node's store" made_off_store
+  install_node_agent
+  wait_until 60 "stored's pods to be made with the node's store again" made_on_store
+  kubectl rollout status deploy/stored -n "$NS" --timeout=120s >/dev/null || fail "stored's pods did not roll back onto the store"
+  expect_service_answer stored "$body"
+  echo "    the agent's CSIDriver removed and installed again: the operator rolled stored's pods off the store and back"
   kubectl delete fn stored -n "$NS" --wait=false >/dev/null
   ok
 }

@@ -3,6 +3,7 @@
 
 use crate::Settings;
 use crate::crd::Storage;
+use crate::node_code_store::{NodeCodeStore, NodeCodeStoreSetting};
 use clap::Parser;
 use std::net::SocketAddr;
 
@@ -65,11 +66,12 @@ pub struct Args {
     pub pool_load_ahead: bool,
     /// Pool pods and Functions' own pods map compiled code from their node's store (the node
     /// agent of deploy/node-agent/, the CSI driver code.wasmless.io), so a node keeps each
-    /// Function's code once and a pod loads it without reading it. Set it only where that
-    /// agent runs on every node: a pod waits for the driver before it starts. Turning it on
-    /// or off rolls every Function's pods.
-    #[arg(long, env = "WASMLESS_NODE_CODE_STORE", default_value_t = false, action = clap::ArgAction::Set)]
-    pub node_code_store: bool,
+    /// Function's code once and a pod loads it without reading it. auto: while the CSIDriver
+    /// code.wasmless.io exists (installing or removing the agent turns it on or off); true:
+    /// always, where a pod waits for the driver before it starts; false: never. A change
+    /// rolls every Function's pods.
+    #[arg(long, env = "WASMLESS_NODE_CODE_STORE", value_enum, default_value = "auto")]
+    pub node_code_store: NodeCodeStoreSetting,
     /// The OpenTelemetry collector function pods and pools send traces to, and the
     /// operator its trace of each apply: an OTLP/HTTP endpoint such as
     /// http://otel-collector.observability:4318. Unset: no traces.
@@ -118,7 +120,7 @@ impl Args {
         settings.pool_replicas = self.pool_replicas;
         settings.pool_memory_budget = self.pool_memory_budget;
         settings.pool_load_ahead = self.pool_load_ahead;
-        settings.node_code_store = self.node_code_store;
+        settings.node_code_store = NodeCodeStore::new(self.node_code_store);
         settings.otlp_endpoint = self
             .otlp_endpoint
             .clone()

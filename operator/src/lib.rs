@@ -8,6 +8,7 @@ pub mod flags;
 pub mod leader;
 pub mod metrics;
 pub mod module;
+pub mod node_code_store;
 pub mod objects;
 pub mod references;
 pub mod registry;

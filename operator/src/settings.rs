@@ -2,6 +2,7 @@
 //! environment by the binary, built directly by the tests.
 
 use crate::crd::Storage;
+use crate::node_code_store::NodeCodeStore;
 
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -37,8 +38,9 @@ pub struct Settings {
     /// Whether pool pods load a Function new to their table before its first request
     /// (while under three quarters of the budget), or on it.
     pub pool_load_ahead: bool,
-    /// Whether pool pods mount the node's code store (the CSI driver `code.wasmless.io`).
-    pub node_code_store: bool,
+    /// Whether runtime pods (the pools' and Functions' own) mount the node's code store
+    /// (the CSI driver `code.wasmless.io`): always, never, or while that driver is installed.
+    pub node_code_store: NodeCodeStore,
     /// The OpenTelemetry collector (an OTLP/HTTP endpoint) function pods and pools send
     /// traces to, passed to the runtime as `WASMLESS_OTLP_ENDPOINT`; none: no traces.
     pub otlp_endpoint: Option<String>,
@@ -109,7 +111,7 @@ impl Settings {
             pool_replicas: 2,
             pool_memory_budget: crate::objects::DEFAULT_POOL_MEMORY_BUDGET,
             pool_load_ahead: true,
-            node_code_store: false,
+            node_code_store: NodeCodeStore::default(),
             otlp_endpoint: None,
         }
     }

@@ -122,15 +122,21 @@ struct ParsedPath<'a> {
     subresource: Option<&'a str>,
 }
 
+/// `api/v1/RESOURCE/…` and `apis/GROUP/VERSION/RESOURCE/…`, with `namespaces/NS/` before
+/// the resource where it is namespaced.
 fn parse(path: &str) -> Option<ParsedPath<'_>> {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let at = segments.iter().position(|s| *s == "namespaces")?;
-    let resource = *segments.get(at + 2)?;
+    let at = match segments.iter().position(|s| *s == "namespaces") {
+        Some(namespaces) => namespaces + 2,
+        None if segments.first() == Some(&"api") => 2,
+        None => 3,
+    };
+    let resource = *segments.get(at)?;
     Some(ParsedPath {
-        collection: segments[..at + 3].join("/"),
+        collection: segments[..=at].join("/"),
         resource,
-        name: segments.get(at + 3).copied(),
-        subresource: segments.get(at + 4).copied(),
+        name: segments.get(at + 1).copied(),
+        subresource: segments.get(at + 2).copied(),
     })
 }
 
@@ -717,5 +723,33 @@ mod tests {
         assert!(!matches_selector(&object, "a=1,b!=2"));
         assert!(!matches_selector(&object, "c"));
         assert_eq!(percent_decode("a%3D1%2Cb"), "a=1,b");
+    }
+
+    #[test]
+    fn paths_of_namespaced_and_cluster_scoped_resources() {
+        let parts = |path| parse(path).map(|p| (p.collection, p.resource, p.name, p.subresource));
+        assert_eq!(
+            parts("/apis/apps/v1/namespaces/a/deployments/web/status"),
+            Some((
+                "apis/apps/v1/namespaces/a/deployments".into(),
+                "deployments",
+                Some("web"),
+                Some("status")
+            ))
+        );
+        assert_eq!(
+            parts("/apis/storage.k8s.io/v1/csidrivers/code.wasmless.io"),
+            Some((
+                "apis/storage.k8s.io/v1/csidrivers".into(),
+                "csidrivers",
+                Some("code.wasmless.io"),
+                None
+            ))
+        );
+        assert_eq!(
+            parts("/api/v1/nodes"),
+            Some(("api/v1/nodes".into(), "nodes", None, None))
+        );
+        assert_eq!(parts("/api/v1/namespaces/a").map(|p| p.1), None, "a namespace itself");
     }
 }

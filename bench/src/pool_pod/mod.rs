@@ -48,10 +48,13 @@ const NAMESPACE: &str = "bench-density";
 const OPERATOR: &str = "wasmless-operator";
 const OPERATOR_NAMESPACE: &str = "wasmless-system";
 /// The operator's settings for this run, restored after it.
-const OPERATOR_ENV: [(&str, &str); 3] = [
+const OPERATOR_ENV: [(&str, &str); 4] = [
     ("WASMLESS_POOL_REPLICAS", "1"),
     ("WASMLESS_POOL_MEMORY_BUDGET", "6Gi"),
     ("WASMLESS_POOL_LOAD_AHEAD", "false"),
+    // The first pass's pool pod without the store the node agent installed for the
+    // others (the operator's default, auto, would find it).
+    ("WASMLESS_NODE_CODE_STORE", "false"),
 ];
 /// The pool's admin port (`/pool`, `/metrics`).
 const POOL_ADMIN_PORT: u16 = wasmless_artifact::ports::ADMIN;

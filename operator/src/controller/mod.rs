@@ -312,6 +312,17 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<O
             None => Api::all(client.clone()),
         }
     }
+    // Before the first reconcile, so a restarted operator builds the pods it built before.
+    crate::node_code_store::detect(&client, &ctx.settings.node_code_store).await;
+    let (store_changed, store_changes) = tokio::sync::mpsc::unbounded_channel();
+    let node_code_store = tokio::spawn(crate::node_code_store::follow(
+        client.clone(),
+        ctx.settings.node_code_store.clone(),
+        store_changed,
+    ));
+    let store_changes = futures::stream::unfold(store_changes, |mut changes| async move {
+        changes.recv().await.map(|()| ((), changes))
+    });
     // Only what a Function made is watched, not every ConfigMap in the cluster.
     let owned = watcher::Config::default().labels(labels::FUNCTION);
     let controller = Controller::new(
@@ -350,6 +361,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<O
     });
     controller
         .reconcile_on(decisions)
+        .reconcile_all_on(store_changes)
         .watches(
             api::<PartialObjectMeta<Secret>>(&client, namespace),
             all.clone(),
@@ -378,4 +390,5 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<O
     autoscaler.abort();
     idle_pools.abort();
     registry_sweep.abort();
+    node_code_store.abort();
 }

@@ -73,7 +73,7 @@ pub(super) fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
 const NODE_CODE_STORE_VOLUME: &str = "code-store";
 const NODE_CODE_STORE_DIR: &str = "/code-store";
 
-/// With `--node-code-store`, the node's store for a runtime pod (the pool's and a
+/// Where the node's code store is in use (`--node-code-store`), the store for a runtime pod (the pool's and a
 /// Function's own): its volume and mount, and the `--code-store` socket in `args`.
 pub(super) fn with_node_code_store(
     settings: &Settings,
@@ -81,7 +81,7 @@ pub(super) fn with_node_code_store(
     mounts: &mut Vec<VolumeMount>,
     args: &mut Vec<String>,
 ) {
-    if settings.node_code_store {
+    if settings.node_code_store.in_use() {
         volumes.push(node_code_store_volume());
         mounts.push(mount(NODE_CODE_STORE_VOLUME, NODE_CODE_STORE_DIR, true));
         args.extend(["--code-store".into(), format!("{NODE_CODE_STORE_DIR}/agent.sock")]);

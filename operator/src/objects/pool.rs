@@ -351,6 +351,7 @@ fn quantity(bytes: u64) -> Quantity {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node_code_store::{NodeCodeStore, NodeCodeStoreSetting};
 
     #[test]
     fn quantities_read_as_people_write_them() {
@@ -365,7 +366,7 @@ mod tests {
 
     #[test]
     fn with_the_node_code_store_a_pool_pod_reaches_its_agent_through_a_read_only_volume() {
-        let pod = |node_code_store| {
+        let pod = |node_code_store: NodeCodeStore| {
             let settings = Settings {
                 node_code_store,
                 ..Settings::new("wasmless/runtime:0.1.0", "wasmless/builder:0.1.0")
@@ -377,7 +378,10 @@ mod tests {
                 .spec
                 .unwrap()
         };
-        let without = pod(false);
+        let auto = NodeCodeStore::new(NodeCodeStoreSetting::Auto);
+        let before_the_driver = pod(auto.clone());
+        assert_eq!(before_the_driver, pod(NodeCodeStore::new(NodeCodeStoreSetting::False)));
+        let without = before_the_driver;
         assert!(
             !without.containers[0]
                 .args
@@ -387,7 +391,9 @@ mod tests {
         );
         assert_eq!(without.volumes.unwrap().len(), 1);
 
-        let with = pod(true);
+        let with = pod(NodeCodeStore::new(NodeCodeStoreSetting::True));
+        auto.driver_seen(true);
+        assert_eq!(pod(auto), with, "auto, once the driver is installed");
         let volume = with
             .volumes
             .unwrap()

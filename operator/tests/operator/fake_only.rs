@@ -4,6 +4,7 @@
 use crate::harness::*;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::storage::v1::CSIDriver;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -12,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use wasmless_artifact::Digest;
 use wasmless_operator::crd::Phase;
+use wasmless_operator::node_code_store::{self, NodeCodeStore, NodeCodeStoreSetting};
 use wasmless_operator::objects::{self};
 use wasmless_operator::{Context, Metrics, error_policy, reconcile};
 use wasmless_testkit::FakeApiServer;
@@ -360,11 +362,24 @@ async fn a_first_build_whose_pods_never_get_ready_rolls_out_after_a_while() {
 
 #[tokio::test]
 async fn with_the_node_code_store_a_functions_pods_reach_the_nodes_copy_of_its_code() {
-    let pod_of = |node_code_store: bool| async move {
+    // The setting, and whether the node agent's CSIDriver is in the API when the operator
+    // looks (at its start, then by a watch).
+    let pod_of = |setting: NodeCodeStoreSetting, driver_installed: bool| async move {
         let fake = FakeApiServer::new();
         let client = fake.client();
+        if driver_installed {
+            let driver: CSIDriver = serde_json::from_value(
+                json!({"metadata": {"name": "code.wasmless.io"}, "spec": {"podInfoOnMount": true}}),
+            )
+            .unwrap();
+            Api::<CSIDriver>::all(client.clone())
+                .create(&Default::default(), &driver)
+                .await
+                .unwrap();
+        }
         let mut settings = settings();
-        settings.node_code_store = node_code_store;
+        settings.node_code_store = NodeCodeStore::new(setting);
+        node_code_store::detect(&client, &settings.node_code_store).await;
         let h = Harness {
             ctx: Arc::new(Context::new(client.clone(), settings, Metrics::default(), None)),
             client,
@@ -378,14 +393,18 @@ async fn with_the_node_code_store_a_functions_pods_reach_the_nodes_copy_of_its_c
         let deployment = h.deployment("hello").await.expect("the Deployment");
         deployment.spec.unwrap().template.spec.unwrap()
     };
-    let without = pod_of(false).await;
-    let args = without.containers[0].args.clone().unwrap();
-    assert!(!args.contains(&"--code-store".to_string()), "{args:?}");
-    assert!(without.volumes.unwrap().iter().all(|volume| volume.csi.is_none()));
+    for (setting, driver_installed) in [(NodeCodeStoreSetting::Auto, false), (NodeCodeStoreSetting::False, true)] {
+        let without = pod_of(setting, driver_installed).await;
+        let args = without.containers[0].args.clone().unwrap();
+        assert!(!args.contains(&"--code-store".to_string()), "{setting:?}: {args:?}");
+        assert!(without.volumes.unwrap().iter().all(|volume| volume.csi.is_none()));
+    }
 
     // The same volume as the pool's: the node agent serves it a socket as the pod's own
     // namespace, read-only, and the runtime asks it for the code before reading its own.
-    let with = pod_of(true).await;
+    // `auto`, the default, finds the agent installed; `true` does not look.
+    let with = pod_of(NodeCodeStoreSetting::Auto, true).await;
+    assert_eq!(with, pod_of(NodeCodeStoreSetting::True, false).await);
     let volume = with
         .volumes
         .unwrap()
