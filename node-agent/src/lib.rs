@@ -7,10 +7,12 @@
 //!
 //! `admission` is what a put must be, `store` the files on disk and who may get them,
 //! `record` what it keeps of each file to check it again, `server` a socket per namespace,
-//! `csi` the kubelet's plugin that places those sockets in pods.
+//! `csi` the kubelet's plugin that places those sockets in pods, `metrics` what Prometheus
+//! scrapes of them.
 
 pub mod admission;
 pub mod csi;
+pub mod metrics;
 pub mod namespace;
 mod record;
 pub mod server;

@@ -40,6 +40,10 @@ struct Flags {
     /// Hash each stored file on every get, not only on the first after the agent starts.
     #[arg(long)]
     verify_every_get: bool,
+    /// Where to serve /metrics (the answers to each namespace, the code each holds), such
+    /// as 0.0.0.0:9090; unset: nowhere.
+    #[arg(long, env = "WASMLESS_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 fn parse_socket(text: &str) -> Result<(Namespace, PathBuf), String> {
@@ -71,6 +75,11 @@ fn main() -> anyhow::Result<()> {
         max_code_bytes: usize::try_from(flags.max_code_bytes).unwrap_or(usize::MAX),
         ..ServeLimits::default()
     };
+    if let Some(address) = flags.metrics_addr {
+        // Detached: it serves for as long as the process does.
+        let _ = wasmless_node_agent::metrics::serve(address, store.clone())
+            .with_context(|| format!("cannot serve metrics at {address}"))?;
+    }
     let mut sockets = Vec::new();
     for (namespace, path) in flags.sockets {
         sockets.push(server::serve(store.clone(), namespace, &path, serve_limits)?);

@@ -10,6 +10,7 @@
 //! file, which nothing can grow, change or make the agent wait on.
 
 use crate::admission;
+use crate::metrics;
 use crate::store::{Found, Namespace, Store};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
@@ -243,15 +244,16 @@ fn answer(store: &Store, namespace: &Namespace, connection: OwnedFd, limits: &Se
             return;
         }
     };
-    let (reply, sent) = match Request::parse(&text) {
+    let (op, reply, sent) = match Request::parse(&text) {
         Ok(Request::Get(digest)) => match store.get(namespace, &digest) {
-            Found::Code(header, file) => (Reply::Found(header), Some(file)),
-            Found::Absent => (Reply::Absent, None),
-            Found::Corrupt => (Reply::Corrupt, None),
+            Found::Code(header, file) => ("get", Reply::Found(header), Some(file)),
+            Found::Absent => ("get", Reply::Absent, None),
+            Found::Corrupt => ("get", Reply::Corrupt, None),
         },
-        Ok(Request::Put(digest)) => (put(store, namespace, &digest, file, limits), None),
-        Err(error) => (Reply::Refused(error.to_string()), None),
+        Ok(Request::Put(digest)) => ("put", put(store, namespace, &digest, file, limits), None),
+        Err(error) => ("invalid", Reply::Refused(error.to_string()), None),
     };
+    metrics::count_answer(namespace, op, reply_word(&reply));
     let result = code_store::send(
         connection.as_fd(),
         &reply.encode(),
@@ -259,6 +261,17 @@ fn answer(store: &Store, namespace: &Namespace, connection: OwnedFd, limits: &Se
     );
     if let Err(error) = result {
         tracing::debug!(%namespace, %error, "a reply that could not be sent");
+    }
+}
+
+/// The reply's first word, as the protocol writes it.
+fn reply_word(reply: &Reply) -> &'static str {
+    match reply {
+        Reply::Found(_) => "found",
+        Reply::Absent => "absent",
+        Reply::Corrupt => "corrupt",
+        Reply::Stored => "stored",
+        Reply::Refused(_) => "refused",
     }
 }
 

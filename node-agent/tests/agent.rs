@@ -1,6 +1,8 @@
 //! The agent binary, as a node runs it, tried from outside: through its sockets, as the
 //! runtimes of two namespaces and as a user with fewer rights than its own.
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -17,6 +19,7 @@ struct Agent {
     child: Child,
     store: PathBuf,
     sockets: PathBuf,
+    metrics: SocketAddr,
     _dir: tempfile::TempDir,
 }
 
@@ -32,9 +35,16 @@ impl Agent {
         for path in [dir.path(), &sockets] {
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
+        // A port free a moment ago, as Prometheus would be told it.
+        let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_wasmless-node-agent"))
             .arg("--store-dir")
             .arg(&store)
+            .arg("--metrics-addr")
+            .arg(metrics.to_string())
             .arg("--socket")
             .arg(format!("team-a={}", sockets.join("team-a.sock").display()))
             .arg("--socket")
@@ -45,6 +55,7 @@ impl Agent {
             child,
             store,
             sockets,
+            metrics,
             _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -88,6 +99,22 @@ impl Agent {
         )
         .unwrap()
         .0
+    }
+
+    /// What Prometheus scrapes: `/metrics` over HTTP/1.1.
+    fn scrape(&self) -> String {
+        let mut stream =
+            TcpStream::connect_timeout(&self.metrics, Duration::from_secs(5)).expect("the agent serves metrics");
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        response
     }
 
     fn object(&self, digest: &Digest) -> PathBuf {
@@ -246,4 +273,60 @@ fn a_tenant_cannot_change_the_code_it_is_handed_nor_look_into_the_store() {
         "list-store EACCES",
     ];
     assert_eq!(printed.lines().collect::<Vec<_>>(), expected, "{printed}");
+}
+
+/// A sample's value in a scrape, `None` where the scrape has no such line.
+fn sample(scrape: &str, series: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(|value| value.trim().parse().unwrap())
+}
+
+#[test]
+fn its_metrics_count_each_namespaces_answers_and_the_code_each_holds() {
+    let agent = Agent::start();
+    let (stored, cwasm) = stored_code("ledger");
+    let digest = Digest::of(&stored);
+    assert_eq!(agent.get("team-a", &digest).0, Reply::Absent);
+    assert_eq!(agent.put("team-a", &digest, &stored), Reply::Stored);
+    assert!(matches!(agent.get("team-a", &digest).0, Reply::Found(_)));
+    assert_eq!(agent.get("team-b", &digest).0, Reply::Absent);
+    assert!(matches!(
+        agent.put("team-b", &digest, b"not the code"),
+        Reply::Refused(_)
+    ));
+
+    let scrape = agent.scrape();
+    let answers = |namespace: &str, op: &str, result: &str| {
+        sample(
+            &scrape,
+            &format!("wasmless_code_store_answers_total{{namespace=\"{namespace}\",op=\"{op}\",result=\"{result}\"}}"),
+        )
+    };
+    assert_eq!(answers("team-a", "get", "absent"), Some(1.0), "{scrape}");
+    assert_eq!(answers("team-a", "put", "stored"), Some(1.0), "{scrape}");
+    assert_eq!(answers("team-a", "get", "found"), Some(1.0), "{scrape}");
+    assert_eq!(answers("team-b", "get", "absent"), Some(1.0), "{scrape}");
+    assert_eq!(answers("team-b", "put", "refused"), Some(1.0), "{scrape}");
+    assert_eq!(answers("team-b", "get", "found"), None, "{scrape}");
+
+    // team-a holds the code (charged at least a MiB, as its quota counts it); team-b nothing.
+    let held = sample(&scrape, "wasmless_code_store_bytes{namespace=\"team-a\"}").expect("team-a's bytes");
+    assert!(held >= cwasm.len().max(1 << 20) as f64, "{scrape}");
+    assert_eq!(
+        sample(&scrape, "wasmless_code_store_objects{namespace=\"team-a\"}"),
+        Some(1.0),
+        "{scrape}"
+    );
+    assert_eq!(
+        sample(&scrape, "wasmless_code_store_objects{namespace=\"team-b\"}").unwrap_or(0.0),
+        0.0,
+        "{scrape}"
+    );
+    assert_eq!(
+        sample(&scrape, "wasmless_code_store_node_bytes"),
+        Some(held),
+        "{scrape}"
+    );
 }

@@ -534,6 +534,20 @@ impl Store {
         let index = self.lock();
         (index.total, index.objects.len())
     }
+
+    /// What each namespace holds: bytes (as charged against its quota) and objects; code
+    /// two namespaces hold counts in both.
+    pub fn usage_by_namespace(&self) -> Vec<(Namespace, u64, usize)> {
+        let index = self.lock();
+        index
+            .namespaces
+            .iter()
+            .map(|(namespace, held)| {
+                let objects = held.iter().filter(|digest| index.objects.contains_key(*digest)).count();
+                (namespace.clone(), index.held_by(namespace), objects)
+            })
+            .collect()
+    }
 }
 
 /// A new file in `dir` that nothing else has opened (`O_EXCL`), owner-only until made
