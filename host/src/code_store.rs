@@ -5,12 +5,13 @@
 //! After a miss, the code read and verified the slow way is put there for the next process
 //! on the node. Any failure of the store is a miss: the slow path is always there.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use wasmless_artifact::code_store::{self, ProtocolError, Reply, Request};
 use wasmless_artifact::{CodeHeader, Digest};
@@ -22,13 +23,43 @@ const GET_TIMEOUT: Duration = Duration::from_secs(1);
 /// writes megabytes.
 const PUT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Code of puts waiting for their turn a process may hold: about ten Go Functions'.
+pub const MAX_WAITING_PUT_BYTES: usize = 64 << 20;
+
 /// The store's socket.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct CodeStore {
     socket: PathBuf,
     /// A put is on its way: one at a time per process, so a pool loading many Functions at
     /// once does not hold a copy of each one's code for the store, nor its threads.
     putting: Arc<AtomicBool>,
+    /// Puts that found another on its way, oldest first: made after it, in the same turn,
+    /// so a pool that loads Functions faster than the store takes them puts every one.
+    waiting: Arc<Mutex<WaitingPuts>>,
+}
+
+impl std::fmt::Debug for CodeStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CodeStore")
+            .field("socket", &self.socket)
+            .finish_non_exhaustive()
+    }
+}
+
+type Put = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct WaitingPuts {
+    puts: VecDeque<(usize, Put)>,
+    bytes: usize,
+}
+
+impl WaitingPuts {
+    fn next(&mut self) -> Option<Put> {
+        let (bytes, put) = self.puts.pop_front()?;
+        self.bytes -= bytes;
+        Some(put)
+    }
 }
 
 /// A put's turn, given back when dropped.
@@ -127,7 +158,64 @@ impl CodeStore {
         Self {
             socket: socket.into(),
             putting: Arc::new(AtomicBool::new(false)),
+            waiting: Arc::default(),
         }
+    }
+
+    /// Makes `put` (of `bytes` of code) in this process's turn, on a thread of its own:
+    /// now if no other put is on its way, else after those before it. False: not made,
+    /// for [`MAX_WAITING_PUT_BYTES`] wait already (the next process that misses puts it).
+    pub fn put_in_turn(&self, bytes: usize, put: impl FnOnce() + Send + 'static) -> bool {
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(turn) = self.turn_to_put() {
+            drop(waiting);
+            return self.make_puts(turn, Box::new(put));
+        }
+        if waiting.bytes + bytes > MAX_WAITING_PUT_BYTES {
+            return false;
+        }
+        waiting.bytes += bytes;
+        waiting.puts.push_back((bytes, Box::new(put)));
+        true
+    }
+
+    /// Starts the puts that wait, if the turn is free: a turn taken by [`Self::turn_to_put`]
+    /// (a staging's) leaves those that queued meanwhile until this is called.
+    pub fn start_waiting_puts(&self) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        if waiting.puts.is_empty() {
+            return;
+        }
+        if let Some(turn) = self.turn_to_put()
+            && let Some(first) = waiting.next()
+        {
+            drop(waiting);
+            self.make_puts(turn, first);
+        }
+    }
+
+    /// `first`, then every put that waits, then gives the turn back: under the queue's
+    /// lock, so a put queued as the last one ends is not left waiting.
+    fn make_puts(&self, turn: PutTurn, first: Put) -> bool {
+        let waiting = self.waiting.clone();
+        let spawned = std::thread::Builder::new()
+            .name("code-store-put".into())
+            .spawn(move || {
+                let mut put = first;
+                loop {
+                    put();
+                    let mut queue = waiting.lock().unwrap_or_else(PoisonError::into_inner);
+                    match queue.next() {
+                        Some(next) => put = next,
+                        None => {
+                            drop(turn);
+                            return;
+                        }
+                    }
+                }
+            });
+        // Out of threads: the turn went back with the closure; what waits, waits for the next.
+        spawned.is_ok()
     }
 
     /// The turn to put, unless another put of this process is on its way.
@@ -199,6 +287,41 @@ impl CodeStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn puts_that_find_the_turn_taken_are_made_after_it_in_order_up_to_a_limit() {
+        let store = CodeStore::new("/nonexistent/agent.sock");
+        let made = Arc::new(Mutex::new(Vec::new()));
+        let record = |name: &'static str| {
+            let made = made.clone();
+            move || made.lock().unwrap().push(name)
+        };
+        let staging = store.turn_to_put().expect("the turn is free");
+        assert!(store.put_in_turn(10 << 20, record("first")));
+        assert!(store.put_in_turn(10 << 20, record("second")));
+        assert!(
+            !store.put_in_turn(MAX_WAITING_PUT_BYTES, record("too much")),
+            "beyond the limit: not made"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(made.lock().unwrap().is_empty(), "made while the turn was taken");
+        drop(staging);
+        store.start_waiting_puts();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while store.is_putting() {
+            assert!(std::time::Instant::now() < deadline, "the waiting puts were not made");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(*made.lock().unwrap(), ["first", "second"]);
+
+        // With the turn free, a put is made at once and gives the turn back.
+        assert!(store.put_in_turn(1, record("third")));
+        while store.is_putting() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(made.lock().unwrap().last(), Some(&"third"));
+        assert!(store.turn_to_put().is_some());
+    }
 
     #[test]
     fn the_peer_of_a_socket_is_the_process_that_made_its_other_end() {

@@ -368,21 +368,21 @@ impl Loader {
     }
 
     /// Puts `stored`, verified against `code_digest`, in the node's store, off the
-    /// request's path (a blocking thread, nothing waits for it), one at a time: a put that
-    /// finds another of this process on its way is not made (the next process that misses
-    /// the code puts it; loads ahead wait for [`Loader::puts_done`] first).
+    /// request's path (nothing waits for it), one at a time: a put that finds another of
+    /// this process on its way is made after it, unless too much code waits already (the
+    /// next process that misses the code puts it; loads ahead wait for
+    /// [`Loader::puts_done`] first).
     fn put_in_store(&self, code_digest: Digest, stored: precompiled::StoredBytes) {
         let Some(store) = self.code_store.clone() else {
             return;
         };
-        let Some(turn) = store.turn_to_put() else {
-            return;
+        let (metrics, size, putting) = (self.shared.metrics.clone(), stored.bytes().len(), store.clone());
+        let put = move || {
+            let _ = staging::put_now(&putting, &metrics, code_digest, stored);
         };
-        let metrics = self.shared.metrics.clone();
-        tokio::task::spawn_blocking(move || {
-            let _turn = turn;
-            let _ = staging::put_now(&store, &metrics, code_digest, stored);
-        });
+        if !store.put_in_turn(size, put) {
+            tracing::info!(%code_digest, size, "not put in the node's store: too much code waits for this process's turn to put");
+        }
     }
 
     /// Opens the code the builder compiled for `module`, read and verified by

@@ -253,6 +253,9 @@ impl Measuring<'_> {
     /// a Function was unloaded, the store did not answer as expected).
     fn run(&self, code_from: CodeFrom, pool_ip: &str) -> anyhow::Result<Pass> {
         eprintln!("pass: {}", code_from.describe());
+        // What the passes before wrote (a gigabyte of copies for 100 Go Functions) is on
+        // its way to the disk: every read of this pass would queue behind it.
+        std::process::Command::new("sync").status()?;
         let pid = cluster::pool_pid(pool_ip)?;
         let admin = SocketAddr::new(pool_ip.parse()?, POOL_ADMIN_PORT);
         let empty = resident_mib(pid);

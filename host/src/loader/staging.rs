@@ -84,11 +84,14 @@ impl Loader {
         let Some(turn) = store.turn_to_put() else {
             return Staged::StoreRefused("another put of this process is on its way".into());
         };
+        let putting = store.clone();
         let put = tokio::task::spawn_blocking(move || {
             let _turn = turn;
-            put_now(&store, &metrics, code_digest, stored)
+            put_now(&putting, &metrics, code_digest, stored)
         })
         .await;
+        // Loads' puts that queued behind this one.
+        store.start_waiting_puts();
         match put {
             Ok(Ok(())) => Staged::Put,
             Ok(Err(error)) => Staged::StoreRefused(error.to_string()),
