@@ -164,7 +164,8 @@ impl CodeStore {
 
     /// Makes `put` (of `bytes` of code) in this process's turn, on a thread of its own:
     /// now if no other put is on its way, else after those before it. False: not made,
-    /// for [`MAX_WAITING_PUT_BYTES`] wait already (the next process that misses puts it).
+    /// for [`MAX_WAITING_PUT_BYTES`] wait already or no thread could be started (the next
+    /// process that misses puts it).
     pub fn put_in_turn(&self, bytes: usize, put: impl FnOnce() + Send + 'static) -> bool {
         let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(turn) = self.turn_to_put() {

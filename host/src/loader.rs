@@ -381,7 +381,7 @@ impl Loader {
             let _ = staging::put_now(&putting, &metrics, code_digest, stored);
         };
         if !store.put_in_turn(size, put) {
-            tracing::info!(%code_digest, size, "not put in the node's store: too much code waits for this process's turn to put");
+            tracing::info!(%code_digest, size, "not put in the node's store: too much code waits for this process's turn to put, or no thread to put it on");
         }
     }
 

@@ -15,6 +15,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
 use std::sync::{Arc, LazyLock};
+use std::time::Duration;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AnswerLabels {
@@ -102,26 +103,40 @@ pub fn serve(address: SocketAddr, store: Arc<Store>) -> std::io::Result<std::thr
     Ok(std::thread::spawn(move || runtime.block_on(accept(listener, store))))
 }
 
+/// Connections served at once: Prometheus needs one. Any pod may reach the port, and the
+/// descriptors and memory a connection holds are the ones the agent serves code with.
+const MAX_CONNECTIONS: usize = 4;
+/// How long a connection may last, idle or not: a scrape takes milliseconds.
+const CONNECTION_TIME: Duration = Duration::from_secs(10);
+
 async fn accept(listener: tokio::net::TcpListener, store: Arc<Store>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(error) => {
                 tracing::warn!(%error, "cannot accept a metrics connection");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
+        // All taken: this one is closed at once, the ones being served go on.
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            continue;
+        };
         let store = store.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let answer = hyper::service::service_fn(move |request| {
                 let store = store.clone();
                 async move { Ok::<_, std::convert::Infallible>(respond(&request, &store)) }
             });
             let connection = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), answer);
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, "a metrics connection ended");
+            match tokio::time::timeout(CONNECTION_TIME, connection).await {
+                Ok(Err(error)) => tracing::debug!(%error, "a metrics connection ended"),
+                Err(_) => tracing::debug!("a metrics connection closed after {CONNECTION_TIME:?}"),
+                Ok(Ok(())) => {}
             }
         });
     }

@@ -330,3 +330,25 @@ fn its_metrics_count_each_namespaces_answers_and_the_code_each_holds() {
         "{scrape}"
     );
 }
+
+#[test]
+fn idle_connections_to_its_metrics_port_hold_few_descriptors_and_code_is_served_on() {
+    let agent = Agent::start();
+    let descriptors = || {
+        std::fs::read_dir(format!("/proc/{}/fd", agent.child.id()))
+            .unwrap()
+            .count()
+    };
+    let before = descriptors();
+    // Any pod reaches the port: one that opens connections and sends nothing.
+    let idle: Vec<TcpStream> = (0..64).map(|_| TcpStream::connect(agent.metrics).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let held = descriptors().saturating_sub(before);
+    assert!(held <= 8, "the agent holds {held} descriptors for 64 idle connections");
+
+    let (stored, _) = stored_code("meanwhile");
+    let digest = Digest::of(&stored);
+    assert_eq!(agent.put("team-a", &digest, &stored), Reply::Stored);
+    assert!(matches!(agent.get("team-a", &digest).0, Reply::Found(_)));
+    drop(idle);
+}
