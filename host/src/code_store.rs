@@ -11,7 +11,7 @@ use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 use wasmless_artifact::code_store::{self, ProtocolError, Reply, Request};
 use wasmless_artifact::{CodeHeader, Digest};
@@ -168,31 +168,36 @@ impl CodeStore {
     /// process that misses puts it).
     pub fn put_in_turn(&self, bytes: usize, put: impl FnOnce() + Send + 'static) -> bool {
         let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(turn) = self.turn_to_put() {
-            drop(waiting);
-            return self.make_puts(turn, Box::new(put));
-        }
-        if waiting.bytes + bytes > MAX_WAITING_PUT_BYTES {
+        // The limit is on what waits: with the turn free, the put is made at once.
+        if self.is_putting() && waiting.bytes + bytes > MAX_WAITING_PUT_BYTES {
             return false;
         }
         waiting.bytes += bytes;
         waiting.puts.push_back((bytes, Box::new(put)));
-        true
+        self.start_oldest(waiting)
     }
 
     /// Starts the puts that wait, if the turn is free: a turn taken by [`Self::turn_to_put`]
     /// (a staging's) leaves those that queued meanwhile until this is called.
     pub fn start_waiting_puts(&self) {
-        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        self.start_oldest(self.waiting.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+
+    /// Takes the turn, if free, for the oldest waiting put and those after it. False: no
+    /// thread could be started (that put is dropped; the turn goes back with it).
+    fn start_oldest(&self, mut waiting: MutexGuard<'_, WaitingPuts>) -> bool {
         if waiting.puts.is_empty() {
-            return;
+            return true;
         }
-        if let Some(turn) = self.turn_to_put()
-            && let Some(first) = waiting.next()
-        {
-            drop(waiting);
-            self.make_puts(turn, first);
-        }
+        let Some(turn) = self.turn_to_put() else {
+            // The put on its way makes the waiting ones after it.
+            return true;
+        };
+        let Some(first) = waiting.next() else {
+            return true;
+        };
+        drop(waiting);
+        self.make_puts(turn, first)
     }
 
     /// `first`, then every put that waits, then gives the turn back: under the queue's
