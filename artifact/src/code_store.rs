@@ -49,8 +49,14 @@ pub enum Reply {
     /// Stored, but its file no longer holds what was verified: removed.
     Corrupt,
     Stored,
+    /// A put that came while the node's store checked another (it checks one at a time):
+    /// the same put may be made again shortly. On the wire a refusal whose reason starts
+    /// with `busy:`, as agents before this variant sent it.
+    Busy,
     Refused(String),
 }
+
+const BUSY: &str = "busy: another put is being checked; try again later";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProtocolError {
@@ -100,6 +106,7 @@ impl Reply {
             Self::Absent => "absent".into(),
             Self::Corrupt => "corrupt".into(),
             Self::Stored => "stored".into(),
+            Self::Busy => format!("refused {BUSY}"),
             // One line of printable text, whatever the reason held.
             Self::Refused(why) => {
                 let why: String = why.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
@@ -121,6 +128,9 @@ impl Reply {
             return Ok(Self::Found(CodeHeader::parse(lines)?));
         }
         if let Some(why) = text.strip_prefix("refused ") {
+            if why.starts_with("busy:") {
+                return Ok(Self::Busy);
+            }
             return Ok(Self::Refused(why.to_string()));
         }
         match text {
@@ -251,10 +261,16 @@ mod tests {
             Reply::Absent,
             Reply::Corrupt,
             Reply::Stored,
+            Reply::Busy,
             Reply::Refused("the bytes are not what the digest pins".into()),
         ] {
             assert_eq!(Reply::parse(&reply.encode()).unwrap(), reply);
         }
+        // As an agent that knew no `Busy` refused a put that came meanwhile.
+        assert_eq!(
+            Reply::parse("refused busy: another put is being checked; try again later").unwrap(),
+            Reply::Busy
+        );
         assert!(Request::parse("get sha256:12").is_err());
         assert!(Request::parse("delete sha256:".to_string().as_str()).is_err());
         assert!(Reply::parse("found\nnot a header\n").is_err());

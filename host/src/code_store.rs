@@ -98,6 +98,8 @@ pub enum CodeStoreError {
     Protocol(#[from] ProtocolError),
     #[error("the code store refused: {0}")]
     Refused(String),
+    #[error("the code store was checking another put")]
+    Busy,
     #[error("the code store answered {0:?} to a {1}")]
     Unexpected(String, &'static str),
     #[error("cannot hand the code to the store: {0}")]
@@ -284,6 +286,7 @@ impl CodeStore {
         )?;
         match reply {
             Reply::Stored => Ok(()),
+            Reply::Busy => Err(CodeStoreError::Busy),
             Reply::Refused(why) => Err(CodeStoreError::Refused(why)),
             other => Err(CodeStoreError::Unexpected(other.encode(), "put")),
         }

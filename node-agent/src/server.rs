@@ -6,7 +6,7 @@
 //! and sends nothing holds its own socket's threads until their timeout, not another's.
 //! Puts are checked one at a time on the node, so the agent's memory holds one code's
 //! bytes, not one per connection; a put that comes while another is checked is refused as
-//! busy (the runtime goes on without the store), and a put's file must be a sealed memory
+//! busy (the runtime tries it again a few times, then goes on without the store), and a put's file must be a sealed memory
 //! file, which nothing can grow, change or make the agent wait on.
 
 use crate::admission;
@@ -271,7 +271,7 @@ fn reply_word(reply: &Reply) -> &'static str {
         Reply::Absent => "absent",
         Reply::Corrupt => "corrupt",
         Reply::Stored => "stored",
-        Reply::Refused(_) => "refused",
+        Reply::Busy | Reply::Refused(_) => "refused",
     }
 }
 
@@ -289,7 +289,7 @@ fn put(
         Ok(admitting) => admitting,
         Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
         Err(std::sync::TryLockError::WouldBlock) => {
-            return Reply::Refused("busy: another put is being checked; try again later".into());
+            return Reply::Busy;
         }
     };
     let file = std::fs::File::from(file);

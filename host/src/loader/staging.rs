@@ -119,9 +119,13 @@ pub(super) fn put_now(
     // asked.
     let sealed = CodeStore::sealed_copy(stored.bytes());
     drop(stored);
-    let put = sealed.and_then(|sealed| store.put(&code_digest, &sealed));
+    let put = sealed.and_then(|sealed| put_when_free(store, &code_digest, &sealed));
     match &put {
         Ok(()) => metrics.code_store_request("put", "stored"),
+        Err(CodeStoreError::Busy) => {
+            metrics.code_store_request("put", "refused");
+            tracing::info!(%code_digest, "the node's code store was checking other puts each time: not put");
+        }
         Err(CodeStoreError::Refused(why)) => {
             metrics.code_store_request("put", "refused");
             tracing::warn!(%code_digest, why, "the node's code store refused the code");
@@ -132,6 +136,31 @@ pub(super) fn put_now(
         }
     }
     put
+}
+
+/// How long a put the store found busy waits before each try again: the store checks one
+/// put at a time on the node, and a namespace's pool replicas stage the same Functions at
+/// the same moment (a Go Function's check takes ~0.1 s). About 2 s in all.
+const BUSY_WAITS_MS: [u64; 10] = [25, 50, 100, 200, 250, 250, 250, 250, 250, 250];
+
+/// Puts `sealed`, trying again while the store answers that it is checking another put.
+/// Blocks.
+fn put_when_free(store: &CodeStore, code_digest: &Digest, sealed: &std::fs::File) -> Result<(), CodeStoreError> {
+    for wait in BUSY_WAITS_MS {
+        match store.put(code_digest, sealed) {
+            Err(CodeStoreError::Busy) => std::thread::sleep(Duration::from_millis(wait + jitter(wait / 2))),
+            done => return done,
+        }
+    }
+    store.put(code_digest, sealed)
+}
+
+/// Up to `most`: replicas that found the store busy together try again apart.
+fn jitter(most: u64) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| u64::from(since.subsec_nanos()));
+    nanos % most.max(1)
 }
 
 /// Whether a copy of `bytes` more leaves a quarter of a memory limit free, with `in_use`
@@ -159,7 +188,51 @@ fn cgroup_memory() -> Option<(u64, u64)> {
 
 #[cfg(test)]
 mod tests {
-    use super::room_for_copy;
+    use super::{CodeStore, CodeStoreError, put_when_free, room_for_copy};
+    use std::os::fd::AsFd;
+    use std::time::Duration;
+    use wasmless_artifact::Digest;
+    use wasmless_artifact::code_store::{Reply, accept, listen, receive, send};
+
+    /// A store on `path` that answers its puts `replies`, one per connection, in order;
+    /// joined, how many puts it received.
+    fn store_answering(path: &std::path::Path, replies: Vec<Reply>) -> std::thread::JoinHandle<usize> {
+        let listener = listen(path).unwrap();
+        std::thread::spawn(move || {
+            let mut received = 0;
+            for reply in replies {
+                let Ok(socket) = accept(listener.as_fd(), Duration::from_secs(10)) else {
+                    break;
+                };
+                let (text, file) = receive(socket.as_fd()).unwrap();
+                assert!(text.starts_with("put ") && file.is_some(), "{text}");
+                received += 1;
+                send(socket.as_fd(), &reply.encode(), None).unwrap();
+            }
+            received
+        })
+    }
+
+    #[test]
+    fn a_put_the_store_found_busy_is_made_again_and_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.sock");
+        let store = store_answering(&path, vec![Reply::Busy, Reply::Busy, Reply::Stored]);
+        let sealed = CodeStore::sealed_copy(b"code").unwrap();
+        put_when_free(&CodeStore::new(&path), &Digest::of(b"code"), &sealed).unwrap();
+        assert_eq!(store.join().unwrap(), 3);
+    }
+
+    #[test]
+    fn a_put_the_store_refused_for_a_reason_is_not_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.sock");
+        let store = store_answering(&path, vec![Reply::Refused("digest: not the code".into())]);
+        let sealed = CodeStore::sealed_copy(b"code").unwrap();
+        let put = put_when_free(&CodeStore::new(&path), &Digest::of(b"code"), &sealed);
+        assert!(matches!(put, Err(CodeStoreError::Refused(why)) if why.starts_with("digest")));
+        assert_eq!(store.join().unwrap(), 1);
+    }
 
     #[test]
     fn a_put_copies_only_while_a_quarter_of_the_pods_memory_limit_stays_free() {
