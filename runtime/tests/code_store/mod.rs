@@ -191,6 +191,96 @@ async fn a_runtime_whose_store_is_not_there_serves_as_without_one() {
     assert_eq!(store_requests(&runtime, "get", "error").await, 1.0);
 }
 
+/// A Function of a pool table, with the builder's code.
+struct Pooled {
+    name: &'static str,
+    code_digest: Digest,
+    port: u16,
+}
+
+/// A Rust and a Go Function with the builder's code, both in a pool table in `dir` (so they
+/// join a pool's table together): the table, and the two.
+fn two_functions_with_code(dir: &std::path::Path) -> (std::path::PathBuf, Vec<Pooled>) {
+    let table = dir.join("table");
+    std::fs::create_dir(&table).unwrap();
+    let mut functions = Vec::new();
+    for (name, module) in [("echo", rust_echo()), ("sample", go_handler("goless-sample"))] {
+        let code = precompile_for(&portable_engine(), &std::fs::read(&module).unwrap());
+        let (code_path, code_digest) = write_module(dir, &format!("{name}.cwasm.lz4"), &code);
+        let port = free_port();
+        let code = [
+            "--code",
+            code_path.to_str().unwrap(),
+            "--code-digest",
+            &code_digest.to_string(),
+        ];
+        crate::pool::add_function(&table, name, port, &module, &code);
+        functions.push(Pooled {
+            name,
+            code_digest,
+            port,
+        });
+    }
+    (table, functions)
+}
+
+/// With room to load ahead and a node's store, a pool puts each Function's code in the
+/// store first and loads it from there: its loaded code is the node's copy, shared with
+/// the other processes that map it, and none of it is a copy of the pool's own.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_loading_ahead_maps_the_nodes_copy_not_one_of_its_own() {
+    let _turn = ONE_PUT_AT_A_TIME.lock().await;
+    let agent = Agent::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (table, functions) = two_functions_with_code(dir.path());
+    let cache = dir.path().join("cache");
+    let pool = Runtime::start_pool(
+        &table,
+        &[
+            "--pool-load-ahead",
+            "true",
+            "--code-store",
+            &agent.socket("team-a"),
+            "--cache-dir",
+            cache.to_str().unwrap(),
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut metrics = get(pool.admin_url("/metrics")).await.1;
+    while sample(&metrics, "wasmless_pool_functions_loaded", &[]) != Some(2.0) {
+        assert!(
+            Instant::now() < deadline,
+            "not both loaded ahead within 60 s: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        metrics = get(pool.admin_url("/metrics")).await.1;
+    }
+    for function in &functions {
+        let code_digest = &function.code_digest;
+        assert!(agent.object(code_digest).exists(), "the store holds {code_digest}");
+    }
+    let store = |op: &str, result: &str| {
+        sample(
+            &metrics,
+            "wasmless_code_store_requests_total",
+            &[("op", op), ("result", result)],
+        )
+    };
+    assert_eq!(store("put", "stored"), Some(2.0), "each put once: {metrics}");
+    assert_eq!(
+        store("get", "found"),
+        Some(2.0),
+        "each loaded from the store: {metrics}"
+    );
+    let code = |memory: &str| sample(&metrics, "wasmless_pool_code_bytes", &[("memory", memory)]).unwrap_or(0.0);
+    assert_eq!(code("mapped"), 0.0, "no copy of the pool's own: {metrics}");
+    assert!(code("shared") > 0.0, "the node's copy mapped: {metrics}");
+    for function in &functions {
+        let (status, body) = get(crate::pool::at(function.port, "/hello")).await;
+        assert_eq!(status, 200, "{}: {body}", function.name);
+    }
+}
+
 /// A pool with no room to load a Function ahead of its first request stages its code in
 /// the node's store instead (read, verified and put, not loaded): a new pool pod's first
 /// request to it maps the node's copy and reads nothing.
@@ -199,24 +289,7 @@ async fn a_pool_with_no_room_to_load_ahead_stages_the_code_in_the_nodes_store() 
     let _turn = ONE_PUT_AT_A_TIME.lock().await;
     let agent = Agent::start();
     let dir = tempfile::tempdir().unwrap();
-    let table = dir.path().join("table");
-    std::fs::create_dir(&table).unwrap();
-    let mut functions = Vec::new();
-    for (name, module) in [("echo", rust_echo()), ("sample", go_handler("goless-sample"))] {
-        let code = precompile_for(&portable_engine(), &std::fs::read(&module).unwrap());
-        let (code_path, code_digest) = write_module(dir.path(), &format!("{name}.cwasm.lz4"), &code);
-        functions.push((name, module, code_path, code_digest, free_port()));
-    }
-    // Both entries are there when the pool starts: they join its table together.
-    for (name, module, code_path, code_digest, port) in &functions {
-        let code = [
-            "--code",
-            code_path.to_str().unwrap(),
-            "--code-digest",
-            &code_digest.to_string(),
-        ];
-        crate::pool::add_function(&table, name, *port, module, &code);
-    }
+    let (table, functions) = two_functions_with_code(dir.path());
     let store = agent.socket("team-a");
     // Room for one: the first Function loaded ahead takes more than three quarters of 1Ki.
     let first = Runtime::start_pool(
@@ -233,7 +306,7 @@ async fn a_pool_with_no_room_to_load_ahead_stages_the_code_in_the_nodes_store() 
     let deadline = Instant::now() + Duration::from_secs(60);
     while !functions
         .iter()
-        .all(|(_, _, _, code_digest, _)| agent.object(code_digest).exists())
+        .all(|function| agent.object(&function.code_digest).exists())
     {
         assert!(
             Instant::now() < deadline,
@@ -241,8 +314,8 @@ async fn a_pool_with_no_room_to_load_ahead_stages_the_code_in_the_nodes_store() 
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // The loaded one's code put after its load, the staged one's without a load (each
-    // counted once the store has answered).
+    // Each put once: the one loaded ahead staged before its load, the other without a
+    // load (each counted once the store has answered).
     let puts = [("op", "put"), ("result", "stored")];
     let mut metrics = get(first.admin_url("/metrics")).await.1;
     while sample(&metrics, "wasmless_code_store_requests_total", &puts) != Some(2.0) {
@@ -259,9 +332,9 @@ async fn a_pool_with_no_room_to_load_ahead_stages_the_code_in_the_nodes_store() 
 
     // A new pool pod, loading nothing ahead: each first request maps the node's copy.
     let second = Runtime::start_pool(&table, &["--pool-load-ahead", "false", "--code-store", &store]);
-    for (name, _, _, _, port) in &functions {
-        let (status, body) = get(crate::pool::at(*port, "/hello")).await;
-        assert_eq!(status, 200, "{name}: {body}");
+    for function in &functions {
+        let (status, body) = get(crate::pool::at(function.port, "/hello")).await;
+        assert_eq!(status, 200, "{}: {body}", function.name);
     }
     assert_eq!(store_requests(&second, "get", "found").await, 2.0);
     let metrics = get(second.admin_url("/metrics")).await.1;
