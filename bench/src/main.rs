@@ -35,8 +35,9 @@ struct Args {
     #[arg(long, default_value = "docs/benchmarks.md")]
     output: PathBuf,
     /// Run one comparison and rewrite only its section of the report (`outbound`, `pool`,
-    /// `streaming`, `traces`; `pool-pod` on the test cluster, as `bench/cluster.sh density` runs it).
-    #[arg(long, value_parser = ["outbound", "pool", "pool-pod", "streaming", "traces"])]
+    /// `streaming`, `traces`; on the test cluster `pool-pod`, as `bench/cluster.sh density` runs it,
+    /// and `pool-defaults`, as `bench/cluster.sh defaults` does).
+    #[arg(long, value_parser = ["outbound", "pool", "pool-pod", "pool-defaults", "streaming", "traces"])]
     only: Option<String>,
     /// Functions in the pool's density run.
     #[arg(long, default_value_t = 1000)]
@@ -66,6 +67,19 @@ fn main() -> anyhow::Result<()> {
             let density = pool_pod::run(&settings, args.pool_functions, args.pool_go_functions)?;
             report::write_section(&args.output, pool_pod::HEADING, &pool_pod::section(&density))?;
             eprintln!("rewrote the pool pod section of {}", args.output.display());
+            return Ok(());
+        }
+        Some("pool-defaults") => {
+            let run = pool_pod::defaults::run(&settings, args.pool_go_functions)?;
+            report::write_section(
+                &args.output,
+                pool_pod::defaults::HEADING,
+                &pool_pod::defaults::section(&run),
+            )?;
+            eprintln!(
+                "rewrote the section at the operator's defaults of {}",
+                args.output.display()
+            );
             return Ok(());
         }
         Some("streaming") => {

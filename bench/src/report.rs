@@ -15,9 +15,13 @@ pub fn write(output: &Path, settings: &Settings, results: &Results) -> anyhow::R
     let mut page = markdown(settings, results, plot_name);
     // bench/cluster.sh writes its own sections (figures from a cluster); a run here keeps them.
     let old = std::fs::read_to_string(output).unwrap_or_default();
-    for section in [cluster_section(&old), titled_section(&old, POOL_POD_HEADING)]
-        .into_iter()
-        .flatten()
+    for section in [
+        cluster_section(&old),
+        titled_section(&old, POOL_POD_HEADING),
+        titled_section(&old, POOL_DEFAULTS_HEADING),
+    ]
+    .into_iter()
+    .flatten()
     {
         page.push('\n');
         page.push_str(section.trim_end());
@@ -43,6 +47,8 @@ const OUTBOUND_HEADING: &str = "## Outbound calls";
 /// The section bench/cluster.sh's pool pod run writes (`pool_pod::section`): named here,
 /// where a run of the local benchmarks keeps it, so the report needs nothing of the run.
 pub const POOL_POD_HEADING: &str = "## Pool density on the cluster: a thousand Functions in one pool pod";
+/// The section of bench/cluster.sh's run at the operator's defaults (`pool_pod::defaults`).
+pub const POOL_DEFAULTS_HEADING: &str = "## A hundred Go Functions at the operator's defaults";
 
 /// Replaces the outbound section of an existing report with a new run's (`--only outbound`).
 pub fn write_outbound_section(output: &Path, settings: &Settings, rows: &[Throughput]) -> anyhow::Result<()> {

@@ -26,6 +26,7 @@
 //! node's store; its settings are restored after.
 
 mod cluster;
+pub mod defaults;
 mod publish;
 mod section;
 
