@@ -12,7 +12,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use wasmless_artifact::code_store::{self, ProtocolError, Reply, Request};
 use wasmless_artifact::{CodeHeader, Digest};
 
@@ -36,7 +36,15 @@ pub struct CodeStore {
     /// Puts that found another on its way, oldest first: made after it, in the same turn,
     /// so a pool that loads Functions faster than the store takes them puts every one.
     waiting: Arc<Mutex<WaitingPuts>>,
+    /// When a put last found the store busy through all its tries.
+    busy_at: Arc<Mutex<Option<Instant>>>,
 }
+
+/// How long after a put found the store busy through all its tries the next ones try once:
+/// the store checks one put at a time on the node, and a namespace that keeps it busy
+/// would otherwise hold every other pool's puts, and the loads ahead waiting for them, for
+/// seconds each.
+const BUSY_QUIET: Duration = Duration::from_secs(30);
 
 impl std::fmt::Debug for CodeStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -161,7 +169,21 @@ impl CodeStore {
             socket: socket.into(),
             putting: Arc::new(AtomicBool::new(false)),
             waiting: Arc::default(),
+            busy_at: Arc::default(),
         }
+    }
+
+    /// Records that a put found the store busy through all its tries.
+    pub fn found_busy(&self) {
+        *self.busy_at.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
+
+    /// Whether a put found the store busy through all its tries within [`BUSY_QUIET`].
+    pub fn busy_lately(&self) -> bool {
+        self.busy_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|at| at.elapsed() < BUSY_QUIET)
     }
 
     /// Makes `put` (of `bytes` of code) in this process's turn, on a thread of its own:

@@ -4,7 +4,7 @@
 use super::{NAMESPACE, OPERATOR, OPERATOR_NAMESPACE, POOL_ADMIN_PORT};
 use anyhow::{Context, bail};
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
@@ -100,14 +100,7 @@ struct PoolProgress {
 }
 
 fn pool_progress() -> anyhow::Result<PoolProgress> {
-    let listed: Value = serde_json::from_str(&kubectl(&["get", "fn", "-n", NAMESPACE, "-o", "json"])?)?;
-    let served = listed["items"].as_array().map_or(0, |items| {
-        items
-            .iter()
-            .filter(|f| f.pointer("/status/servedBy").and_then(Value::as_str) == Some("pool"))
-            .filter(|f| f.pointer("/status/phase").and_then(Value::as_str) == Some("Ready"))
-            .count()
-    });
+    let served = served_by_pool()?;
     let pods: Value = serde_json::from_str(&kubectl(&[
         "get",
         "pods",
@@ -159,16 +152,34 @@ fn pool_progress() -> anyhow::Result<PoolProgress> {
 /// Whether every EndpointSlice of the namespace lists `ip` and no other address: a first
 /// request sent now reaches that pod, not the one it replaced.
 fn every_service_sends_to(ip: &str) -> anyhow::Result<bool> {
+    every_service_sends_to_all(&BTreeSet::from([ip.to_string()]))
+}
+
+/// Whether every EndpointSlice of the namespace lists exactly `ips`.
+pub(super) fn every_service_sends_to_all(ips: &BTreeSet<String>) -> anyhow::Result<bool> {
     let slices: Value = serde_json::from_str(&kubectl(&["get", "endpointslices", "-n", NAMESPACE, "-o", "json"])?)?;
     Ok(slices["items"].as_array().into_iter().flatten().all(|slice| {
-        let addresses: Vec<&str> = slice["endpoints"]
+        let addresses: BTreeSet<String> = slice["endpoints"]
             .as_array()
             .into_iter()
             .flatten()
             .flat_map(|endpoint| endpoint["addresses"].as_array().into_iter().flatten())
             .filter_map(Value::as_str)
+            .map(str::to_string)
             .collect();
-        addresses == [ip]
+        addresses == *ips
+    }))
+}
+
+/// The namespace's Functions that are Ready and served by the pool.
+pub(super) fn served_by_pool() -> anyhow::Result<usize> {
+    let listed: Value = serde_json::from_str(&kubectl(&["get", "fn", "-n", NAMESPACE, "-o", "json"])?)?;
+    Ok(listed["items"].as_array().map_or(0, |items| {
+        items
+            .iter()
+            .filter(|f| f.pointer("/status/servedBy").and_then(Value::as_str) == Some("pool"))
+            .filter(|f| f.pointer("/status/phase").and_then(Value::as_str) == Some("Ready"))
+            .count()
     }))
 }
 

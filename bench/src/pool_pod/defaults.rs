@@ -9,7 +9,9 @@
 //! it: what the others add is then what loading them cost, not the process itself. The
 //! builds are published as in the density run (`publish`), so no build Job runs.
 
-use super::cluster::{http_get, kubectl, metric_sum, timed_get, wait_connectable};
+use super::cluster::{
+    every_service_sends_to_all, http_get, kubectl, metric_sum, served_by_pool, timed_get, wait_connectable,
+};
 use super::{Group, NAMESPACE, OPERATOR, OPERATOR_NAMESPACE, POOL_ADMIN_PORT, STORE_REQUESTS, function_name};
 use crate::measure::{Resident, resident_mib};
 use crate::pool::percentile;
@@ -234,7 +236,7 @@ fn wait_for_replicas(functions: usize) -> anyhow::Result<BTreeSet<String>> {
             && ready.len() == all
             && served == functions
             && listening.iter().all(|&count| count == functions)
-            && every_service_sends_to(&ready)?
+            && every_service_sends_to_all(&ready)?
         {
             // kube-proxy follows the EndpointSlices within its sync period (1 s here).
             std::thread::sleep(Duration::from_secs(3));
@@ -288,39 +290,12 @@ fn pool_pods() -> anyhow::Result<(BTreeSet<String>, usize)> {
     Ok((ready, items.len()))
 }
 
-fn served_by_pool() -> anyhow::Result<usize> {
-    let listed: Value = serde_json::from_str(&kubectl(&["get", "fn", "-n", NAMESPACE, "-o", "json"])?)?;
-    Ok(listed["items"].as_array().map_or(0, |items| {
-        items
-            .iter()
-            .filter(|f| f.pointer("/status/servedBy").and_then(Value::as_str) == Some("pool"))
-            .filter(|f| f.pointer("/status/phase").and_then(Value::as_str) == Some("Ready"))
-            .count()
-    }))
-}
-
 fn listening(ip: &str) -> anyhow::Result<usize> {
     let text = admin_get(ip, "/pool")?;
     let status: Value = serde_json::from_str(text.split("\r\n\r\n").nth(1).context("no body")?)?;
     Ok(status["functions"]
         .as_object()
         .map_or(0, |f| f.values().filter(|f| f["listening"] == true).count()))
-}
-
-/// Whether every EndpointSlice of the namespace lists exactly `ips`.
-fn every_service_sends_to(ips: &BTreeSet<String>) -> anyhow::Result<bool> {
-    let slices: Value = serde_json::from_str(&kubectl(&["get", "endpointslices", "-n", NAMESPACE, "-o", "json"])?)?;
-    Ok(slices["items"].as_array().into_iter().flatten().all(|slice| {
-        let addresses: BTreeSet<String> = slice["endpoints"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|endpoint| endpoint["addresses"].as_array().into_iter().flatten())
-            .filter_map(Value::as_str)
-            .map(str::to_string)
-            .collect();
-        addresses == *ips
-    }))
 }
 
 fn admin_get(ip: &str, path: &str) -> anyhow::Result<String> {

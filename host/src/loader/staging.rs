@@ -143,16 +143,22 @@ pub(super) fn put_now(
 /// the same moment (a Go Function's check takes ~0.1 s). About 2 s in all.
 const BUSY_WAITS_MS: [u64; 10] = [25, 50, 100, 200, 250, 250, 250, 250, 250, 250];
 
-/// Puts `sealed`, trying again while the store answers that it is checking another put.
-/// Blocks.
+/// Puts `sealed`, trying again while the store answers that it is checking another put;
+/// once only, for a while after a put found it busy through all its tries (another
+/// namespace may keep it so). Blocks.
 fn put_when_free(store: &CodeStore, code_digest: &Digest, sealed: &std::fs::File) -> Result<(), CodeStoreError> {
-    for wait in BUSY_WAITS_MS {
+    let waits: &[u64] = if store.busy_lately() { &[] } else { &BUSY_WAITS_MS };
+    for wait in waits {
         match store.put(code_digest, sealed) {
             Err(CodeStoreError::Busy) => std::thread::sleep(Duration::from_millis(wait + jitter(wait / 2))),
             done => return done,
         }
     }
-    store.put(code_digest, sealed)
+    let put = store.put(code_digest, sealed);
+    if matches!(put, Err(CodeStoreError::Busy)) {
+        store.found_busy();
+    }
+    put
 }
 
 /// Up to `most`: replicas that found the store busy together try again apart.
@@ -221,6 +227,20 @@ mod tests {
         let sealed = CodeStore::sealed_copy(b"code").unwrap();
         put_when_free(&CodeStore::new(&path), &Digest::of(b"code"), &sealed).unwrap();
         assert_eq!(store.join().unwrap(), 3);
+    }
+
+    #[test]
+    fn after_a_put_found_the_store_busy_through_all_its_tries_the_next_tries_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.sock");
+        // One answer: a second try would find no store, and fail otherwise than busy.
+        let store = store_answering(&path, vec![Reply::Busy]);
+        let client = CodeStore::new(&path);
+        client.found_busy();
+        let sealed = CodeStore::sealed_copy(b"code").unwrap();
+        let put = put_when_free(&client, &Digest::of(b"code"), &sealed);
+        assert!(matches!(put, Err(CodeStoreError::Busy)), "{put:?}");
+        assert_eq!(store.join().unwrap(), 1);
     }
 
     #[test]
