@@ -292,6 +292,33 @@ pub(super) fn kubectl(args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8(output.stdout)?)
 }
 
+/// The operator's environment as `NAME=value` lines (values from references are empty).
+pub(super) fn operator_env() -> anyhow::Result<String> {
+    kubectl(&[
+        "get",
+        "deploy",
+        OPERATOR,
+        "-n",
+        OPERATOR_NAMESPACE,
+        "-o",
+        "jsonpath={range .spec.template.spec.containers[0].env[*]}{.name}={.value}{\"\\n\"}{end}",
+    ])
+}
+
+/// The run's namespace, made anew: whatever an earlier run left is deleted first.
+pub(super) fn fresh_namespace() -> anyhow::Result<()> {
+    kubectl(&[
+        "delete",
+        "namespace",
+        NAMESPACE,
+        "--ignore-not-found",
+        "--wait=true",
+        "--timeout=600s",
+    ])?;
+    kubectl(&["create", "namespace", NAMESPACE])?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::metric_sum;

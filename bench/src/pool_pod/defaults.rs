@@ -63,15 +63,7 @@ pub fn run(settings: &Settings, functions: usize) -> anyhow::Result<AtDefaults> 
     }
     let started = crate::report::chrono_free_now();
     refuse_overrides()?;
-    kubectl(&[
-        "delete",
-        "namespace",
-        NAMESPACE,
-        "--ignore-not-found",
-        "--wait=true",
-        "--timeout=600s",
-    ])?;
-    kubectl(&["create", "namespace", NAMESPACE])?;
+    super::cluster::fresh_namespace()?;
     let group = Group {
         name: "Goless sample (Go reactor, snapshotted)",
         example: "hello-go",
@@ -188,21 +180,10 @@ pub fn run(settings: &Settings, functions: usize) -> anyhow::Result<AtDefaults> 
 
 /// Fails where the operator's environment sets one of the settings this run is about.
 fn refuse_overrides() -> anyhow::Result<()> {
-    let deployment: Value = serde_json::from_str(&kubectl(&[
-        "get",
-        "deploy",
-        OPERATOR,
-        "-n",
-        OPERATOR_NAMESPACE,
-        "-o",
-        "json",
-    ])?)?;
-    let set: Vec<&str> = deployment
-        .pointer("/spec/template/spec/containers/0/env")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|var| var["name"].as_str())
+    let env = super::cluster::operator_env()?;
+    let set: Vec<&str> = env
+        .lines()
+        .filter_map(|line| line.split_once('=').map(|(name, _)| name))
         .filter(|name| SETTINGS.contains(name))
         .collect();
     if !set.is_empty() {

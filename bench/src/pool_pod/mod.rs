@@ -145,15 +145,7 @@ pub fn run(settings: &Settings, functions: usize, go_functions: usize) -> anyhow
             count: functions - rust_functions,
         },
     ];
-    kubectl(&[
-        "delete",
-        "namespace",
-        NAMESPACE,
-        "--ignore-not-found",
-        "--wait=true",
-        "--timeout=600s",
-    ])?;
-    kubectl(&["create", "namespace", NAMESPACE])?;
+    cluster::fresh_namespace()?;
     let mut operator = OperatorSettings::set(&OPERATOR_ENV)?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

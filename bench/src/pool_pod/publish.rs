@@ -1,9 +1,6 @@
 //! The builds of the density run's Functions, published as their build Jobs would.
 
-use super::{
-    CONCURRENT_PUBLISHES, Group, NAMESPACE, OPERATOR, OPERATOR_NAMESPACE, cluster::kubectl, function_name,
-    variant_source,
-};
+use super::{CONCURRENT_PUBLISHES, Group, NAMESPACE, function_name, variant_source};
 use crate::pool::with_custom_section;
 use anyhow::Context;
 use wasmless_artifact::Digest;
@@ -75,15 +72,7 @@ pub(super) async fn publish_group(
 /// The builder version the operator digests sources with (its `WASMLESS_BUILDER_VERSION`,
 /// else its builder image).
 pub(super) fn operator_builder_version() -> anyhow::Result<String> {
-    let env = kubectl(&[
-        "get",
-        "deploy",
-        OPERATOR,
-        "-n",
-        OPERATOR_NAMESPACE,
-        "-o",
-        "jsonpath={range .spec.template.spec.containers[0].env[*]}{.name}={.value}{\"\\n\"}{end}",
-    ])?;
+    let env = super::cluster::operator_env()?;
     let value = |key: &str| {
         env.lines()
             .find_map(|line| line.strip_prefix(&format!("{key}=")))
