@@ -21,6 +21,7 @@ pub mod handler;
 pub mod limits;
 pub mod load_phases;
 pub mod loader;
+pub mod mapped_text;
 pub mod metrics;
 pub mod module_source;
 pub mod oci;

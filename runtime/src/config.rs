@@ -265,6 +265,14 @@ pub struct Config {
     #[arg(long, env = "WASMLESS_POOL_LOAD_AHEAD", default_value_t = true, action = clap::ArgAction::Set)]
     pub pool_load_ahead: bool,
 
+    /// How long a loaded Function goes without a request before the pages of its code
+    /// mapped from a file (the node's store's copy, or one under `--cache-dir`) leave the
+    /// pool process's page tables: they stay in the node's page cache, and its next request
+    /// maps back what it touches. A Go Function's text is ~5 MiB of the process's RSS once
+    /// a request ran it. `0s`: never.
+    #[arg(long, env = "WASMLESS_POOL_RELEASE_CODE_AFTER", default_value = "10s", value_parser = parse_duration)]
+    pub pool_release_code_after: Duration,
+
     /// Linear memory the pool's requests in flight may hold together: every byte an
     /// instance grows to is taken from it, and given back when the request ends. Growth
     /// that does not fit fails that request with a 503 and `Retry-After` (counted as

@@ -345,6 +345,7 @@ async fn serve_many(
     let engine = engine_host(config)?.mapping_code();
     let (pool, listeners) = pool::Pool::new(engine, metrics.clone(), config, admin_port);
     let _ = slot.set(pool.clone());
+    pool.release_idle_code(config.pool_release_code_after);
     let interval = if config.watch_interval.is_zero() {
         Duration::from_secs(1)
     } else {

@@ -61,6 +61,9 @@ pub struct Tenant {
     /// When a request last used it, in milliseconds since the process started (the
     /// pool's least-recently-used order).
     last_used: AtomicU64,
+    /// The `last_used` at which the loaded handler's mapped code was last let go of
+    /// ([`Tenant::release_idle_code`]), `u64::MAX` if it was not since it loaded.
+    code_released_at: AtomicU64,
     /// Why the last load failed, until one succeeds (the pool's `/pool`).
     last_error: std::sync::Mutex<Option<String>>,
     /// In a pool: the Function is served by its own pods now, and each answer here closes
@@ -131,6 +134,7 @@ impl Tenant {
             prefetched: std::sync::Mutex::new(None),
             on_load: None,
             last_used: AtomicU64::new(0),
+            code_released_at: AtomicU64::new(u64::MAX),
             last_error: std::sync::Mutex::new(None),
             served_by_pods: std::sync::atomic::AtomicBool::new(false),
         })
@@ -163,6 +167,7 @@ impl Tenant {
         let loaded = self.load().await;
         *self.last_error.lock().unwrap() = loaded.as_ref().err().map(ToString::to_string);
         let handler = Arc::new(loaded?);
+        self.code_released_at.store(u64::MAX, Ordering::Relaxed);
         self.handler.store(Some(handler.clone()));
         if let Some(hook) = &self.on_load {
             hook(started.elapsed());
@@ -208,10 +213,37 @@ impl Tenant {
     }
 
     fn touch(&self) {
+        self.last_used.store(Self::now_millis(), Ordering::Relaxed);
+    }
+
+    /// The clock of [`Tenant::last_used`]: milliseconds since the process first read it,
+    /// plus one, so that 0 is never a use.
+    pub fn now_millis() -> u64 {
         static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-        let millis = START.get_or_init(Instant::now).elapsed().as_millis();
-        self.last_used
-            .store(u64::try_from(millis).unwrap_or(u64::MAX), Ordering::Relaxed);
+        let millis = START.get_or_init(Instant::now).elapsed().as_millis() + 1;
+        u64::try_from(millis).unwrap_or(u64::MAX)
+    }
+
+    /// The [`Tenant::last_used`] at which its loaded code was last let go of
+    /// ([`Tenant::release_code`]); `u64::MAX` if not since it loaded.
+    pub fn code_released_at(&self) -> u64 {
+        self.code_released_at.load(Ordering::Relaxed)
+    }
+
+    /// Lets go of the loaded handler's mapped code (see `wasmless_host::mapped_text`), as
+    /// idle since its use at `last_used`. The bytes of code that covered, 0 if none.
+    pub fn release_code(&self, last_used: u64) -> u64 {
+        let Some(handler) = self.handler.load_full() else {
+            return 0;
+        };
+        self.code_released_at.store(last_used, Ordering::Relaxed);
+        match handler.release_mapped_text() {
+            Ok(bytes) => bytes as u64,
+            Err(error) => {
+                tracing::warn!(function = %self.function, %error, "cannot let go of an idle Function's mapped code");
+                0
+            }
+        }
     }
 
     /// The builder's code first (from the node's store if it holds it, else read and

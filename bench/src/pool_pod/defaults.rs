@@ -37,25 +37,37 @@ const SETTINGS: [&str; 5] = [
 pub struct AtDefaults {
     pub functions: usize,
     pub started: String,
-    pub replicas: Vec<Replica>,
     /// Functions loaded, over all replicas, when the first requests began.
     pub loaded_before_first: f64,
     pub first_p50_ms: f64,
     pub first_p90_ms: f64,
     pub loaded_p50_ms: f64,
     pub loaded_p90_ms: f64,
+    /// A request to each Function once they had all been idle for the pool's
+    /// `--pool-release-code-after`.
+    pub after_idle_p50_ms: f64,
+    pub after_idle_p90_ms: f64,
+    /// Each replica just after the requests, and again once the Functions were idle.
+    pub replicas: Vec<Replica>,
+    pub idle: Vec<Replica>,
 }
 
-/// One pool replica at the end of the run.
+/// One pool replica at one moment of the run.
 pub struct Replica {
     pub loaded: u64,
     pub evictions: u64,
     /// Of the Functions' code, loads that mapped the node's store's copy.
     pub store_hits: u64,
+    /// Times an idle Function's code left its page tables.
+    pub released: u64,
     /// What its process grew by per Function, from the first one loaded to all of them.
     pub per_function: Resident,
     pub rss_mib: f64,
 }
+
+/// How long the Functions are left idle before the second reading: the runtime's default
+/// `--pool-release-code-after` (10 s), its sweep's half period after that, and a margin.
+const IDLE: Duration = Duration::from_secs(20);
 
 pub fn run(settings: &Settings, functions: usize) -> anyhow::Result<AtDefaults> {
     if functions < 2 {
@@ -143,9 +155,42 @@ pub fn run(settings: &Settings, functions: usize) -> anyhow::Result<AtDefaults> 
     }
     // Loading ahead may still be at work in a replica the Services sent no request to.
     settle(&replicas, functions);
-    let replicas = replicas
+    let after_requests = read_replicas(&replicas, &baseline, functions)?;
+    eprintln!("the Functions idle for {} s, then a request to each", IDLE.as_secs());
+    std::thread::sleep(IDLE);
+    let idle = read_replicas(&replicas, &baseline, functions)?;
+    let mut after_idle = Vec::with_capacity(functions);
+    for index in 0..functions {
+        after_idle.push(timed_get(services[&function_name(index)])?);
+    }
+
+    eprintln!("deleting the namespace {NAMESPACE}");
+    kubectl(&["delete", "namespace", NAMESPACE, "--wait=true", "--timeout=600s"])?;
+    Ok(AtDefaults {
+        functions,
+        started,
+        loaded_before_first,
+        first_p50_ms: percentile(&mut first, 0.5),
+        first_p90_ms: percentile(&mut first, 0.9),
+        loaded_p50_ms: percentile(&mut loaded, 0.5),
+        loaded_p90_ms: percentile(&mut loaded, 0.9),
+        after_idle_p50_ms: percentile(&mut after_idle, 0.5),
+        after_idle_p90_ms: percentile(&mut after_idle, 0.9),
+        replicas: after_requests,
+        idle,
+    })
+}
+
+/// Each replica now: its pool's metrics, and what its process grew by per Function since
+/// `baseline` (one Function loaded).
+fn read_replicas(
+    replicas: &BTreeSet<String>,
+    baseline: &[(u32, Resident)],
+    functions: usize,
+) -> anyhow::Result<Vec<Replica>> {
+    replicas
         .iter()
-        .zip(&baseline)
+        .zip(baseline)
         .map(|(ip, (pid, before))| {
             let metrics = admin_get(ip, "/metrics")?;
             let after = resident_mib(*pid);
@@ -154,6 +199,7 @@ pub fn run(settings: &Settings, functions: usize) -> anyhow::Result<AtDefaults> 
                 loaded: metric_sum(&metrics, "wasmless_pool_functions_loaded", &[]) as u64,
                 evictions: metric_sum(&metrics, "wasmless_pool_evictions_total", &[]) as u64,
                 store_hits: metric_sum(&metrics, STORE_REQUESTS, &["op=\"get\"", "result=\"found\""]) as u64,
+                released: metric_sum(&metrics, "wasmless_pool_idle_code_released_total", &[]) as u64,
                 per_function: Resident {
                     rss: grown(after.rss, before.rss),
                     private: grown(after.private, before.private),
@@ -162,20 +208,7 @@ pub fn run(settings: &Settings, functions: usize) -> anyhow::Result<AtDefaults> 
                 rss_mib: after.rss,
             })
         })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-
-    eprintln!("deleting the namespace {NAMESPACE}");
-    kubectl(&["delete", "namespace", NAMESPACE, "--wait=true", "--timeout=600s"])?;
-    Ok(AtDefaults {
-        functions,
-        started,
-        replicas,
-        loaded_before_first,
-        first_p50_ms: percentile(&mut first, 0.5),
-        first_p90_ms: percentile(&mut first, 0.9),
-        loaded_p50_ms: percentile(&mut loaded, 0.5),
-        loaded_p90_ms: percentile(&mut loaded, 0.9),
-    })
+        .collect()
 }
 
 /// Fails where the operator's environment sets one of the settings this run is about.
@@ -297,27 +330,40 @@ pub fn section(run: &AtDefaults) -> String {
     );
     let _ = writeln!(
         out,
-        "| | target | measured |\n|---|---|---|\n| first request p50 / p90 | ≤ 15 / ≤ 50 ms | {:.2} / {:.2} ms |\n| loaded p50 / p90 | | {:.2} / {:.2} ms |",
-        run.first_p50_ms, run.first_p90_ms, run.loaded_p50_ms, run.loaded_p90_ms
+        "| | target | measured |\n|---|---|---|\n| first request p50 / p90 | ≤ 15 / ≤ 50 ms | {:.2} / {:.2} ms |\n| loaded p50 / p90 | | {:.2} / {:.2} ms |\n| loaded, after {} s idle, p50 / p90 | | {:.2} / {:.2} ms |",
+        run.first_p50_ms,
+        run.first_p90_ms,
+        run.loaded_p50_ms,
+        run.loaded_p90_ms,
+        IDLE.as_secs(),
+        run.after_idle_p50_ms,
+        run.after_idle_p90_ms
     );
-    for (index, replica) in run.replicas.iter().enumerate() {
+    for (index, (replica, idle)) in run.replicas.iter().zip(&run.idle).enumerate() {
         let _ = writeln!(
             out,
-            "| replica {}: loaded, evictions | {} loaded, 0 evictions | {} loaded, {} evictions ({} loads from the node's store) |\n| replica {}: per loaded Function RSS / PSS / private | RSS ≤ 4 MiB | {:.2} / {:.2} / {:.2} MiB (process RSS {:.0} MiB) |",
+            "| replica {}: loaded, evictions | {} loaded, 0 evictions | {} loaded, {} evictions ({} loads from the node's store) |",
             index + 1,
             run.functions,
             replica.loaded,
             replica.evictions,
             replica.store_hits,
-            index + 1,
-            replica.per_function.rss,
-            replica.per_function.pss,
-            replica.per_function.private,
-            replica.rss_mib
         );
+        for (when, reading) in [("just after its requests", replica), ("idle", idle)] {
+            let _ = writeln!(
+                out,
+                "| replica {}: per loaded Function RSS / PSS / private, {when} | RSS ≤ 4 MiB | {:.2} / {:.2} / {:.2} MiB (process RSS {:.0} MiB; code let go of {} times) |",
+                index + 1,
+                reading.per_function.rss,
+                reading.per_function.pss,
+                reading.per_function.private,
+                reading.rss_mib,
+                reading.released,
+            );
+        }
     }
     out.push_str(
-        "\nRSS counts the pages of the node's copy of the code a Function's requests touched, and the kernel's neighbours of each (fault-around maps the 64 KiB about a touched page; `MADV_RANDOM` does not stop it on this kernel): shared, clean, and dropped by the kernel under pressure. PSS divides each page by the processes mapping it, here the two replicas. Private is what the Function costs its replica alone: what wasmtime builds from the code (what `--pool-memory-budget` counts: 0.16 MiB in the density run above, where each Function was requested once) and, by our reading, not yet measured apart, the request slot its instances keep (up to 1 MiB of the pages a request dirtied, so the next instance starts without `mmap` calls; slots are bounded, `--max-concurrency` × 2 + 4, not one per Function).\n",
+        "\nRSS counts the pages of the node's copy of the code a Function's requests touched, and the kernel's neighbours of each (fault-around maps the 64 KiB about a touched page; `MADV_RANDOM` does not stop it on this kernel): shared, clean, and dropped by the kernel under pressure. A Function idle for the pool's `--pool-release-code-after` (10 s) keeps its code loaded, but its pages leave the process's page tables (they stay in the node's page cache): the idle rows, read after the Functions were left idle, show what the pool then holds, and the row after idleness what that costs the next request, which maps back what it runs. PSS divides each page by the processes mapping it, here the two replicas. Private is what the Function costs its replica alone: what wasmtime builds from the code (what `--pool-memory-budget` counts: 0.16 MiB in the density run above, where each Function was requested once) and, by our reading, not yet measured apart, the request slot its instances keep (up to 1 MiB of the pages a request dirtied, so the next instance starts without `mmap` calls; slots are bounded, `--max-concurrency` × 2 + 4, not one per Function).\n",
     );
     out
 }

@@ -18,6 +18,7 @@ use crate::abi::Abi;
 use crate::code_cost::CodeCost;
 use crate::compile::Compiled;
 use crate::limits::{Isolation, RequestLimits};
+use crate::mapped_text::MappedText;
 use crate::metrics::Metrics;
 use crate::precompiled::Residence;
 use crate::request_memory::RequestShare;
@@ -97,6 +98,8 @@ pub struct LoadedHandler {
     pub abi: Abi,
     /// What holding this module's code costs, which the pool's budgets count.
     pub code: CodeCost,
+    /// Its text, where it is mapped from a file: what an idle Function can let go of.
+    mapped_text: Option<MappedText>,
     kind: Kind,
 }
 
@@ -107,7 +110,10 @@ enum Kind {
 }
 
 impl LoadedHandler {
-    pub fn new(
+    /// Crate-private: `residence` must say where wasmtime put `compiled`'s code, as the
+    /// loader knows it; code said to be mapped from a file may be released while idle
+    /// ([`MappedText`]), which would zero code in the process's own memory.
+    pub(crate) fn new(
         engine: &Engine,
         compiled: Compiled,
         abi: Abi,
@@ -128,6 +134,11 @@ impl LoadedHandler {
             Compiled::Module(module) => module.image_range(),
         };
         let code = CodeCost::of(image.end.addr() - image.start.addr(), residence);
+        let mapped_text = match residence {
+            // SAFETY: these residences are code wasmtime mapped from a file.
+            Residence::Mapped { .. } | Residence::Stored { .. } => unsafe { MappedText::of(&compiled) },
+            Residence::Copied => None,
+        };
         let kind = match compiled {
             Compiled::Component(component) => Kind::Http(http::HttpHandler::new(engine, &component, shared)?),
             Compiled::Module(module) if abi == Abi::GoReactor => {
@@ -139,8 +150,18 @@ impl LoadedHandler {
             digest,
             abi,
             code,
+            mapped_text,
             kind,
         })
+    }
+
+    /// Lets go of this process's page-table entries for the module's text, if it is mapped
+    /// from a file (see [`MappedText`]); the bytes of text that covered, 0 if none.
+    pub fn release_mapped_text(&self) -> std::io::Result<usize> {
+        match &self.mapped_text {
+            Some(text) => text.release().map(|()| text.len()),
+            None => Ok(0),
+        }
     }
 
     /// Runs one request in a fresh instance (or a kept one: `--isolation shared`). The permit is held until the instance is

@@ -249,14 +249,15 @@ impl Families {
     }
 }
 
-/// What only the pool exports: how many Functions it holds, what loading one takes, and
-/// how many it evicted for its memory budget.
+/// What only the pool exports: how many Functions it holds, what loading one takes, how
+/// many it evicted for its memory budget, and the mapped code it let go of while idle.
 #[derive(Clone)]
 pub(super) struct PoolFamilies {
     pub(super) loaded: Gauge,
     pub(super) load_seconds: Histogram,
     pub(super) evictions: Counter,
     pub(super) code_bytes: Family<CodeMemoryLabels, Gauge>,
+    pub(super) idle_code_released: Counter,
 }
 
 /// `memory`: `private` (the process's own: code copied into it, what wasmtime builds from
@@ -275,6 +276,7 @@ impl PoolFamilies {
             load_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             evictions: Counter::default(),
             code_bytes: Family::default(),
+            idle_code_released: Counter::default(),
         };
         registry.register(
             "wasmless_pool_functions_loaded",
@@ -295,6 +297,11 @@ impl PoolFamilies {
             "wasmless_pool_code_bytes",
             "Bytes the loaded Functions' code holds: private (counted against --pool-memory-budget), mapped from files the pool wrote (--pool-mapped-code-budget), or shared, mapped from the node's store (on no budget)",
             families.code_bytes.clone(),
+        );
+        registry.register(
+            "wasmless_pool_idle_code_released",
+            "Times a loaded Function idle for --pool-release-code-after had its mapped code's pages dropped from the pool process's page tables (they stay in the node's page cache; its next request maps back what it touches)",
+            families.idle_code_released.clone(),
         );
         families
     }

@@ -197,6 +197,13 @@ impl Metrics {
         }
     }
 
+    /// The pool dropped an idle Function's mapped text from its page tables.
+    pub fn pool_idle_code_released(&self) {
+        if let Some(pool) = &self.pool {
+            pool.idle_code_released.inc();
+        }
+    }
+
     fn pool_code(&self, code: CodeCost) {
         if let Some(pool) = &self.pool {
             for (memory, bytes) in [

@@ -10,6 +10,7 @@
 mod ahead;
 pub mod api;
 mod budget;
+mod idle_code;
 pub mod quarantine;
 pub mod references;
 mod shares;

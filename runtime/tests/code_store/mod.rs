@@ -346,3 +346,190 @@ async fn a_pool_with_no_room_to_load_ahead_stages_the_code_in_the_nodes_store() 
         "nothing read or verified by the new pool: {metrics}"
     );
 }
+
+/// KiB of `pid`'s executable mappings of files whose path ends in `name` that are
+/// resident in its page tables (`/proc/PID/smaps`, `Rss`).
+fn text_resident_kib(pid: u32, name: &str) -> u64 {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let mut in_text = false;
+    let mut kib = 0;
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields
+            .first()
+            .is_some_and(|first| first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-'))
+        {
+            in_text = fields.get(1) == Some(&"r-xp") && fields.get(5).is_some_and(|path| path.ends_with(name));
+        } else if in_text && fields.first() == Some(&"Rss:") {
+            kib += fields[1].parse::<u64>().unwrap();
+        }
+    }
+    kib
+}
+
+/// Waits up to 60 s for the pool to hold `count` Functions loaded.
+async fn loaded(pool: &Runtime, count: f64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut metrics = get(pool.admin_url("/metrics")).await.1;
+    while sample(&metrics, "wasmless_pool_functions_loaded", &[]) != Some(count) {
+        assert!(Instant::now() < deadline, "not {count} loaded within 60 s: {metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        metrics = get(pool.admin_url("/metrics")).await.1;
+    }
+}
+
+/// The pool's metrics once it has let go of some Function's code (within 15 s).
+async fn released(pool: &Runtime) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let metrics = get(pool.admin_url("/metrics")).await.1;
+        if sample(&metrics, "wasmless_pool_idle_code_released_total", &[]).is_some_and(|count| count > 0.0) {
+            return metrics;
+        }
+        assert!(Instant::now() < deadline, "no code let go of in 15 s: {metrics}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A Go Function no request used for `--pool-release-code-after` stays loaded, but the
+/// node's copy of its code leaves the pool process's resident memory; its next request
+/// answers as the first did, mapping back what it runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_functions_code_leaves_the_pools_resident_memory_and_its_next_request_answers() {
+    let _turn = ONE_PUT_AT_A_TIME.lock().await;
+    let agent = Agent::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (table, functions) = two_functions_with_code(dir.path());
+    let pool = Runtime::start_pool(
+        &table,
+        &[
+            "--pool-load-ahead",
+            "true",
+            "--code-store",
+            &agent.socket("team-a"),
+            "--pool-release-code-after",
+            "3s",
+        ],
+    );
+    loaded(&pool, 2.0).await;
+    let go = functions.iter().find(|function| function.name == "sample").unwrap();
+    let object = format!("{}.cwasm", go.code_digest.hex());
+    let (status, answer) = get(crate::pool::at(go.port, "/hello")).await;
+    assert_eq!(status, 200, "{answer}");
+    let resident = text_resident_kib(pool.pid(), &object);
+    assert!(
+        resident > 1024,
+        "a Go request runs MiBs of its code: {resident} KiB resident"
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while text_resident_kib(pool.pid(), &object) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the idle Function's code still resident after 15 s: {} KiB",
+            text_resident_kib(pool.pid(), &object)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let metrics = released(&pool).await;
+    assert_eq!(
+        sample(&metrics, "wasmless_pool_idle_code_released_total", &[]),
+        Some(1.0),
+        "the Go Function's, not the echo's, which ran nothing: {metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "wasmless_pool_functions_loaded", &[]),
+        Some(2.0),
+        "still loaded: {metrics}"
+    );
+
+    assert_eq!(get(crate::pool::at(go.port, "/hello")).await, (status, answer));
+    assert!(
+        text_resident_kib(pool.pid(), &object) > 1024,
+        "its request mapped back what it ran"
+    );
+    let echo = functions.iter().find(|function| function.name == "echo").unwrap();
+    let (status, body) = get(crate::pool::at(echo.port, "/hello")).await;
+    assert_eq!(status, 200, "{body}");
+    let metrics = get(pool.admin_url("/metrics")).await.1;
+    assert_eq!(
+        sample(&metrics, "wasmless_pool_load_seconds_count", &[]),
+        Some(2.0),
+        "nothing loaded again: {metrics}"
+    );
+}
+
+/// Code a pool holds in its own memory (no node's store, no `--cache-dir`) is not the
+/// page cache of a file: it is never let go of, and an idle Function answers as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn code_in_the_pools_own_memory_stays_and_an_idle_function_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (table, functions) = two_functions_with_code(dir.path());
+    let pool = Runtime::start_pool(
+        &table,
+        &["--pool-load-ahead", "true", "--pool-release-code-after", "1s"],
+    );
+    loaded(&pool, 2.0).await;
+    let mut answers = Vec::new();
+    for function in &functions {
+        answers.push(get(crate::pool::at(function.port, "/hello")).await);
+    }
+    // Idle through two sweeps, then used again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for (function, (status, body)) in functions.iter().zip(&answers) {
+        assert_eq!(*status, 200, "{}: {body}", function.name);
+        let again = get(crate::pool::at(function.port, "/hello")).await;
+        assert_eq!(again.0, 200, "{}: {}", function.name, again.1);
+        // The Go sample answers the same words every time (the echo, the request it got).
+        if function.name == "sample" {
+            assert_eq!(&again.1, body);
+        }
+    }
+    let metrics = get(pool.admin_url("/metrics")).await.1;
+    assert_eq!(
+        sample(&metrics, "wasmless_pool_idle_code_released_total", &[]),
+        Some(0.0),
+        "{metrics}"
+    );
+}
+
+/// Code the pool mapped from a file of its own (`--cache-dir`, no node's store) is let go
+/// of too, and the Function answers after as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn code_mapped_from_the_pools_own_file_is_let_go_of_and_the_function_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (table, functions) = two_functions_with_code(dir.path());
+    let cache = dir.path().join("cache");
+    let pool = Runtime::start_pool(
+        &table,
+        &[
+            "--pool-load-ahead",
+            "true",
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "--pool-release-code-after",
+            "1s",
+        ],
+    );
+    loaded(&pool, 2.0).await;
+    let metrics = get(pool.admin_url("/metrics")).await.1;
+    let mapped = sample(&metrics, "wasmless_pool_code_bytes", &[("memory", "mapped")]);
+    assert!(
+        mapped.is_some_and(|bytes| bytes > 0.0),
+        "mapped from the cache's files: {metrics}"
+    );
+    let mut answers = Vec::new();
+    for function in &functions {
+        let answer = get(crate::pool::at(function.port, "/hello")).await;
+        assert_eq!(answer.0, 200, "{}: {}", function.name, answer.1);
+        answers.push(answer);
+    }
+    released(&pool).await;
+    for (function, (_, body)) in functions.iter().zip(&answers) {
+        let again = get(crate::pool::at(function.port, "/hello")).await;
+        assert_eq!(again.0, 200, "{}: {}", function.name, again.1);
+        if function.name == "sample" {
+            assert_eq!(&again.1, body);
+        }
+    }
+}
