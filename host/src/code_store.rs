@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -265,15 +265,7 @@ impl CodeStore {
 
     /// The code stored under `code_digest` for this namespace. Blocking.
     pub fn get(&self, code_digest: &Digest) -> Result<Stored, CodeStoreError> {
-        let socket = code_store::connect(&self.socket, GET_TIMEOUT)?;
-        // Whoever answers is mapped without a hash: only the store's agent, root, may.
-        let peer_uid = peer_uid(socket.as_fd())
-            .map_err(|error| CodeStoreError::NotTheStore(format!("cannot tell who the socket's peer is: {error}")))?;
-        if peer_uid != 0 {
-            return Err(CodeStoreError::NotTheStore(format!(
-                "the socket's peer is uid {peer_uid}, not root"
-            )));
-        }
+        let socket = self.connect_to_the_agent(GET_TIMEOUT)?;
         code_store::send(socket.as_fd(), &Request::Get(*code_digest).encode(), None)?;
         let (text, file) = code_store::receive(socket.as_fd())?;
         match (Reply::parse(&text)?, file) {
@@ -283,6 +275,21 @@ impl CodeStore {
             (Reply::Refused(why), _) => Err(CodeStoreError::Refused(why)),
             (other, _) => Err(CodeStoreError::Unexpected(other.encode(), "get")),
         }
+    }
+
+    /// A connection to the store's agent, which is root: what a `get` answers is mapped
+    /// without a hash, and what a put hands over is the namespace's code, neither for a
+    /// process of another user that took the socket's place.
+    fn connect_to_the_agent(&self, timeout: Duration) -> Result<OwnedFd, CodeStoreError> {
+        let socket = code_store::connect(&self.socket, timeout)?;
+        let peer_uid = peer_uid(socket.as_fd())
+            .map_err(|error| CodeStoreError::NotTheStore(format!("cannot tell who the socket's peer is: {error}")))?;
+        if peer_uid != 0 {
+            return Err(CodeStoreError::NotTheStore(format!(
+                "the socket's peer is uid {peer_uid}, not root"
+            )));
+        }
+        Ok(socket)
     }
 
     /// `stored` in a memory file sealed against change, as a put hands it over.
@@ -300,13 +307,14 @@ impl CodeStore {
     /// Hands the store `sealed` ([`CodeStore::sealed_copy`] of the code as stored, which
     /// hashes to `code_digest`). Blocking.
     pub fn put(&self, code_digest: &Digest, sealed: &File) -> Result<(), CodeStoreError> {
-        let (reply, _) = code_store::call(
-            &self.socket,
-            &Request::Put(*code_digest),
+        let socket = self.connect_to_the_agent(PUT_TIMEOUT)?;
+        code_store::send(
+            socket.as_fd(),
+            &Request::Put(*code_digest).encode(),
             Some(sealed.as_fd()),
-            PUT_TIMEOUT,
         )?;
-        match reply {
+        let (text, _) = code_store::receive(socket.as_fd())?;
+        match Reply::parse(&text)? {
             Reply::Stored => Ok(()),
             Reply::Busy => Err(CodeStoreError::Busy),
             Reply::Refused(why) => Err(CodeStoreError::Refused(why)),
@@ -352,6 +360,53 @@ mod tests {
         }
         assert_eq!(made.lock().unwrap().last(), Some(&"third"));
         assert!(store.turn_to_put().is_some());
+    }
+
+    /// A process of another user serving the socket's path, as one that took the agent's
+    /// place would: it gets neither a put's code nor the trust of a get.
+    #[test]
+    fn a_socket_served_by_another_user_is_handed_no_code_and_trusted_for_none() {
+        use std::os::unix::process::CommandExt;
+        if !rustix::process::getuid().is_root() {
+            eprintln!("skipped: only root can start a process of another user");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        let socket = dir.path().join("agent.sock");
+        let heard = dir.path().join("heard");
+        // Accepts two connections and writes down the bytes each sent.
+        let impostor = "import socket, sys\n\
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
+            s.bind(sys.argv[1]); s.listen(2)\n\
+            total = 0\n\
+            for _ in range(2):\n\
+            \x20   c, _ = s.accept(); total += len(c.recv(65536)); c.close()\n\
+            open(sys.argv[2], 'w').write(str(total))\n";
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", impostor, socket.to_str().unwrap(), heard.to_str().unwrap()])
+            .uid(65534)
+            .gid(65534)
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            assert!(std::time::Instant::now() < deadline, "the impostor never listened");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let store = CodeStore::new(&socket);
+        let digest = Digest::of(b"code");
+        let sealed = CodeStore::sealed_copy(b"code").unwrap();
+        let put = store.put(&digest, &sealed);
+        assert!(matches!(put, Err(CodeStoreError::NotTheStore(_))), "{put:?}");
+        let got = store.get(&digest);
+        assert!(matches!(got, Err(CodeStoreError::NotTheStore(_))), "{:?}", got.err());
+        assert!(child.wait().unwrap().success());
+        assert_eq!(
+            std::fs::read_to_string(&heard).unwrap(),
+            "0",
+            "the impostor was sent something"
+        );
     }
 
     #[test]
