@@ -20,6 +20,16 @@ const MEMORY_KEEP_RESIDENT: usize = 1 << 20;
 const TABLE_KEEP_RESIDENT: usize = 64 << 10;
 const STACK_KEEP_RESIDENT: usize = 128 << 10;
 
+/// Idle slots that stay warm for the module that last used them (its image mapped, up to
+/// [`MEMORY_KEEP_RESIDENT`] of its pages kept), past which a module new to a slot takes the
+/// least recently used warm one instead of a cold one. wasmtime's default is 100: in a
+/// pool that served a hundred Go Functions, each kept a warm slot of ~1.3 MiB of its own
+/// and ~3.6 MiB of its image's pages (`bench/cluster.sh defaults`, 2026-12-07), whether it
+/// was still called or not. A slot of one module is always reused by that module first,
+/// so a dedicated pod keeps all of its slots warm whatever this says; in a pool, a
+/// Function whose slot went to another maps its image again (~0.2 ms for a Go reactor).
+const WARM_SLOTS: u32 = 16;
+
 /// The CPU feature level compiled code is generated for.
 ///
 /// x86-64-v3 (AVX2, BMI1/2, FMA, LZCNT, MOVBE on top of v2's SSE4.2 and POPCNT): every x86
@@ -185,6 +195,7 @@ fn pooling_config(limits: &RequestLimits) -> PoolingAllocationConfig {
         .total_tables(slots * 4)
         .total_stacks(slots)
         .max_memory_size(limits.memory_bytes.max(1 << 16))
+        .max_unused_warm_slots(WARM_SLOTS)
         .linear_memory_keep_resident(MEMORY_KEEP_RESIDENT)
         .table_keep_resident(TABLE_KEEP_RESIDENT)
         .async_stack_keep_resident(STACK_KEEP_RESIDENT)
