@@ -482,11 +482,19 @@ async fn connections_beyond_the_cap_are_refused_and_counted() {
         assert!(closed_within(&mut extra, SERVED_WITHIN).await);
     }
     assert_eq!(refused(&runtime, "connection_limit").await, 5.0);
-    let warnings: Vec<String> = runtime
-        .logs()
-        .into_iter()
-        .filter(|line| line.contains("connection limit reached"))
-        .collect();
+    let warnings = || -> Vec<String> {
+        runtime
+            .logs()
+            .into_iter()
+            .filter(|line| line.contains("connection limit reached"))
+            .collect()
+    };
+    // The runtime's stderr is read on another thread: the line may follow the metric.
+    assert!(
+        eventually(Duration::from_secs(5), async || !warnings().is_empty()).await,
+        "no warning logged"
+    );
+    let warnings = warnings();
     assert_eq!(warnings.len(), 1, "one warning, not one per refusal: {warnings:?}");
     assert!(warnings[0].contains("WARN") && warnings[0].contains("\"max_connections\":10"));
 
