@@ -245,16 +245,8 @@ async fn a_pool_loading_ahead_maps_the_nodes_copy_not_one_of_its_own() {
             cache.to_str().unwrap(),
         ],
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut metrics = get(pool.admin_url("/metrics")).await.1;
-    while sample(&metrics, "wasmless_pool_functions_loaded", &[]) != Some(2.0) {
-        assert!(
-            Instant::now() < deadline,
-            "not both loaded ahead within 60 s: {metrics}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        metrics = get(pool.admin_url("/metrics")).await.1;
-    }
+    loaded(&pool, 2.0).await;
+    let metrics = get(pool.admin_url("/metrics")).await.1;
     for function in &functions {
         let code_digest = &function.code_digest;
         assert!(agent.object(code_digest).exists(), "the store holds {code_digest}");
@@ -391,6 +383,28 @@ async fn released(pool: &Runtime) -> String {
     }
 }
 
+/// Each Function's answer to `GET /hello`, each a 200.
+async fn answers(functions: &[Pooled]) -> Vec<String> {
+    let mut answers = Vec::new();
+    for function in functions {
+        let (status, body) = get(crate::pool::at(function.port, "/hello")).await;
+        assert_eq!(status, 200, "{}: {body}", function.name);
+        answers.push(body);
+    }
+    answers
+}
+
+/// Each Function answers again, a 200, and the Go sample the same words as `before` (the
+/// echo answers with the request it got).
+async fn answer_as_before(functions: &[Pooled], before: &[String]) {
+    let after = answers(functions).await;
+    for ((function, before), after) in functions.iter().zip(before).zip(&after) {
+        if function.name == "sample" {
+            assert_eq!(after, before, "the Go sample's answer");
+        }
+    }
+}
+
 /// A Go Function no request used for `--pool-release-code-after` stays loaded, but the
 /// node's copy of its code leaves the pool process's resident memory; its next request
 /// answers as the first did, mapping back what it runs.
@@ -470,21 +484,10 @@ async fn code_in_the_pools_own_memory_stays_and_an_idle_function_answers() {
         &["--pool-load-ahead", "true", "--pool-release-code-after", "1s"],
     );
     loaded(&pool, 2.0).await;
-    let mut answers = Vec::new();
-    for function in &functions {
-        answers.push(get(crate::pool::at(function.port, "/hello")).await);
-    }
+    let before = answers(&functions).await;
     // Idle through two sweeps, then used again.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    for (function, (status, body)) in functions.iter().zip(&answers) {
-        assert_eq!(*status, 200, "{}: {body}", function.name);
-        let again = get(crate::pool::at(function.port, "/hello")).await;
-        assert_eq!(again.0, 200, "{}: {}", function.name, again.1);
-        // The Go sample answers the same words every time (the echo, the request it got).
-        if function.name == "sample" {
-            assert_eq!(&again.1, body);
-        }
-    }
+    answer_as_before(&functions, &before).await;
     let metrics = get(pool.admin_url("/metrics")).await.1;
     assert_eq!(
         sample(&metrics, "wasmless_pool_idle_code_released_total", &[]),
@@ -518,18 +521,7 @@ async fn code_mapped_from_the_pools_own_file_is_let_go_of_and_the_function_answe
         mapped.is_some_and(|bytes| bytes > 0.0),
         "mapped from the cache's files: {metrics}"
     );
-    let mut answers = Vec::new();
-    for function in &functions {
-        let answer = get(crate::pool::at(function.port, "/hello")).await;
-        assert_eq!(answer.0, 200, "{}: {}", function.name, answer.1);
-        answers.push(answer);
-    }
+    let before = answers(&functions).await;
     released(&pool).await;
-    for (function, (_, body)) in functions.iter().zip(&answers) {
-        let again = get(crate::pool::at(function.port, "/hello")).await;
-        assert_eq!(again.0, 200, "{}: {}", function.name, again.1);
-        if function.name == "sample" {
-            assert_eq!(&again.1, body);
-        }
-    }
+    answer_as_before(&functions, &before).await;
 }
