@@ -62,7 +62,7 @@ pub struct Tenant {
     /// pool's least-recently-used order).
     last_used: AtomicU64,
     /// The `last_used` at which the loaded handler's mapped code was last let go of
-    /// ([`Tenant::release_idle_code`]), `u64::MAX` if it was not since it loaded.
+    /// ([`Tenant::release_code`]), `u64::MAX` if it was not since it loaded.
     code_released_at: AtomicU64,
     /// Why the last load failed, until one succeeds (the pool's `/pool`).
     last_error: std::sync::Mutex<Option<String>>,
