@@ -267,9 +267,16 @@ impl Tenant {
                     let loaded = loading
                         .await
                         .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()));
-                    self.loader
-                        .open_precompiled(code, loaded, module, code_digest, started)
-                        .await?
+                    // Where the store lacks the code, the node's one copy is put there first.
+                    if keep_stored {
+                        self.loader
+                            .open_through_store(code, loaded, module, code_digest, started)
+                            .await?
+                    } else {
+                        self.loader
+                            .open_precompiled(code, loaded, module, code_digest, started)
+                            .await?
+                    }
                 }
             };
         }

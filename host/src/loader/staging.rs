@@ -2,10 +2,11 @@
 //! Function ahead of its first request still makes sure the node holds its code, so that
 //! request maps the node's copy instead of reading and verifying the code itself.
 
-use super::Loader;
+use super::{FromStore, Loader, ModuleError, OpenedCode};
 use crate::code_store::{CodeStore, CodeStoreError};
+use crate::load_phases::LoadPhase;
 use crate::metrics::Metrics;
-use crate::precompiled::{self, CodeSource, StoredBytes};
+use crate::precompiled::{self, CodeRefused, CodeSource, Fallback, StoredBytes, VerifiedCode};
 use std::time::{Duration, Instant};
 use wasmless_artifact::Digest;
 
@@ -97,6 +98,55 @@ impl Loader {
             Ok(Err(error)) => Staged::StoreRefused(error.to_string()),
             Err(panicked) => Staged::StoreRefused(format!("the put panicked: {panicked}")),
         }
+    }
+}
+
+impl Loader {
+    /// Opens the builder's code read and verified for a load that found the node's store
+    /// without it (`FromStore::Missing { put: true }`): put in the store first, then mapped
+    /// from the store's copy, so that the node holds the code once and this process keeps
+    /// no copy of its own (on its disk, against a pool's `--pool-mapped-code-budget`, which
+    /// a thousand Go Functions loaded from nothing filled after 290). The put waits for no
+    /// other: where this process's turn to put is taken, the put fails, or the store does not
+    /// hand the code back, it opens as [`Loader::open_precompiled`] does, from its own copy
+    /// (a put then queued only where none was tried here).
+    pub async fn open_through_store(
+        &self,
+        source: &CodeSource,
+        code: Result<Result<VerifiedCode, Fallback>, CodeRefused>,
+        module: Digest,
+        code_digest: Digest,
+        started: Instant,
+    ) -> Result<Option<OpenedCode>, ModuleError> {
+        let (store, mut verified) = match (self.code_store.clone(), code) {
+            (Some(store), Ok(Ok(verified))) => (store, verified),
+            (_, code) => return self.open_precompiled(source, code, module, code_digest, started).await,
+        };
+        let runs_here = precompiled::runs_here(&self.engine, &self.target, source, &verified, &module).is_ok();
+        let turn = runs_here.then(|| store.turn_to_put()).flatten();
+        if let Some(turn) = turn
+            && let Some(stored) = verified.take_stored()
+        {
+            let putting = Instant::now();
+            let (metrics, put_store) = (self.shared.metrics.clone(), store.clone());
+            let put = tokio::task::spawn_blocking(move || {
+                let _turn = turn;
+                put_now(&put_store, &metrics, code_digest, stored)
+            })
+            .await;
+            // Loads' puts that queued behind this one.
+            store.start_waiting_puts();
+            let put_took = putting.elapsed();
+            if let Ok(Ok(())) = put
+                && let FromStore::Opened(mut opened) = self.open_stored(source, code_digest, module, started).await?
+            {
+                opened.phases.extend(verified.phases());
+                opened.phases.add(LoadPhase::Store, put_took);
+                return Ok(Some(opened));
+            }
+        }
+        self.open_precompiled(source, Ok(Ok(verified)), module, code_digest, started)
+            .await
     }
 }
 

@@ -107,12 +107,16 @@ async fn the_next_runtime_maps_the_code_the_first_put_and_a_changed_file_falls_b
     };
 
     // The first of team-a's runtimes on the node: the store has nothing, the code is read
-    // from the volume, verified, and put there.
+    // from the volume, verified, put there, and mapped from the store's copy: the node
+    // holds it once, and the runtime keeps no copy of its own.
     let first = start("team-a");
-    first.wait_for_log(&["module loaded", "\"compiled_code\":\"precompiled\""]);
+    let loaded = first.wait_for_log(&["module loaded", "\"compiled_code\":\"precompiled\""]);
+    assert!(loaded.contains("mapped from the node's store"), "{loaded}");
+    assert!(loaded.contains("verify"), "read and verified first: {loaded}");
     assert_eq!(get(first.url("/")).await.1, "This works!");
     assert_eq!(store_requests(&first, "get", "absent").await, 1.0);
     assert_eq!(store_requests(&first, "put", "stored").await, 1.0);
+    assert_eq!(store_requests(&first, "get", "found").await, 1.0);
     drop(first);
     assert!(agent.object(&code_digest).exists());
 
