@@ -45,6 +45,11 @@ struct Args {
     /// How many of them are the Goless sample (the rest the Rust hello).
     #[arg(long, default_value_t = 100)]
     pool_go_functions: usize,
+    /// The pool pod's density run publishes its builds to this OCI registry (`host:port`,
+    /// plain HTTP) and its Functions say `storage: oci`, instead of ConfigMaps: a thousand Go
+    /// Functions' code is more than the test cluster's etcd holds.
+    #[arg(long)]
+    pool_registry: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -64,7 +69,12 @@ fn main() -> anyhow::Result<()> {
             return Ok(());
         }
         Some("pool-pod") => {
-            let density = pool_pod::run(&settings, args.pool_functions, args.pool_go_functions)?;
+            let density = pool_pod::run(
+                &settings,
+                args.pool_functions,
+                args.pool_go_functions,
+                args.pool_registry.as_deref(),
+            )?;
             report::write_section(&args.output, pool_pod::HEADING, &pool_pod::section(&density))?;
             eprintln!("rewrote the pool pod section of {}", args.output.display());
             return Ok(());

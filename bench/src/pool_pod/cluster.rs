@@ -53,11 +53,169 @@ impl Drop for OperatorSettings {
     }
 }
 
+/// The operator stopped (its Deployment at zero replicas) until dropped: what the run writes
+/// meanwhile is there before its first reconcile.
+pub(super) struct OperatorStopped {
+    replicas: String,
+}
+
+impl OperatorStopped {
+    pub(super) fn stop() -> anyhow::Result<Self> {
+        let replicas = kubectl(&[
+            "get",
+            "deploy",
+            OPERATOR,
+            "-n",
+            OPERATOR_NAMESPACE,
+            "-o",
+            "jsonpath={.spec.replicas}",
+        ])?;
+        let stopped = Self { replicas };
+        kubectl(&["scale", "deploy", OPERATOR, "-n", OPERATOR_NAMESPACE, "--replicas=0"])?;
+        kubectl(&[
+            "wait",
+            "--for=delete",
+            "pod",
+            "-n",
+            OPERATOR_NAMESPACE,
+            "-l",
+            &format!("app.kubernetes.io/name={OPERATOR}"),
+            "--timeout=120s",
+        ])?;
+        Ok(stopped)
+    }
+}
+
+impl Drop for OperatorStopped {
+    fn drop(&mut self) {
+        let replicas = format!("--replicas={}", self.replicas);
+        let started = kubectl(&["scale", "deploy", OPERATOR, "-n", OPERATOR_NAMESPACE, &replicas]).and_then(|_| {
+            kubectl(&[
+                "rollout",
+                "status",
+                "deploy",
+                OPERATOR,
+                "-n",
+                OPERATOR_NAMESPACE,
+                "--timeout=180s",
+            ])
+        });
+        if let Err(error) = started {
+            eprintln!("starting the operator again failed: {error:#}");
+        }
+    }
+}
+
+/// The node agent's DaemonSet, its store's budget and the namespace quota raised to `gib`
+/// (and its memory limit above them: the page cache of the files it writes is charged to
+/// it) until dropped, then rolled back to its revision before.
+pub(super) struct NodeAgentBudget;
+
+const NODE_AGENT: &str = "wasmless-node-agent";
+const NODE_AGENT_NAMESPACE: &str = "wasmless-node";
+
+impl NodeAgentBudget {
+    pub(super) fn raise(gib: u64) -> anyhow::Result<Self> {
+        let patch = serde_json::json!([
+            {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": format!("--store-budget={gib}Gi")},
+            {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": format!("--namespace-quota={gib}Gi")},
+            {"op": "replace", "path": "/spec/template/spec/containers/0/resources/limits/memory", "value": format!("{}Gi", gib + 1)},
+        ]);
+        kubectl(&[
+            "patch",
+            "ds",
+            NODE_AGENT,
+            "-n",
+            NODE_AGENT_NAMESPACE,
+            "--type=json",
+            "-p",
+            &patch.to_string(),
+        ])?;
+        let raised = Self;
+        raised.rolled_out()?;
+        Ok(raised)
+    }
+
+    fn rolled_out(&self) -> anyhow::Result<String> {
+        kubectl(&[
+            "rollout",
+            "status",
+            "ds",
+            NODE_AGENT,
+            "-n",
+            NODE_AGENT_NAMESPACE,
+            "--timeout=120s",
+        ])
+    }
+}
+
+impl Drop for NodeAgentBudget {
+    fn drop(&mut self) {
+        let undone =
+            kubectl(&["rollout", "undo", "ds", NODE_AGENT, "-n", NODE_AGENT_NAMESPACE]).and_then(|_| self.rolled_out());
+        if let Err(error) = undone {
+            eprintln!("restoring the node agent's settings failed: {error:#}");
+        }
+    }
+}
+
+/// Writes on each Function's status the revision its build Job's result would have made
+/// the operator record, a few `kubectl` at a time.
+pub(super) fn record_revisions(revisions: &[(String, Value)]) -> anyhow::Result<()> {
+    const AT_ONCE: usize = 4;
+    let chunk = revisions.len().div_ceil(AT_ONCE).max(1);
+    std::thread::scope(|scope| {
+        let writers: Vec<_> = revisions
+            .chunks(chunk)
+            .map(|some| {
+                scope.spawn(move || {
+                    for (name, revision) in some {
+                        let status = serde_json::json!({"status": {"revisions": [revision]}});
+                        kubectl(&[
+                            "patch",
+                            "fn",
+                            name,
+                            "-n",
+                            NAMESPACE,
+                            "--subresource=status",
+                            "--type=merge",
+                            "-p",
+                            &status.to_string(),
+                        ])?;
+                    }
+                    anyhow::Ok(())
+                })
+            })
+            .collect();
+        writers
+            .into_iter()
+            .try_for_each(|writer| writer.join().map_err(|_| anyhow::anyhow!("a status writer panicked"))?)
+    })
+}
+
+/// The value of `flag` (`--name=value` or `--name value`) the process `pid` was started with.
+pub(super) fn process_flag(pid: u32, flag: &str) -> Option<String> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|arg| String::from_utf8_lossy(arg).into_owned())
+        .collect();
+    args.iter()
+        .enumerate()
+        .find_map(|(at, arg)| match arg.strip_prefix(flag) {
+            Some(value) if value.starts_with('=') => Some(value[1..].to_string()),
+            Some("") => args.get(at + 1).cloned(),
+            _ => None,
+        })
+}
+
 /// Waits until the namespace's one pool pod — not the one at `replacing`, and with no other
 /// pool pod left, terminating or not — is ready and listens for `functions` Functions, each
 /// Ready and served by the pool, and until every Service sends to it; its pod IP.
 pub(super) fn wait_for_pool(functions: usize, replacing: Option<&str>) -> anyhow::Result<String> {
-    let deadline = Instant::now() + Duration::from_secs(900);
+    // The operator reconciles each Function (Service, entry) in turn: most of a second each.
+    let patience = Duration::from_secs(900 + functions as u64);
+    let deadline = Instant::now() + patience;
     let mut said = String::new();
     loop {
         let progress = pool_progress()?;
@@ -82,7 +240,7 @@ pub(super) fn wait_for_pool(functions: usize, replacing: Option<&str>) -> anyhow
             return Ok(ip);
         }
         if Instant::now() > deadline {
-            bail!("after 15 minutes: {said}");
+            bail!("after {} s: {said}", patience.as_secs());
         }
         std::thread::sleep(Duration::from_secs(2));
     }

@@ -91,7 +91,13 @@ pub fn run(settings: &Settings, functions: usize) -> anyhow::Result<AtDefaults> 
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
-        .block_on(super::publish::publish_group(&group, &wasm, &source, &builder_version))?;
+        .block_on(super::publish::publish_group(
+            &group,
+            &wasm,
+            &source,
+            &builder_version,
+            super::publish::Storage::ConfigMaps,
+        ))?;
     let manifest = |index: usize| {
         json!({
             "apiVersion": "wasmless.io/v1alpha1",

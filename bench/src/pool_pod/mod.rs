@@ -37,6 +37,7 @@ use crate::pool::{DensityRow, percentile};
 use crate::scenarios::{Settings, build_example, example_source};
 use anyhow::bail;
 use cluster::{OperatorSettings, http_get, kubectl, metric_sum, timed_get};
+use publish::Storage;
 use section::LoadPhaseTotals;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -62,6 +63,8 @@ const POOL_ADMIN_PORT: u16 = wasmless_artifact::ports::ADMIN;
 /// Builds published at once.
 const CONCURRENT_PUBLISHES: usize = 8;
 const STORE_REQUESTS: &str = "wasmless_code_store_requests_total";
+/// The node agent's default `--namespace-quota` (node-agent/src/main.rs), MiB.
+const NODE_STORE_NAMESPACE_QUOTA_MIB: f64 = 2048.0;
 
 pub struct PodDensity {
     pub functions: usize,
@@ -70,6 +73,13 @@ pub struct PodDensity {
     pub apply_to_listening_s: f64,
     pub published_mib: f64,
     pub started: String,
+    /// The OCI registry the builds were published to; none: ConfigMaps.
+    pub registry: Option<String>,
+    /// The pass without the node's store left out: the code of all (MiB) over the pool pod's
+    /// budget of code on its own disk (MiB).
+    pub skipped_own_disk: Option<(f64, f64)>,
+    /// The node agent's store budget and namespace quota for the run, where raised (GiB).
+    pub store_raised_gib: Option<u64>,
 }
 
 /// Where a pass's new pool pod finds each Function's compiled code.
@@ -84,11 +94,15 @@ pub enum CodeFrom {
 }
 
 impl CodeFrom {
-    pub fn describe(self) -> &'static str {
-        match self {
-            Self::PodsOwnDisk => "no node store: read through the API, kept on the pod's disk",
-            Self::StoreEmpty => "node store empty: read through the API, then put in the store",
-            Self::Store => "node store holds it: the node's copy mapped",
+    /// What the pass's pool pod does for a Function's code; `from_registry`: the builds are
+    /// in an OCI registry, not ConfigMaps.
+    pub fn describe(self, from_registry: bool) -> &'static str {
+        match (self, from_registry) {
+            (Self::PodsOwnDisk, false) => "no node store: read through the API, kept on the pod's disk",
+            (Self::PodsOwnDisk, true) => "no node store: pulled from the registry, kept on the pod's disk",
+            (Self::StoreEmpty, false) => "node store empty: read through the API, put in the store, its copy mapped",
+            (Self::StoreEmpty, true) => "node store empty: pulled from the registry, put in the store, its copy mapped",
+            (Self::Store, _) => "node store holds it: the node's copy mapped",
         }
     }
 }
@@ -125,7 +139,12 @@ struct Group {
     count: usize,
 }
 
-pub fn run(settings: &Settings, functions: usize, go_functions: usize) -> anyhow::Result<PodDensity> {
+pub fn run(
+    settings: &Settings,
+    functions: usize,
+    go_functions: usize,
+    registry: Option<&str>,
+) -> anyhow::Result<PodDensity> {
     let started = crate::report::chrono_free_now();
     let builder_version = publish::operator_builder_version()?;
     let rust_functions = functions.saturating_sub(go_functions);
@@ -145,12 +164,27 @@ pub fn run(settings: &Settings, functions: usize, go_functions: usize) -> anyhow
             count: functions - rust_functions,
         },
     ];
+    if let Some(registry) = registry
+        && !std::env::var("WASMLESS_OCI_PLAIN_HTTP").is_ok_and(|list| list.split(',').any(|r| r.trim() == registry))
+    {
+        bail!(
+            "--pool-registry {registry}: the bench pushes over plain HTTP only to a registry WASMLESS_OCI_PLAIN_HTTP names (bench/cluster.sh density starts one and sets both)"
+        );
+    }
+    let storage = registry.map_or(Storage::ConfigMaps, |registry| Storage::Oci { registry });
     cluster::fresh_namespace()?;
-    let mut operator = OperatorSettings::set(&OPERATOR_ENV)?;
+    let mut operator_env = OPERATOR_ENV.to_vec();
+    if let Some(registry) = registry {
+        operator_env.extend([
+            ("WASMLESS_OCI_REGISTRY", registry),
+            ("WASMLESS_OCI_PLAIN_HTTP", registry),
+        ]);
+    }
+    let mut operator = OperatorSettings::set(&operator_env)?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let mut code_mib = BTreeMap::new();
-    let mut published = 0usize;
+    let mut published = Vec::new();
     let mut objects = Vec::new();
     for group in &groups {
         eprintln!("building {} with wasmless-builder", group.example);
@@ -158,31 +192,49 @@ pub fn run(settings: &Settings, functions: usize, go_functions: usize) -> anyhow
         let source = example_source(settings, group.example)?;
         let wasm = std::fs::read(&base.path)?;
         eprintln!("publishing {} builds of {}", group.count, group.name);
-        let (code_bytes, bytes) = runtime.block_on(publish::publish_group(group, &wasm, &source, &builder_version))?;
+        let (code_bytes, builds) =
+            runtime.block_on(publish::publish_group(group, &wasm, &source, &builder_version, storage))?;
         code_mib.insert(group.name, code_bytes as f64 / (1 << 20) as f64);
-        published += bytes;
+        published.extend(builds);
         for index in group.first..group.first + group.count {
+            let mut spec = json!({
+                "language": group.language,
+                "source": variant_source(&source, index),
+                "scale": {"min": 0},
+            });
+            if registry.is_some() {
+                spec["storage"] = json!("oci");
+            }
             objects.push(json!({
                 "apiVersion": "wasmless.io/v1alpha1",
                 "kind": "Function",
                 "metadata": {"name": function_name(index), "namespace": NAMESPACE},
-                "spec": {
-                    "language": group.language,
-                    "source": variant_source(&source, index),
-                    "scale": {"min": 0},
-                },
+                "spec": spec,
             }));
         }
     }
+    let code_total_mib: f64 = groups
+        .iter()
+        .map(|group| group.count as f64 * code_mib[group.name])
+        .sum();
+    // The node agent's defaults (8 GiB in all, 2 GiB a namespace) hold about 140 Go
+    // Functions of one namespace: beyond, the store lets the least recently used go, and a
+    // pass that asks for every Function in turn would find none of them there.
+    let agent_budget = (code_total_mib > NODE_STORE_NAMESPACE_QUOTA_MIB)
+        .then(|| {
+            let gib = (code_total_mib * 1.25 / 1024.0).ceil() as u64 + 1;
+            eprintln!("the node agent's store budget and namespace quota raised to {gib} GiB for the run");
+            cluster::NodeAgentBudget::raise(gib).map(|raised| (raised, gib))
+        })
+        .transpose()?;
+    let store_raised_gib = agent_budget.as_ref().map(|(_, gib)| *gib);
 
     let list = settings.work("density").join("functions.json");
     std::fs::write(
         &list,
         json!({"apiVersion": "v1", "kind": "List", "items": objects}).to_string(),
     )?;
-    eprintln!("creating {functions} Functions");
-    let applied = Instant::now();
-    kubectl(&["create", "-f", &list.display().to_string()])?;
+    let applied = create_functions(storage, &list, &published)?;
     let mut pool_ip = cluster::wait_for_pool(functions, None)?;
     let apply_to_listening_s = applied.elapsed().as_secs_f64();
     let jobs = kubectl(&["get", "jobs", "-n", NAMESPACE, "-o", "name"])?;
@@ -202,8 +254,21 @@ pub fn run(settings: &Settings, functions: usize, go_functions: usize) -> anyhow
         groups: &groups,
         services: &services,
         code_mib: &code_mib,
+        from_registry: registry.is_some(),
     };
-    let mut passes = vec![pass.run(CodeFrom::PodsOwnDisk, &pool_ip)?];
+    // Without the store the pod keeps each Function's code on its own disk, within its
+    // budget of mapped code: past it, it would unload Functions as the pass loads others.
+    let own_disk_budget_mib = cluster::process_flag(cluster::pool_pid(&pool_ip)?, "--pool-mapped-code-budget")
+        .and_then(|budget| wasmless_formats::quantity::parse_bytes(&budget).ok())
+        .map(|bytes| bytes as f64 / (1 << 20) as f64);
+    let mut passes = Vec::new();
+    let skipped_own_disk = match own_disk_budget_mib {
+        Some(budget) if code_total_mib > budget * 0.95 => Some(budget),
+        _ => {
+            passes.push(pass.run(CodeFrom::PodsOwnDisk, &pool_ip)?);
+            None
+        }
+    };
     eprintln!("the operator with --node-code-store: a new pool pod, the store empty");
     operator.add(&[("WASMLESS_NODE_CODE_STORE", "true")])?;
     pool_ip = cluster::wait_for_pool(functions, Some(&pool_ip))?;
@@ -227,8 +292,53 @@ pub fn run(settings: &Settings, functions: usize, go_functions: usize) -> anyhow
         functions,
         passes,
         apply_to_listening_s,
-        published_mib: published as f64 / (1 << 20) as f64,
+        published_mib: published.iter().map(|build| build.bytes).sum::<usize>() as f64 / (1 << 20) as f64,
         started,
+        registry: registry.map(str::to_string),
+        skipped_own_disk: skipped_own_disk.map(|budget| (code_total_mib, budget)),
+        store_raised_gib,
+    })
+}
+
+/// Creates the Functions listed in `list` with their builds `published` to `storage`, as
+/// the operator then finds them built; when the operator began to reconcile them.
+fn create_functions(
+    storage: Storage,
+    list: &std::path::Path,
+    published: &[publish::Published],
+) -> anyhow::Result<Instant> {
+    let functions = published.len();
+    Ok(match storage {
+        Storage::ConfigMaps => {
+            eprintln!("creating {functions} Functions");
+            let applied = Instant::now();
+            kubectl(&["create", "-f", &list.display().to_string()])?;
+            applied
+        }
+        // An OCI build's only record is on its Function's status, which the operator would
+        // otherwise start a build Job before the bench could write.
+        Storage::Oci { .. } => {
+            eprintln!("the operator stopped: creating {functions} Functions and writing their builds on their status");
+            let stopped = cluster::OperatorStopped::stop()?;
+            kubectl(&["create", "-f", &list.display().to_string()])?;
+            let created = kubectl(&[
+                "get",
+                "fn",
+                "-n",
+                NAMESPACE,
+                "-o",
+                "jsonpath={.items[0].metadata.creationTimestamp}",
+            ])?;
+            let revisions: Vec<(String, serde_json::Value)> = published
+                .iter()
+                .map(|build| (build.name.clone(), build.revision(created.trim())))
+                .collect();
+            cluster::record_revisions(&revisions)?;
+            eprintln!("the operator started again");
+            let applied = Instant::now();
+            drop(stopped);
+            applied
+        }
     })
 }
 
@@ -237,6 +347,7 @@ struct Measuring<'a> {
     groups: &'a [Group],
     services: &'a BTreeMap<String, SocketAddr>,
     code_mib: &'a BTreeMap<&'static str, f64>,
+    from_registry: bool,
 }
 
 impl Measuring<'_> {
@@ -245,7 +356,7 @@ impl Measuring<'_> {
     /// the pod did not serve the pass as `code_from` says (a request reached another pod,
     /// a Function was unloaded, the store did not answer as expected).
     fn run(&self, code_from: CodeFrom, pool_ip: &str) -> anyhow::Result<Pass> {
-        eprintln!("pass: {}", code_from.describe());
+        eprintln!("pass: {}", code_from.describe(self.from_registry));
         // What the passes before wrote (a gigabyte of copies for 100 Go Functions) is on
         // its way to the disk: every read of this pass would queue behind it.
         std::process::Command::new("sync").status()?;
@@ -304,11 +415,15 @@ impl Measuring<'_> {
             bail!("the pool pod at {pool_ip} has {loaded_reported} of {functions} Functions loaded after the pass");
         }
         let hits: usize = rows.iter().map(|row| row.store_hits).sum();
+        let puts: usize = rows.iter().map(|row| row.store_puts).sum();
         match code_from {
             CodeFrom::PodsOwnDisk if metric_sum(&metrics, STORE_REQUESTS, &[]) > 0.0 => {
                 bail!("the pool pod asked a node store in the pass without one")
             }
-            CodeFrom::StoreEmpty if hits > 0 => bail!("the node's store held {hits} Functions' code before the pass"),
+            // A load that put the code maps the store's copy: a hit after each put.
+            CodeFrom::StoreEmpty if hits > puts => {
+                bail!("the node's store held {} Functions' code before the pass", hits - puts)
+            }
             CodeFrom::Store if hits == 0 => bail!("the node's store held no Function's code"),
             _ => {}
         }

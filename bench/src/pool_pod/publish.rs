@@ -5,14 +5,53 @@ use crate::pool::with_custom_section;
 use anyhow::Context;
 use wasmless_artifact::Digest;
 
-/// Publishes the build of each Function of `group` as its Job would. The size of the
-/// native code of one, and the bytes published in all.
+/// Where the run publishes its builds.
+#[derive(Clone, Copy)]
+pub(super) enum Storage<'a> {
+    /// Chunk ConfigMaps in the run's namespace, which the operator finds by source digest.
+    ConfigMaps,
+    /// An OCI registry (`host:port`): the Functions say `storage: oci`, and what a build Job
+    /// would have told the operator is written on each Function's status ([`Published::revision`]).
+    Oci { registry: &'a str },
+}
+
+/// One Function's published build.
+pub(super) struct Published {
+    pub name: String,
+    /// The bytes published: module and compiled code.
+    pub bytes: usize,
+    source_digest: Digest,
+    module_digest: Digest,
+    code_digest: Digest,
+    /// `configmap://...` or `oci://registry/repository@sha256:...`.
+    location: String,
+}
+
+impl Published {
+    /// The revision a build Job's result makes the operator record on the Function's status:
+    /// the only record of an OCI build (operator/src/controller/find.rs,
+    /// `oci_module_from_status`).
+    pub fn revision(&self, created: &str) -> serde_json::Value {
+        serde_json::json!({
+            "name": format!("{}-1", self.name),
+            "sourceDigest": self.source_digest.to_string(),
+            "moduleDigest": self.module_digest.to_string(),
+            "codeDigest": self.code_digest.to_string(),
+            "moduleRef": self.location,
+            "created": created,
+        })
+    }
+}
+
+/// Publishes the build of each Function of `group` as its Job would, to `storage`. The size
+/// of the native code of one, and each Function's build.
 pub(super) async fn publish_group(
     group: &Group,
     wasm: &[u8],
     source: &str,
     builder_version: &str,
-) -> anyhow::Result<(usize, usize)> {
+    storage: Storage<'_>,
+) -> anyhow::Result<(usize, Vec<Published>)> {
     use futures::{StreamExt, TryStreamExt};
     use wasmless_host::precompiled::{compile_native, package};
     let engine = wasmless_host::precompiled::precompile_engine().map_err(|e| anyhow::anyhow!("{e:#}"))?;
@@ -52,21 +91,35 @@ pub(super) async fn publish_group(
             phases: Default::default(),
         };
         async move {
-            let destination = wasmless_builder::publish::Destination::ConfigMap {
-                namespace: NAMESPACE.into(),
-                function: name.clone(),
+            use wasmless_builder::publish::Destination;
+            let destination = match storage {
+                Storage::ConfigMaps => Destination::ConfigMap {
+                    namespace: NAMESPACE.into(),
+                    function: name.clone(),
+                },
+                // As the operator names a build Job's (operator/src/objects/builder.rs).
+                Storage::Oci { registry } => Destination::Oci {
+                    reference: format!("{registry}/{NAMESPACE}/{name}:{}", source_digest.short()),
+                },
             };
-            wasmless_builder::publish::publish(&destination, &built, Some(&code), &source_digest)
+            let published = wasmless_builder::publish::publish(&destination, &built, Some(&code), &source_digest)
                 .await
                 .with_context(|| format!("publishing the build of {name}"))?;
-            anyhow::Ok(bytes)
+            anyhow::Ok(Published {
+                bytes,
+                source_digest,
+                module_digest: digest,
+                code_digest: code.digest,
+                location: published.location,
+                name,
+            })
         }
     });
-    let sizes: Vec<usize> = futures::stream::iter(publishes)
+    let published: Vec<Published> = futures::stream::iter(publishes)
         .buffer_unordered(CONCURRENT_PUBLISHES)
         .try_collect()
         .await?;
-    Ok((cwasm.len(), sizes.iter().sum()))
+    Ok((cwasm.len(), published))
 }
 
 /// The builder version the operator digests sources with (its `WASMLESS_BUILDER_VERSION`,

@@ -6,17 +6,45 @@ use std::fmt::Write as _;
 
 pub fn section(density: &PodDensity) -> String {
     let mut out = String::new();
+    let (reads, published) = match &density.registry {
+        None => (
+            "the pool reading each module and its code from ConfigMaps through the API server",
+            "in ConfigMaps".to_string(),
+        ),
+        Some(registry) => (
+            "the pool pulling each module and its code by digest from an OCI registry on the node (`storage: oci`; Debian's docker-registry, which bench/cluster.sh starts)",
+            format!(
+                "pushed to the registry at {registry}, each build's revision written on its Function's status while the operator was stopped, as the operator records a build Job's result: a thousand Go Functions' code is more than the test cluster's etcd holds"
+            ),
+        ),
+    };
+    let passes = match density.skipped_own_disk {
+        None => "Three passes, each a new pool pod that has loaded nothing: without the node's code store (the pod keeps the code it reads on its own disk, as before the store), then with `--node-code-store` while the node's store holds nothing (the pod reads the code, puts it in the store and maps the store's copy), then a replacement pod while the store holds the code (the pod maps the node's verified copy).".to_string(),
+        Some((code, budget)) => format!(
+            "Two passes, each a new pool pod that has loaded nothing: with `--node-code-store` while the node's store holds nothing (the pod reads the code, puts it in the store and maps the store's copy), then a replacement pod while the store holds the code (the pod maps the node's verified copy). No pass without the store: the Functions' code, {code:.0} MiB, is over what a pool pod keeps of it on its own disk (`--pool-mapped-code-budget`, {budget:.0} MiB), so such a pod unloads Functions to load others."
+        ),
+    };
+    let store = density.store_raised_gib.map_or(String::new(), |gib| {
+        format!(
+            " For the run the node agent's `--store-budget` and `--namespace-quota` were {gib} GiB (its defaults, 8 GiB and 2 GiB a namespace, hold about 140 of these Go Functions in one namespace, and a pass asking for each Function in turn would then find none of them: the least recently used goes first), its memory limit {} GiB.",
+            gib + 1
+        )
+    });
     let _ = writeln!(
         out,
-        "{HEADING}\n\nOne pool pod on the test cluster serving {} Functions with `scale.min: 0` in one namespace, each reached through its own Service (ClusterIP, kube-proxy) from the node, as the pod-density run above but through everything a cluster adds: the Functions' entries, the pool reading each module and its code from ConfigMaps through the API server, digests checked. The operator ran with `--pool-replicas 1`, `--pool-memory-budget 6Gi` and `--pool-load-ahead false` (a first request is what loads a Function). Three passes, each a new pool pod that has loaded nothing: without the node's code store (the pod keeps the code it reads on its own disk, as before the store), then with `--node-code-store` while the node's store holds nothing (the pod reads the code and puts it in the store), then a replacement pod while the store holds the code (the pod maps the node's verified copy). Before each pass the node's disk is synced (`sync`): the passes before it wrote gigabytes (the pod's own copies, the store's files), and their writeback would otherwise slow the next pass's reads, which a node in service, its store written long before, does not see. The builds were published by the bench as build Jobs publish them ({:.0} MiB of modules and compiled code before the modules' compression, in ConfigMaps): each Function's source is the example's with a comment naming it, its module the example's build with a custom section naming it, so each digest is its own and its code is the example's in a package naming the module, a file of its own in the store and the page cache (bench/src/pool_pod/mod.rs says why). Requests are sequential GET / on a new connection, from the node, with the cluster on the same 2 cores ({}).\n",
+        "{HEADING}\n\nOne pool pod on the test cluster serving {} Functions with `scale.min: 0` in one namespace, each reached through its own Service (ClusterIP, kube-proxy) from the node, as the pod-density run above but through everything a cluster adds: the Functions' entries, {reads}, digests checked. The operator ran with `--pool-replicas 1`, `--pool-memory-budget 6Gi` and `--pool-load-ahead false` (a first request is what loads a Function). {passes}{store} Before each pass the node's disk is synced (`sync`): the passes before it wrote gigabytes (the pod's own copies, the store's files), and their writeback would otherwise slow the next pass's reads, which a node in service, its store written long before, does not see. The builds were published by the bench as build Jobs publish them ({:.0} MiB of modules and compiled code before the modules' compression, {published}): each Function's source is the example's with a comment naming it, its module the example's build with a custom section naming it, so each digest is its own and its code is the example's in a package naming the module, a file of its own in the store and the page cache (bench/src/pool_pod/mod.rs says why). Requests are sequential GET / on a new connection, from the node, with the cluster on the same 2 cores ({}).\n",
         density.functions, density.published_mib, density.started
     );
-    out.push_str(&table(&density.passes));
+    out.push_str(&table(&density.passes, density.registry.is_some()));
     out.push_str(
-        "\nPSS is the resident memory shared pages count for divided by the processes that map them: with one pool pod and no other reader of the store's files it is the RSS; a second pool replica or a Function's own pod on the node mapping the same file halves what each is charged for the shared code. A store hit is a first request whose code the store handed over; a put, one the pod put there after reading it (one at a time: a put that finds another on its way waits for it, up to 64 MiB of code).\n",
+        "\nPSS is the resident memory shared pages count for divided by the processes that map them: with one pool pod and no other reader of the store's files it is the RSS; a second pool replica or a Function's own pod on the node mapping the same file halves what each is charged for the shared code. A store hit is a first request whose code the store handed over; a put, one the pod put there after reading and verifying it, then mapped from there (a hit too): one put at a time, and a load that finds another put on its way keeps a copy of its own, put after the other. The pool's `--pool-release-code-after` is at its default (10s): the RSS is read just after a group's first requests, when the Functions requested more than 10 s before hold only what they wrote, their code's pages out of the process's page tables; the slower a pass's first requests, the more of them.\n",
     );
     for pass in &density.passes {
-        let _ = writeln!(out, "\n{}:\n", capitalised(pass.code_from.describe()));
+        let _ = writeln!(
+            out,
+            "\n{}:\n",
+            capitalised(pass.code_from.describe(density.registry.is_some()))
+        );
         for (group, phases) in &pass.phases {
             let phases: Vec<String> = phases.iter().map(|(phase, ms)| format!("{phase} {ms:.2} ms")).collect();
             let _ = writeln!(out, "- a first request's load, {group}: {}", phases.join(", "));
@@ -38,16 +66,20 @@ pub fn section(density: &PodDensity) -> String {
             code.join(", ")
         );
     }
+    let from = match density.registry {
+        None => "`kubectl create` of the",
+        Some(_) => "the operator's start, the builds on the statuses of the",
+    };
     let _ = writeln!(
         out,
-        "\n- `kubectl create` of the {} Functions to the pool pod listening for every one: {:.1} s (the operator's reconciles, entries, the pool's table)\n- the phases are each phase's mean over the group's loads that had it, from the pool's `wasmless_load_phase_seconds`; the rest of a first request is the connection, the first instantiation and the handler\n\n`bench/cluster.sh density` (rewrites this section).",
+        "\n- {from} {} Functions to the pool pod listening for every one: {:.1} s (the operator's reconciles, entries, the pool's table)\n- the phases are each phase's mean over the group's loads that had it, from the pool's `wasmless_load_phase_seconds`; the rest of a first request is the connection, the first instantiation and the handler\n\n`bench/cluster.sh density` (rewrites this section).",
         density.functions, density.apply_to_listening_s
     );
     out
 }
 
 /// One row per pass and kind of Function, the passes of a kind together.
-fn table(passes: &[Pass]) -> String {
+fn table(passes: &[Pass], from_registry: bool) -> String {
     let mut md = String::from(
         "| Functions | count | native code of one | code from | RSS per loaded Function | of it private | PSS per loaded Function | first request (not loaded) p50 / p90 | loaded p50 / p90 | store hits / puts |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
@@ -66,7 +98,7 @@ fn table(passes: &[Pass]) -> String {
                 r.name,
                 r.functions,
                 r.code_mib,
-                pass.code_from.describe(),
+                pass.code_from.describe(from_registry),
                 r.rss_per_function_mib,
                 r.private_per_function_mib,
                 row.pss_per_function_mib,
