@@ -19,8 +19,9 @@ use wasmless_artifact::{CodeHeader, Digest};
 /// How long a `get` may take before the load goes the slow way: the agent answers from
 /// its index and a file it opens, in well under a millisecond.
 const GET_TIMEOUT: Duration = Duration::from_secs(1);
-/// A `put` runs after the load, off the request's path: the agent reads, checks and
-/// writes megabytes.
+/// A `put`: the agent reads, checks and writes megabytes. Mostly off the request's path; a
+/// load that found the store without its code puts before it maps the store's copy, and
+/// only an agent stuck within a put holds that load this long.
 const PUT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Code of puts waiting for their turn a process may hold: about ten Go Functions'.

@@ -378,7 +378,7 @@ impl Loader {
         };
         let (metrics, size, putting) = (self.shared.metrics.clone(), stored.bytes().len(), store.clone());
         let put = move || {
-            let _ = staging::put_now(&putting, &metrics, code_digest, stored);
+            let _ = staging::put_now(&putting, &metrics, code_digest, stored, true);
         };
         if !store.put_in_turn(size, put) {
             tracing::info!(%code_digest, size, "not put in the node's store: too much code waits for this process's turn to put, or no thread to put it on");

@@ -1,6 +1,7 @@
-//! Code put in the node's store ahead of its first load: a pool that has no room to load a
-//! Function ahead of its first request still makes sure the node holds its code, so that
-//! request maps the node's copy instead of reading and verifying the code itself.
+//! Code put in the node's store before it is mapped from there: ahead of its first load (a
+//! pool that has no room to load a Function ahead of its first request still makes sure the
+//! node holds its code, so that request maps the node's copy instead of reading and
+//! verifying the code itself), and by a load that read the code because the store lacked it.
 
 use super::{FromStore, Loader, ModuleError, OpenedCode};
 use crate::code_store::{CodeStore, CodeStoreError};
@@ -88,7 +89,7 @@ impl Loader {
         let putting = store.clone();
         let put = tokio::task::spawn_blocking(move || {
             let _turn = turn;
-            put_now(&putting, &metrics, code_digest, stored)
+            put_now(&putting, &metrics, code_digest, stored, true)
         })
         .await;
         // Loads' puts that queued behind this one.
@@ -124,26 +125,33 @@ impl Loader {
         };
         let runs_here = precompiled::runs_here(&self.engine, &self.target, source, &verified, &module).is_ok();
         let turn = runs_here.then(|| store.turn_to_put()).flatten();
-        if let Some(turn) = turn
-            && let Some(stored) = verified.take_stored()
-        {
+        let stored = turn.as_ref().and_then(|_| verified.take_stored());
+        if let (Some(turn), Some(stored)) = (turn, stored) {
             let putting = Instant::now();
             let (metrics, put_store) = (self.shared.metrics.clone(), store.clone());
+            // On a request's path: one try, no waiting while the store checks other puts.
             let put = tokio::task::spawn_blocking(move || {
-                let _turn = turn;
-                put_now(&put_store, &metrics, code_digest, stored)
+                let put = put_now(&put_store, &metrics, code_digest, stored, false);
+                // Here, not after the await: a request dropped meanwhile (its client gone)
+                // must not leave the puts queued behind this one waiting.
+                drop(turn);
+                put_store.start_waiting_puts();
+                put
             })
             .await;
-            // Loads' puts that queued behind this one.
-            store.start_waiting_puts();
             let put_took = putting.elapsed();
             if let Ok(Ok(())) = put
                 && let FromStore::Opened(mut opened) = self.open_stored(source, code_digest, module, started).await?
             {
-                opened.phases.extend(verified.phases());
-                opened.phases.add(LoadPhase::Store, put_took);
+                let mut phases = verified.phases().clone();
+                phases.add(LoadPhase::Store, put_took);
+                phases.extend(&opened.phases);
+                opened.phases = phases;
                 return Ok(Some(opened));
             }
+        } else {
+            // A turn taken with no bytes to put: the puts queued meanwhile go on.
+            store.start_waiting_puts();
         }
         self.open_precompiled(source, Ok(Ok(verified)), module, code_digest, started)
             .await
@@ -151,12 +159,14 @@ impl Loader {
 }
 
 /// Hands `stored`, verified against `code_digest`, to the node's store as a sealed copy,
-/// and counts what the store answered. Blocks.
+/// and counts what the store answered; `wait_while_busy`: tries again for about 2 s while
+/// the store checks other puts. Blocks.
 pub(super) fn put_now(
     store: &CodeStore,
     metrics: &Metrics,
     code_digest: Digest,
     stored: StoredBytes,
+    wait_while_busy: bool,
 ) -> Result<(), CodeStoreError> {
     // The copy is charged to this pod's memory: a Function's own pod may be sized close to
     // what it runs, and a put that kills it would be tried again at every start.
@@ -169,7 +179,7 @@ pub(super) fn put_now(
     // asked.
     let sealed = CodeStore::sealed_copy(stored.bytes());
     drop(stored);
-    let put = sealed.and_then(|sealed| put_when_free(store, &code_digest, &sealed));
+    let put = sealed.and_then(|sealed| put_when_free(store, &code_digest, &sealed, wait_while_busy));
     match &put {
         Ok(()) => metrics.code_store_request("put", "stored"),
         Err(CodeStoreError::Busy) => {
@@ -193,11 +203,20 @@ pub(super) fn put_now(
 /// the same moment (a Go Function's check takes ~0.1 s). About 2 s in all.
 const BUSY_WAITS_MS: [u64; 10] = [25, 50, 100, 200, 250, 250, 250, 250, 250, 250];
 
-/// Puts `sealed`, trying again while the store answers that it is checking another put;
-/// once only, for a while after a put found it busy through all its tries (another
-/// namespace may keep it so). Blocks.
-fn put_when_free(store: &CodeStore, code_digest: &Digest, sealed: &std::fs::File) -> Result<(), CodeStoreError> {
-    let waits: &[u64] = if store.busy_lately() { &[] } else { &BUSY_WAITS_MS };
+/// Puts `sealed`, trying again while the store answers that it is checking another put
+/// (`wait_while_busy`); once only, for a while after a put found it busy through all its
+/// tries (another namespace may keep it so). Blocks.
+fn put_when_free(
+    store: &CodeStore,
+    code_digest: &Digest,
+    sealed: &std::fs::File,
+    wait_while_busy: bool,
+) -> Result<(), CodeStoreError> {
+    let waits: &[u64] = if wait_while_busy && !store.busy_lately() {
+        &BUSY_WAITS_MS
+    } else {
+        &[]
+    };
     for wait in waits {
         match store.put(code_digest, sealed) {
             Err(CodeStoreError::Busy) => std::thread::sleep(Duration::from_millis(wait + jitter(wait / 2))),
@@ -205,7 +224,7 @@ fn put_when_free(store: &CodeStore, code_digest: &Digest, sealed: &std::fs::File
         }
     }
     let put = store.put(code_digest, sealed);
-    if matches!(put, Err(CodeStoreError::Busy)) {
+    if wait_while_busy && matches!(put, Err(CodeStoreError::Busy)) {
         store.found_busy();
     }
     put
@@ -275,7 +294,21 @@ mod tests {
         let path = dir.path().join("store.sock");
         let store = store_answering(&path, vec![Reply::Busy, Reply::Busy, Reply::Stored]);
         let sealed = CodeStore::sealed_copy(b"code").unwrap();
-        put_when_free(&CodeStore::new(&path), &Digest::of(b"code"), &sealed).unwrap();
+        put_when_free(&CodeStore::new(&path), &Digest::of(b"code"), &sealed, true).unwrap();
+        assert_eq!(store.join().unwrap(), 3);
+    }
+
+    #[test]
+    fn a_put_on_a_requests_path_is_tried_once_and_leaves_later_puts_patient() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.sock");
+        let store = store_answering(&path, vec![Reply::Busy, Reply::Busy, Reply::Stored]);
+        let client = CodeStore::new(&path);
+        let sealed = CodeStore::sealed_copy(b"code").unwrap();
+        let put = put_when_free(&client, &Digest::of(b"code"), &sealed, false);
+        assert!(matches!(put, Err(CodeStoreError::Busy)), "{put:?}");
+        assert!(!client.busy_lately(), "one busy answer to a single try");
+        put_when_free(&client, &Digest::of(b"code"), &sealed, true).unwrap();
         assert_eq!(store.join().unwrap(), 3);
     }
 
@@ -288,7 +321,7 @@ mod tests {
         let client = CodeStore::new(&path);
         client.found_busy();
         let sealed = CodeStore::sealed_copy(b"code").unwrap();
-        let put = put_when_free(&client, &Digest::of(b"code"), &sealed);
+        let put = put_when_free(&client, &Digest::of(b"code"), &sealed, true);
         assert!(matches!(put, Err(CodeStoreError::Busy)), "{put:?}");
         assert_eq!(store.join().unwrap(), 1);
     }
@@ -299,7 +332,7 @@ mod tests {
         let path = dir.path().join("store.sock");
         let store = store_answering(&path, vec![Reply::Refused("digest: not the code".into())]);
         let sealed = CodeStore::sealed_copy(b"code").unwrap();
-        let put = put_when_free(&CodeStore::new(&path), &Digest::of(b"code"), &sealed);
+        let put = put_when_free(&CodeStore::new(&path), &Digest::of(b"code"), &sealed, true);
         assert!(matches!(put, Err(CodeStoreError::Refused(why)) if why.starts_with("digest")));
         assert_eq!(store.join().unwrap(), 1);
     }
