@@ -80,7 +80,7 @@ pub struct Metrics {
     pool: Option<PoolFamilies>,
     denied_hosts: std::sync::Mutex<std::collections::HashSet<String>>,
     /// This Function's `wasmless_module_info` series, removed when another module replaces it.
-    module_info_labels: std::sync::Mutex<Option<ModuleLabels>>,
+    module_info_labels: std::sync::Mutex<ModuleInfo>,
     /// The one series of each per-function family (the registry holds the family),
     /// looked up once, not per request.
     in_flight: Gauge,
@@ -218,9 +218,11 @@ impl Metrics {
         }
     }
 
-    /// Drops a removed Function's module info, so the pool exports only what it serves.
+    /// Drops a removed Function's module info, so the pool exports only what it serves; a
+    /// load of it still on its way when it was removed exports none either.
     pub fn forget_module(&self) {
-        if let Some(labels) = self.module_info_labels.lock().unwrap().take() {
+        let mut current = self.module_info_labels.lock().unwrap();
+        if let ModuleInfo::Exported(labels) = std::mem::replace(&mut *current, ModuleInfo::Forgotten) {
             self.families.module_info.remove(&labels);
         }
     }
@@ -333,8 +335,15 @@ impl Metrics {
             abi,
         };
         let mut current = self.module_info_labels.lock().unwrap();
-        if let Some(previous) = current.replace(labels.clone()) {
-            self.families.module_info.remove(&previous);
+        match std::mem::replace(&mut *current, ModuleInfo::Exported(labels.clone())) {
+            ModuleInfo::Forgotten => {
+                *current = ModuleInfo::Forgotten;
+                return;
+            }
+            ModuleInfo::Exported(previous) => {
+                self.families.module_info.remove(&previous);
+            }
+            ModuleInfo::None => {}
         }
         self.families.module_info.get_or_create(&labels).set(1);
     }
@@ -345,6 +354,16 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("writing to a String cannot fail");
         text
     }
+}
+
+/// The `wasmless_module_info` series a Function's handle exports.
+#[derive(Default)]
+enum ModuleInfo {
+    #[default]
+    None,
+    Exported(ModuleLabels),
+    /// The Function was removed ([`Metrics::forget_module`]): no series from now on.
+    Forgotten,
 }
 
 pub struct InFlight(Gauge);
@@ -414,5 +433,43 @@ impl wasmless_outbound::CallMetrics for Metrics {
                 status: "denied".to_string(),
             })
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn module_info_series(pool: &Metrics) -> usize {
+        pool.encode()
+            .lines()
+            .filter(|line| line.starts_with("wasmless_module_info{"))
+            .count()
+    }
+
+    #[test]
+    fn a_removed_function_exports_no_module_info_even_from_a_load_that_ends_after() {
+        let pool = Metrics::new_pool("pool");
+        let (stays, removed) = (pool.for_function("stays"), pool.for_function("removed"));
+        let loaded = |function: &Metrics, digest: &str| {
+            function.module_loaded(digest.into(), "cgi", Duration::from_millis(1), &LoadPhases::default());
+        };
+        loaded(&stays, "sha256:01");
+        loaded(&removed, "sha256:02");
+        assert_eq!(module_info_series(&pool), 2);
+        loaded(&removed, "sha256:03");
+        assert_eq!(
+            module_info_series(&pool),
+            2,
+            "a new module replaces the old one's series"
+        );
+        removed.forget_module();
+        assert_eq!(module_info_series(&pool), 1);
+        loaded(&removed, "sha256:04");
+        assert_eq!(
+            module_info_series(&pool),
+            1,
+            "a load on its way when the Function was removed"
+        );
     }
 }
