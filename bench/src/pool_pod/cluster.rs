@@ -29,17 +29,22 @@ impl OperatorSettings {
         let pairs: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}={v}")).collect();
         args.extend(pairs.iter().map(String::as_str));
         kubectl(&args)?;
-        kubectl(&[
-            "rollout",
-            "status",
-            "deploy",
-            OPERATOR,
-            "-n",
-            OPERATOR_NAMESPACE,
-            "--timeout=180s",
-        ])?;
-        Ok(())
+        operator_rolled_out()
     }
+}
+
+/// Waits until the operator's Deployment has rolled out.
+fn operator_rolled_out() -> anyhow::Result<()> {
+    kubectl(&[
+        "rollout",
+        "status",
+        "deploy",
+        OPERATOR,
+        "-n",
+        OPERATOR_NAMESPACE,
+        "--timeout=180s",
+    ])
+    .map(drop)
 }
 
 impl Drop for OperatorSettings {
@@ -89,17 +94,8 @@ impl OperatorStopped {
 impl Drop for OperatorStopped {
     fn drop(&mut self) {
         let replicas = format!("--replicas={}", self.replicas);
-        let started = kubectl(&["scale", "deploy", OPERATOR, "-n", OPERATOR_NAMESPACE, &replicas]).and_then(|_| {
-            kubectl(&[
-                "rollout",
-                "status",
-                "deploy",
-                OPERATOR,
-                "-n",
-                OPERATOR_NAMESPACE,
-                "--timeout=180s",
-            ])
-        });
+        let started = kubectl(&["scale", "deploy", OPERATOR, "-n", OPERATOR_NAMESPACE, &replicas])
+            .and_then(|_| operator_rolled_out());
         if let Err(error) = started {
             eprintln!("starting the operator again failed: {error:#}");
         }
