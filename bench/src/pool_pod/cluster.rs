@@ -66,15 +66,7 @@ pub(super) struct OperatorStopped {
 
 impl OperatorStopped {
     pub(super) fn stop() -> anyhow::Result<Self> {
-        let replicas = kubectl(&[
-            "get",
-            "deploy",
-            OPERATOR,
-            "-n",
-            OPERATOR_NAMESPACE,
-            "-o",
-            "jsonpath={.spec.replicas}",
-        ])?;
+        let replicas = operator_deployment("{.spec.replicas}")?;
         let stopped = Self { replicas };
         kubectl(&["scale", "deploy", OPERATOR, "-n", OPERATOR_NAMESPACE, "--replicas=0"])?;
         kubectl(&[
@@ -448,15 +440,13 @@ pub(super) fn kubectl(args: &[&str]) -> anyhow::Result<String> {
 
 /// The operator's environment as `NAME=value` lines (values from references are empty).
 pub(super) fn operator_env() -> anyhow::Result<String> {
-    kubectl(&[
-        "get",
-        "deploy",
-        OPERATOR,
-        "-n",
-        OPERATOR_NAMESPACE,
-        "-o",
-        "jsonpath={range .spec.template.spec.containers[0].env[*]}{.name}={.value}{\"\\n\"}{end}",
-    ])
+    operator_deployment("{range .spec.template.spec.containers[0].env[*]}{.name}={.value}{\"\\n\"}{end}")
+}
+
+/// What the JSONPath `template` makes of the operator's Deployment.
+fn operator_deployment(template: &str) -> anyhow::Result<String> {
+    let output = format!("jsonpath={template}");
+    kubectl(&["get", "deploy", OPERATOR, "-n", OPERATOR_NAMESPACE, "-o", &output])
 }
 
 /// The run's namespace, made anew: whatever an earlier run left is deleted first.
