@@ -164,3 +164,30 @@ otelcol_tool() {
   ) 9>"$OTELCOL/lock" || return 1
   echo "$bin"
 }
+
+# NATS with JetStream, the broker of events (events/, docs/plans/events.md): its tests start
+# it on 127.0.0.1. Its own module, at the version given, as the collector above: its
+# dependencies (nkeys, jwt, klauspost's compression) move with it.
+NATS_SERVER_VERSION=v2.15.3
+NATS_SERVER=$WASMLESS_CACHE/tools/nats-server
+
+# nats_server_tool: prints the path of nats-server, built when missing or when its version
+# changed.
+nats_server_tool() {
+  local bin=$NATS_SERVER/bin/nats-server
+  mkdir -p "$NATS_SERVER"
+  (
+    flock 9 || exit 1
+    [[ -x $bin && $(cat "$bin.stamp" 2>/dev/null) == "$NATS_SERVER_VERSION" ]] && exit 0
+    say "building nats-server $NATS_SERVER_VERSION from the Go module proxy into $NATS_SERVER/bin (once)"
+    rm -rf "${NATS_SERVER:?}/module"
+    mkdir -p "$NATS_SERVER/module" "$NATS_SERVER/bin"
+    cd "$NATS_SERVER/module" || exit 1
+    printf 'module wasmless.local/nats\n\ngo 1.26.7\n\nrequire github.com/nats-io/nats-server/v2 %s\n' "$NATS_SERVER_VERSION" >go.mod
+    export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
+    go mod download github.com/nats-io/nats-server/v2 >/dev/null 2>&1 || go mod download github.com/nats-io/nats-server/v2 >&2 || exit 1
+    go build "${GO_BUILD_FLAGS[@]}" -ldflags "-s -w" -o "$bin" github.com/nats-io/nats-server/v2 >&2 || exit 1
+    printf '%s' "$NATS_SERVER_VERSION" >"$bin.stamp"
+  ) 9>"$NATS_SERVER/lock" || return 1
+  echo "$bin"
+}

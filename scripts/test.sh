@@ -46,11 +46,12 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # core idle for minutes at a time (one large crate, or a link, holding up the rest), and Go
 # fills it. Prometheus (scripts/lib.sh), then Kubernetes, etcd, CoreDNS, the pause image and
 # metrics-server (scripts/cluster.sh build), then the OpenTelemetry Collector of the
-# runtime's trace test; the cluster and the tests wait for them.
-step "Go: Prometheus, Kubernetes, etcd, CoreDNS, metrics-server, OpenTelemetry Collector, started in the background"
+# runtime's trace test and the NATS server of the events tests; the cluster and the tests
+# wait for them.
+step "Go: Prometheus, Kubernetes, etcd, CoreDNS, metrics-server, OpenTelemetry Collector, NATS, started in the background"
 go_log=$(mktemp /tmp/wasmless-go-build.XXXXXX)
 # shellcheck source=scripts/lib.sh
-(. scripts/lib.sh && prometheus_tool && scripts/cluster.sh build && otelcol_tool) >"$go_log" 2>&1 &
+(. scripts/lib.sh && prometheus_tool && scripts/cluster.sh build && otelcol_tool && nats_server_tool) >"$go_log" 2>&1 &
 go_build=$!
 # Helm is needed only at the end (the e2e's last step, then the Helm check): built at nice
 # 19, in this session (see the fuzzing below), it takes only CPU the rest leaves idle, where
@@ -116,6 +117,9 @@ wait "$go_build" || { tail -n 60 "$go_log"; echo "the Go builds failed: the whol
 # The runtime's trace test runs this collector (built above, so this only prints its path).
 export WASMLESS_OTELCOL
 WASMLESS_OTELCOL=$(. scripts/lib.sh && otelcol_tool)
+# The events tests' broker, likewise.
+export WASMLESS_NATS_SERVER
+WASMLESS_NATS_SERVER=$(. scripts/lib.sh && nats_server_tool)
 
 step "images (scripts/build-images.sh)"
 images=$(scripts/build-images.sh)

@@ -1,5 +1,5 @@
 //! What the integration tests start on loopback: Debian's OCI registry, an OpenTelemetry
-//! Collector, and the in-memory
+//! Collector, a NATS server with JetStream, and the in-memory
 //! Kubernetes API server (`FakeApiServer`) of the operator's and the builder's tests (tests
 //! also run against a real one when `WASMLESS_TEST_KUBECONFIG` is set).
 
@@ -7,6 +7,7 @@
 mod fake_api;
 #[cfg(feature = "flags-reference")]
 pub mod flags_reference;
+pub mod nats;
 pub mod otelcol;
 mod registry;
 

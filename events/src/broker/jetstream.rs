@@ -1,0 +1,208 @@
+//! The broker as NATS JetStream: a stream per namespace, a durable pull consumer per
+//! (Function, trigger), naks with a delay for retries, terms for giving up, the
+//! `Nats-Msg-Id` header for deduplication within the stream's window.
+
+use super::{Broker, BrokerError, ConsumerSpec, Delivery, Message, Publish};
+use async_nats::jetstream::{self, AckKind, consumer, stream};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use std::time::{Duration, SystemTime};
+
+/// How long a namespace's stream keeps a message no consumer has settled.
+pub const KEEP_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The broker keeps a message published twice with one id once, within this: the longest a
+/// publisher that did not see its first publish acknowledged takes to send it again.
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
+pub struct JetStream {
+    context: jetstream::Context,
+}
+
+impl JetStream {
+    pub async fn connect(url: &str) -> Result<Self, BrokerError> {
+        let client = async_nats::ConnectOptions::new()
+            .name("wasmless-events")
+            .connection_timeout(Duration::from_secs(5))
+            .connect(url)
+            .await
+            .map_err(|source| BrokerError::Connect {
+                url: url.to_string(),
+                source: Box::new(source),
+            })?;
+        Ok(Self {
+            context: jetstream::new(client),
+        })
+    }
+
+    async fn stream(&self, consumer: &ConsumerSpec) -> Result<jetstream::stream::Stream, BrokerError> {
+        let name = crate::names::stream(&consumer.trigger.namespace);
+        self.context
+            .get_stream(&name)
+            .await
+            .map_err(|error| BrokerError::refused(format!("open stream {name}"), error))
+    }
+}
+
+impl Broker for JetStream {
+    type Delivery = JetStreamDelivery;
+
+    async fn ensure_namespace(&self, namespace: &str) -> Result<(), BrokerError> {
+        let name = crate::names::stream(namespace);
+        let config = stream::Config {
+            name: name.clone(),
+            subjects: vec![crate::names::namespace_subjects(namespace)],
+            // Limits, not a work queue: each trigger on a subject has a consumer of its
+            // own and gets every message.
+            retention: stream::RetentionPolicy::Limits,
+            storage: stream::StorageType::File,
+            max_age: KEEP_FOR,
+            duplicate_window: DUPLICATE_WINDOW,
+            ..Default::default()
+        };
+        self.context
+            .create_or_update_stream(config)
+            .await
+            .map(drop)
+            .map_err(|error| BrokerError::refused(format!("make stream {name}"), error))
+    }
+
+    async fn ensure_consumer(&self, spec: &ConsumerSpec) -> Result<(), BrokerError> {
+        let durable = spec.trigger.durable();
+        let config = consumer::pull::Config {
+            durable_name: Some(durable.clone()),
+            filter_subject: spec.subject.clone(),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: spec.ack_wait,
+            max_deliver: i64::from(spec.max_deliver),
+            max_ack_pending: i64::from(spec.max_in_flight),
+            deliver_policy: consumer::DeliverPolicy::All,
+            ..Default::default()
+        };
+        // Made, or changed to this spec (the server's create is create-or-update).
+        self.stream(spec)
+            .await?
+            .create_consumer(config)
+            .await
+            .map(drop)
+            .map_err(|error| BrokerError::refused(format!("make consumer {durable}"), error))
+    }
+
+    async fn publish(&self, message: Publish) -> Result<(), BrokerError> {
+        let mut headers = async_nats::HeaderMap::new();
+        for (name, value) in &message.headers {
+            headers.append(name.as_str(), value.as_str());
+        }
+        if let Some(id) = &message.id {
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+        }
+        let subject = message.subject.clone();
+        let acknowledged = self
+            .context
+            .publish_with_headers(message.subject, headers, message.payload)
+            .await
+            .map_err(|error| BrokerError::refused(format!("publish to {subject}"), error))?;
+        // Durable only once the stream has acknowledged it.
+        acknowledged
+            .await
+            .map(drop)
+            .map_err(|error| BrokerError::refused(format!("store a message on {subject}"), error))
+    }
+
+    async fn consume(
+        &self,
+        spec: &ConsumerSpec,
+    ) -> Result<BoxStream<'static, Result<JetStreamDelivery, BrokerError>>, BrokerError> {
+        let durable = spec.trigger.durable();
+        let consumer: consumer::PullConsumer = self
+            .stream(spec)
+            .await?
+            .get_consumer(&durable)
+            .await
+            .map_err(|error| BrokerError::refused(format!("open consumer {durable}"), error))?;
+        let messages = consumer
+            .messages()
+            .await
+            .map_err(|error| BrokerError::refused(format!("read consumer {durable}"), error))?;
+        Ok(messages
+            .map(move |next| {
+                let inner = next.map_err(|error| BrokerError::refused("hand out a message", error))?;
+                JetStreamDelivery::new(inner)
+            })
+            .boxed())
+    }
+
+    async fn lag(&self, spec: &ConsumerSpec) -> Result<u64, BrokerError> {
+        let durable = spec.trigger.durable();
+        let info = self
+            .stream(spec)
+            .await?
+            .consumer_info(&durable)
+            .await
+            .map_err(|error| BrokerError::refused(format!("read consumer {durable}"), error))?;
+        Ok(info.num_pending + info.num_ack_pending as u64)
+    }
+}
+
+pub struct JetStreamDelivery {
+    inner: jetstream::Message,
+    message: Message,
+}
+
+impl JetStreamDelivery {
+    fn new(inner: jetstream::Message) -> Result<Self, BrokerError> {
+        let info = inner
+            .info()
+            .map_err(|error| BrokerError::refused("say which message it handed out", error))?;
+        let headers: Vec<(String, String)> = inner
+            .headers
+            .iter()
+            .flat_map(|headers| headers.iter())
+            .flat_map(|(name, values)| {
+                values
+                    .iter()
+                    .map(move |value| (name.to_string(), value.as_str().to_string()))
+            })
+            .collect();
+        let published = SystemTime::UNIX_EPOCH
+            + Duration::from_nanos(u64::try_from(info.published.unix_timestamp_nanos()).unwrap_or(0));
+        let id = headers
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(async_nats::header::NATS_MESSAGE_ID.as_ref()))
+            .map(|(_, id)| id.clone())
+            .unwrap_or_else(|| format!("{}-{}", info.stream, info.stream_sequence));
+        let message = Message {
+            id,
+            subject: inner.subject.to_string(),
+            attempt: u32::try_from(info.delivered).unwrap_or(u32::MAX),
+            headers,
+            payload: inner.payload.clone(),
+            published,
+        };
+        Ok(Self { inner, message })
+    }
+
+    async fn settle(self, kind: AckKind, what: &str) -> Result<(), BrokerError> {
+        self.inner
+            .ack_with(kind)
+            .await
+            .map_err(|error| BrokerError::refused(format!("{what} message {}", self.message.id), error))
+    }
+}
+
+impl Delivery for JetStreamDelivery {
+    fn message(&self) -> &Message {
+        &self.message
+    }
+
+    async fn ack(self) -> Result<(), BrokerError> {
+        self.settle(AckKind::Ack, "acknowledge").await
+    }
+
+    async fn retry_in(self, delay: Duration) -> Result<(), BrokerError> {
+        self.settle(AckKind::Nak(Some(delay)), "hand out again later").await
+    }
+
+    async fn give_up(self) -> Result<(), BrokerError> {
+        self.settle(AckKind::Term, "stop handing out").await
+    }
+}

@@ -1,0 +1,222 @@
+//! One trigger's messages delivered to its Function: `deliver_all` reads the trigger's
+//! consumer and runs up to its in-flight limit of `deliver` at once; each sends the
+//! message's request (`send`), asks `retry::decide` what the answer means, and settles the
+//! message with the broker: acknowledged only after a 2xx, handed out again after a
+//! growing delay, or, after the last try, parked on the dead-letter subject with its last
+//! error (published, durably, before the broker is told to stop handing it out).
+
+use crate::broker::{Broker, BrokerError, ConsumerSpec, Delivery, Message, Publish};
+use crate::cloudevent::{self, Kind};
+use crate::metrics::{EventMetrics, Outcome};
+use crate::names::TriggerRef;
+use crate::retry::{self, Answer, Decision, DeliveryPolicy};
+use bytes::Bytes;
+use futures::StreamExt;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// Headers of a dead letter, beside the message's own: why and after how many tries.
+pub const LAST_ERROR_HEADER: &str = "Wasmless-Last-Error";
+pub const ATTEMPTS_HEADER: &str = "Wasmless-Attempts";
+/// The subject the message was published on, and its id (`ce-id`).
+pub const SUBJECT_HEADER: &str = "Wasmless-Subject";
+pub const EVENT_ID_HEADER: &str = "ce-id";
+
+/// A response body read, at most, to say what went wrong: the rest is not read (and its
+/// connection not reused).
+const ERROR_BODY: usize = 512;
+/// A 2xx's body is read to reuse the connection, up to this.
+const DRAINED_BODY: usize = 64 * 1024;
+
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+pub fn http_client() -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
+/// Where one trigger's events go, and how patiently.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub trigger: TriggerRef,
+    pub kind: Kind,
+    /// The Function's Service and the trigger's path.
+    pub url: http::Uri,
+    pub policy: DeliveryPolicy,
+}
+
+/// Delivers the consumer's messages until its stream ends; the caller starts it again. A
+/// message that cannot be settled (the broker away for a moment) is logged and left to
+/// the broker, which hands it out again after the consumer's `ack_wait`.
+pub async fn deliver_all<B: Broker>(
+    broker: Arc<B>,
+    consumer: ConsumerSpec,
+    target: Arc<Target>,
+    client: HttpClient,
+    metrics: EventMetrics,
+) -> Result<(), BrokerError> {
+    let deliveries = broker.consume(&consumer).await?;
+    let limit = usize::try_from(consumer.max_in_flight.max(1)).unwrap_or(1);
+    deliveries
+        .for_each_concurrent(limit, |next| {
+            let (broker, target, client, metrics) = (broker.clone(), target.clone(), client.clone(), metrics.clone());
+            async move {
+                let delivered = match next {
+                    Ok(delivery) => deliver(broker.as_ref(), &target, &client, &metrics, delivery).await,
+                    Err(error) => Err(error),
+                };
+                if let Err(error) = delivered {
+                    tracing::warn!(trigger = ?target.trigger, %error, "an event's delivery was interrupted; the broker hands it out again");
+                }
+            }
+        })
+        .await;
+    Ok(())
+}
+
+/// One try of one message, and what the broker is told after it.
+pub async fn deliver<B: Broker>(
+    broker: &B,
+    target: &Target,
+    client: &HttpClient,
+    metrics: &EventMetrics,
+    delivery: B::Delivery,
+) -> Result<(), BrokerError> {
+    let message = delivery.message().clone();
+    let tried = match cloudevent::request(&target.trigger, target.kind, &target.url, &message) {
+        Ok(request) => send(client, request, target.policy.timeout).await,
+        // Never a request on any try: given up on at once.
+        Err(error) => Tried {
+            answer: Answer::Status {
+                status: 400,
+                retry_after: None,
+            },
+            error: error.to_string(),
+        },
+    };
+    let jitter = rand::random_range(-retry::JITTER..=retry::JITTER);
+    match retry::decide(&target.policy, message.attempt, &tried.answer, jitter) {
+        Decision::Done => {
+            delivery.ack().await?;
+            metrics.delivered(&target.trigger, Outcome::Ok);
+            let waited = SystemTime::now().duration_since(message.published).unwrap_or_default();
+            metrics.delivered_after(&target.trigger, waited.as_secs_f64());
+        }
+        Decision::RetryIn(delay) => {
+            tracing::info!(trigger = ?target.trigger, id = %message.id, attempt = message.attempt, error = %tried.error, ?delay, "event failed; tried again later");
+            delivery.retry_in(delay).await?;
+            metrics.delivered(&target.trigger, Outcome::Retry);
+        }
+        Decision::GiveUp if target.policy.dead_letter => {
+            tracing::warn!(trigger = ?target.trigger, id = %message.id, attempt = message.attempt, error = %tried.error, "event failed for the last time; parked as a dead letter");
+            broker
+                .publish(dead_letter(&target.trigger, &message, &tried.error))
+                .await?;
+            delivery.give_up().await?;
+            metrics.delivered(&target.trigger, Outcome::DeadLetter);
+        }
+        Decision::GiveUp => {
+            tracing::warn!(trigger = ?target.trigger, id = %message.id, attempt = message.attempt, error = %tried.error, "event failed for the last time; dropped (dead letters are off)");
+            delivery.give_up().await?;
+            metrics.delivered(&target.trigger, Outcome::Dropped);
+        }
+    }
+    Ok(())
+}
+
+/// What one try came to, and in words for a dead letter.
+#[derive(Debug)]
+pub struct Tried {
+    pub answer: Answer,
+    pub error: String,
+}
+
+/// Sends the request and reads enough of the answer to decide (and, for a 2xx, to reuse
+/// the connection), all within `timeout`.
+pub async fn send(client: &HttpClient, request: http::Request<Bytes>, timeout: Duration) -> Tried {
+    let request = request.map(Full::new);
+    let tried = async {
+        let response = match client.request(request).await {
+            Ok(response) => response,
+            Err(error) => return no_answer(format!("no answer: {}", error_chain(&error))),
+        };
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(retry::retry_after);
+        let limit = if status.is_success() { DRAINED_BODY } else { ERROR_BODY };
+        let body = Limited::new(response.into_body(), limit)
+            .collect()
+            .await
+            .map(|body| body.to_bytes())
+            .unwrap_or_default();
+        Tried {
+            answer: Answer::Status {
+                status: status.as_u16(),
+                retry_after,
+            },
+            error: format!("status {}: {}", status.as_u16(), String::from_utf8_lossy(&body).trim()),
+        }
+    };
+    tokio::time::timeout(timeout, tried)
+        .await
+        .unwrap_or_else(|_| no_answer(format!("no answer within {timeout:?} (spec.delivery.timeout)")))
+}
+
+fn no_answer(error: String) -> Tried {
+    Tried {
+        answer: Answer::NoAnswer,
+        error,
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut words = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        words.push_str(": ");
+        words.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    words
+}
+
+/// The message parked: its payload and headers, why it failed and after how many tries.
+/// Its id is derived from the message's, so a reader that died between parking it and
+/// telling the broker parks it again as the same message, which the broker keeps once.
+pub fn dead_letter(trigger: &TriggerRef, message: &Message, error: &str) -> Publish {
+    let mut headers: Vec<(String, String)> = message
+        .headers
+        .iter()
+        .filter(|(name, _)| !name.eq_ignore_ascii_case("Nats-Msg-Id"))
+        .cloned()
+        .collect();
+    headers.push((LAST_ERROR_HEADER.into(), header_safe(error)));
+    headers.push((ATTEMPTS_HEADER.into(), message.attempt.to_string()));
+    headers.push((SUBJECT_HEADER.into(), message.subject.clone()));
+    headers.push((EVENT_ID_HEADER.into(), message.id.clone()));
+    Publish {
+        subject: trigger.dead_letter_subject(),
+        id: Some(format!("{}.dead", message.id)),
+        headers,
+        payload: message.payload.clone(),
+    }
+}
+
+/// A handler's words as one header line: control characters become spaces, and a long
+/// answer is cut.
+fn header_safe(words: &str) -> String {
+    words
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(ERROR_BODY)
+        .collect()
+}

@@ -1,0 +1,425 @@
+//! Events delivered through a real NATS server with JetStream (testkit's, on loopback) to
+//! a handler over HTTP: retries with growing delays, dead letters with the last error, the
+//! same `ce-id` on every try, and no message lost when the deliverer or the broker dies.
+
+use axum::http::{HeaderMap, StatusCode};
+use bytes::Bytes;
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use wasmless_events::broker::jetstream::JetStream;
+use wasmless_events::broker::{Broker, ConsumerSpec, Publish};
+use wasmless_events::cloudevent::{ATTEMPT_HEADER, Kind};
+use wasmless_events::deliver::{self, Target};
+use wasmless_events::metrics::EventMetrics;
+use wasmless_events::names::{self, TriggerRef};
+use wasmless_events::retry::DeliveryPolicy;
+use wasmless_testkit::nats::Nats;
+
+/// What the handler answers each try of a message.
+#[derive(Clone, Copy)]
+enum Script {
+    /// 503 to the first `n` tries of each message, then 200.
+    FailFirst(u32),
+    /// This status and body, every time.
+    Always(u16, &'static str),
+    /// 200 after this long.
+    SlowOk(Duration),
+}
+
+#[derive(Clone, Debug)]
+struct Seen {
+    id: String,
+    attempt: u32,
+    at: Instant,
+    status: u16,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+struct Handler {
+    script: Script,
+    seen: Mutex<Vec<Seen>>,
+}
+
+impl Handler {
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    fn answered_ok(&self) -> usize {
+        self.seen().iter().filter(|seen| seen.status == 200).count()
+    }
+}
+
+async fn handle(
+    axum::extract::State(handler): axum::extract::State<Arc<Handler>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, &'static str) {
+    let id = headers
+        .get("ce-id")
+        .map(|id| id.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let attempt = headers[ATTEMPT_HEADER].to_str().unwrap().parse().unwrap();
+    let tries_before = handler.seen().iter().filter(|seen| seen.id == id).count() as u32;
+    let (status, words) = match handler.script {
+        Script::FailFirst(n) if tries_before < n => (503, "not yet"),
+        Script::FailFirst(_) => (200, "ok"),
+        Script::Always(status, words) => (status, words),
+        Script::SlowOk(delay) => {
+            tokio::time::sleep(delay).await;
+            (200, "ok")
+        }
+    };
+    handler.seen.lock().unwrap().push(Seen {
+        id,
+        attempt,
+        at: Instant::now(),
+        status,
+        headers,
+        body,
+    });
+    (StatusCode::from_u16(status).unwrap(), words)
+}
+
+struct Harness {
+    nats: Nats,
+    broker: Arc<JetStream>,
+    handler: Arc<Handler>,
+    url: http::Uri,
+    registry: Arc<Mutex<prometheus_client::registry::Registry>>,
+    metrics: EventMetrics,
+    trigger: TriggerRef,
+}
+
+impl Harness {
+    async fn start(script: Script) -> Self {
+        let nats = Nats::start();
+        let broker = Arc::new(JetStream::connect(&nats.url()).await.unwrap());
+        let handler = Arc::new(Handler {
+            script,
+            seen: Mutex::new(Vec::new()),
+        });
+        let app = axum::Router::new()
+            .route("/orders", axum::routing::post(handle))
+            .with_state(handler.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/orders", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = EventMetrics::register(&mut registry);
+        let trigger = TriggerRef::new("shop", "orders", "created");
+        broker.ensure_namespace("shop").await.unwrap();
+        Self {
+            nats,
+            broker,
+            handler,
+            url,
+            registry: Arc::new(Mutex::new(registry)),
+            metrics,
+            trigger,
+        }
+    }
+
+    fn consumer(&self, max_in_flight: u32, ack_wait: Duration, policy: &DeliveryPolicy) -> ConsumerSpec {
+        ConsumerSpec {
+            trigger: self.trigger.clone(),
+            subject: names::subject("shop", "orders.created").unwrap(),
+            max_in_flight,
+            ack_wait,
+            max_deliver: policy.retries + 2,
+        }
+    }
+
+    /// The deliverer, started again whenever its consumer's stream ends (as the component's
+    /// supervisor does), until the task is aborted.
+    async fn deliver(&self, consumer: &ConsumerSpec, policy: DeliveryPolicy) -> tokio::task::JoinHandle<()> {
+        self.broker.ensure_consumer(consumer).await.unwrap();
+        self.metrics.trigger_started(&self.trigger);
+        let target = Arc::new(Target {
+            trigger: self.trigger.clone(),
+            kind: Kind::Queue,
+            url: self.url.clone(),
+            policy,
+        });
+        let (broker, consumer, metrics) = (self.broker.clone(), consumer.clone(), self.metrics.clone());
+        tokio::spawn(async move {
+            loop {
+                let ended = deliver::deliver_all(
+                    broker.clone(),
+                    consumer.clone(),
+                    target.clone(),
+                    deliver::http_client(),
+                    metrics.clone(),
+                )
+                .await;
+                if let Err(error) = ended {
+                    eprintln!("deliverer: {error}");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    }
+
+    async fn publish(&self, id: Option<&str>, payload: &str) {
+        self.broker
+            .publish(Publish {
+                subject: "wasmless.shop.orders.created".into(),
+                id: id.map(str::to_string),
+                headers: vec![("Content-Type".into(), "application/json".into())],
+                payload: Bytes::from(payload.to_string()),
+            })
+            .await
+            .unwrap();
+    }
+
+    fn metric(&self, outcome: &str) -> u64 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry.lock().unwrap()).unwrap();
+        let series = format!(
+            "wasmless_events_delivered_total{{function=\"orders\",function_namespace=\"shop\",trigger=\"created\",outcome=\"{outcome}\"}} "
+        );
+        text.lines()
+            .find_map(|line| line.strip_prefix(&series))
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    async fn wait_until(&self, seconds: u64, what: &str, done: impl Fn(&Self) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        while !done(self) {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within {seconds} s; the handler saw {} tries",
+                self.handler.seen().len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The consumer's messages all settled (acknowledged or given up on).
+    async fn lag_back_to_zero(&self, consumer: &ConsumerSpec) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let lag = self.broker.lag(consumer).await.unwrap();
+            if lag == 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the consumer's lag is {lag}, not 0, 5 s after the last try"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The dead letters parked for the trigger, read as a user would, from the stream.
+    async fn dead_letters(&self) -> Vec<async_nats::Message> {
+        let client = async_nats::connect(self.nats.url()).await.unwrap();
+        let stream = async_nats::jetstream::new(client)
+            .get_stream(names::stream("shop"))
+            .await
+            .unwrap();
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+                filter_subject: self.trigger.dead_letter_subject(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let mut messages = consumer.messages().await.unwrap();
+        let mut letters = Vec::new();
+        while let Ok(Some(Ok(message))) = tokio::time::timeout(Duration::from_millis(500), messages.next()).await {
+            letters.push(message.message);
+        }
+        letters
+    }
+}
+
+fn header<'a>(message: &'a async_nats::Message, name: &str) -> &'a str {
+    message.headers.as_ref().unwrap().get(name).unwrap().as_str()
+}
+
+#[tokio::test]
+async fn a_handler_failing_three_times_then_succeeding_gets_the_event_after_growing_delays() {
+    let harness = Harness::start(Script::FailFirst(3)).await;
+    let policy = DeliveryPolicy {
+        retries: 5,
+        backoff: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let consumer = harness.consumer(4, Duration::from_secs(30), &policy);
+    let _deliverer = harness.deliver(&consumer, policy).await;
+    harness.publish(Some("order-1"), r#"{"order":1}"#).await;
+    harness
+        .wait_until(20, "the fourth try answered 200", |harness| {
+            harness.handler.answered_ok() == 1
+        })
+        .await;
+
+    let seen = harness.handler.seen();
+    assert_eq!(seen.len(), 4, "three failures and a success");
+    assert!(
+        seen.iter().all(|seen| seen.id == "order-1"),
+        "every try carries the same ce-id"
+    );
+    assert_eq!(seen.iter().map(|seen| seen.attempt).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    assert_eq!(seen[0].headers["ce-type"], "io.wasmless.queue");
+    assert_eq!(seen[0].headers["ce-source"], "wasmless/shop/orders/created");
+    assert_eq!(seen[0].headers["ce-subject"], "orders.created");
+    assert_eq!(seen[0].body, r#"{"order":1}"#);
+    let gaps: Vec<Duration> = seen.windows(2).map(|pair| pair[1].at - pair[0].at).collect();
+    for (retry, gap) in gaps.iter().enumerate() {
+        let backoff = Duration::from_millis(200) * 2u32.pow(retry as u32);
+        assert!(
+            *gap >= backoff.mul_f64(0.8),
+            "retry {} came after {gap:?}, before its backoff {backoff:?}",
+            retry + 1
+        );
+    }
+    assert!(gaps[2] > gaps[0], "the delays grew: {gaps:?}");
+    assert_eq!(
+        (
+            harness.metric("retry"),
+            harness.metric("ok"),
+            harness.metric("dead_letter")
+        ),
+        (3, 1, 0)
+    );
+    harness.lag_back_to_zero(&consumer).await;
+}
+
+#[tokio::test]
+async fn an_always_failing_handler_parks_the_event_as_a_dead_letter_with_its_last_error() {
+    let harness = Harness::start(Script::Always(500, "out of stock")).await;
+    let policy = DeliveryPolicy {
+        retries: 2,
+        backoff: Duration::from_millis(50),
+        ..Default::default()
+    };
+    let consumer = harness.consumer(4, Duration::from_secs(30), &policy);
+    let _deliverer = harness.deliver(&consumer, policy).await;
+    harness.publish(Some("order-2"), r#"{"order":2}"#).await;
+    harness
+        .wait_until(20, "a dead letter counted", |harness| {
+            harness.metric("dead_letter") == 1
+        })
+        .await;
+    let letters = harness.dead_letters().await;
+    assert_eq!(letters.len(), 1, "one dead letter");
+    let letter = &letters[0];
+    assert_eq!(letter.payload, r#"{"order":2}"#);
+    assert_eq!(header(letter, "Wasmless-Last-Error"), "status 500: out of stock");
+    assert_eq!(header(letter, "Wasmless-Attempts"), "3");
+    assert_eq!(header(letter, "ce-id"), "order-2");
+    assert_eq!(header(letter, "Wasmless-Subject"), "wasmless.shop.orders.created");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        harness.handler.seen().len(),
+        3,
+        "the first try and two retries, then no more"
+    );
+    harness.lag_back_to_zero(&consumer).await;
+}
+
+#[tokio::test]
+async fn an_event_the_handler_calls_bad_is_parked_at_once_and_an_id_published_twice_is_delivered_once() {
+    let harness = Harness::start(Script::Always(400, "no such order")).await;
+    let policy = DeliveryPolicy {
+        retries: 5,
+        backoff: Duration::from_millis(50),
+        ..Default::default()
+    };
+    let consumer = harness.consumer(4, Duration::from_secs(30), &policy);
+    let _deliverer = harness.deliver(&consumer, policy).await;
+    harness.publish(Some("order-3"), "{}").await;
+    harness.publish(Some("order-3"), "{}").await;
+    harness
+        .wait_until(20, "a dead letter counted", |harness| {
+            harness.metric("dead_letter") == 1
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        harness.handler.seen().len(),
+        1,
+        "a 400 is not retried, and the duplicate publish was dropped"
+    );
+    assert_eq!(harness.metric("retry"), 0);
+    let letters = harness.dead_letters().await;
+    assert_eq!(header(&letters[0], "Wasmless-Last-Error"), "status 400: no such order");
+}
+
+#[tokio::test]
+async fn no_event_is_lost_when_the_deliverer_and_then_the_broker_die_mid_way() {
+    const MESSAGES: usize = 2000;
+    let mut harness = Harness::start(Script::SlowOk(Duration::from_millis(2))).await;
+    let policy = DeliveryPolicy {
+        retries: 10,
+        backoff: Duration::from_millis(100),
+        ..Default::default()
+    };
+    // A message handed out to a deliverer that died is handed out again after 2 s.
+    let consumer = harness.consumer(32, Duration::from_secs(2), &policy);
+    harness.broker.ensure_consumer(&consumer).await.unwrap();
+    for n in 0..MESSAGES {
+        harness
+            .publish(Some(&format!("m-{n}")), &format!("{{\"n\":{n}}}"))
+            .await;
+    }
+    assert_eq!(
+        harness.broker.lag(&consumer).await.unwrap(),
+        MESSAGES as u64,
+        "all waiting before delivery starts"
+    );
+
+    let first = harness.deliver(&consumer, policy.clone()).await;
+    harness
+        .wait_until(60, "a quarter handled", |harness| {
+            harness.handler.answered_ok() >= MESSAGES / 4
+        })
+        .await;
+    first.abort();
+    let _second = harness.deliver(&consumer, policy).await;
+    harness
+        .wait_until(60, "half handled", |harness| {
+            harness.handler.answered_ok() >= MESSAGES / 2
+        })
+        .await;
+    harness.nats.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    harness.nats.restart();
+    harness
+        .wait_until(120, "every message handled", |harness| {
+            let ids: std::collections::HashSet<String> = harness
+                .handler
+                .seen()
+                .into_iter()
+                .filter(|seen| seen.status == 200)
+                .map(|seen| seen.id)
+                .collect();
+            ids.len() == MESSAGES
+        })
+        .await;
+
+    let mut tries: HashMap<String, usize> = HashMap::new();
+    for seen in harness.handler.seen() {
+        *tries.entry(seen.id).or_default() += 1;
+    }
+    let duplicates: usize = tries.values().map(|n| n - 1).sum();
+    eprintln!("{MESSAGES} messages, {duplicates} handled more than once (a deliverer and a broker killed)");
+    assert!(
+        (0..MESSAGES).all(|n| tries.contains_key(&format!("m-{n}"))),
+        "no message lost"
+    );
+    assert!(
+        duplicates < MESSAGES / 4,
+        "{duplicates} duplicates: only what was in flight at a kill is handed out again"
+    );
+}
