@@ -10,6 +10,9 @@
 pub mod broker;
 pub mod cloudevent;
 pub mod deliver;
+pub mod function;
 pub mod metrics;
 pub mod names;
 pub mod retry;
+pub mod running;
+pub mod watch;

@@ -55,6 +55,9 @@ fn check_subject(subject: &str) -> Result<(), NameError> {
         let last = index + 1 == tokens.len();
         match *token {
             "" => return refuse("a token is empty"),
+            "*" | ">" if index == 0 => {
+                return refuse("the first token is a wildcard, which would read Wasmless's own subjects too");
+            }
             "*" => {}
             ">" if last => {}
             ">" => return refuse("'>' may only be the last token"),

@@ -423,3 +423,85 @@ async fn no_event_is_lost_when_the_deliverer_and_then_the_broker_die_mid_way() {
         "{duplicates} duplicates: only what was in flight at a kill is handed out again"
     );
 }
+
+/// The component's whole path, against the in-memory API server: a Function's queue trigger
+/// read from the API, its consumer made, its Service found by its cluster IP, and the
+/// message delivered there; a message of another namespace on the same words never is.
+#[tokio::test]
+async fn a_functions_queue_trigger_read_from_the_api_delivers_to_its_service_and_only_its_namespaces_messages() {
+    use kube::api::{Api, DynamicObject, PostParams};
+    use wasmless_events::running::Running;
+    use wasmless_events::watch;
+
+    let harness = Harness::start(Script::FailFirst(0)).await;
+    let api = wasmless_testkit::FakeApiServer::new();
+    let kube = api.client();
+    let port = harness.url.port_u16().unwrap();
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(kube.clone(), "shop");
+    services
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "orders", "namespace": "shop"},
+                "spec": {"clusterIP": "127.0.0.1", "ports": [{"name": "http", "port": port}, {"name": "metrics", "port": 9090}]},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let functions = watch::functions_api(kube.clone(), Some("shop"));
+    let function: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "wasmless.io/v1alpha1", "kind": "Function",
+        "metadata": {"name": "orders", "namespace": "shop"},
+        "spec": {
+            "source": "package handlers",
+            "triggers": [{"name": "created", "path": "/orders", "queue": {"subject": "orders.*"}}],
+            "delivery": {"retries": 1, "backoff": "100ms"},
+        },
+    }))
+    .unwrap();
+    functions.create(&PostParams::default(), &function).await.unwrap();
+
+    let broker = harness.broker.clone();
+    let metrics = harness.metrics.clone();
+    let component = tokio::spawn(async move {
+        let mut running = Running::new(broker, kube.clone(), metrics);
+        watch::follow_functions(watch::functions_api(kube, Some("shop")), &mut running).await;
+    });
+    // The component makes the namespace's stream and the trigger's consumer.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let consumer = harness.consumer(10, Duration::from_secs(35), &DeliveryPolicy::default());
+    while harness.broker.lag(&consumer).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the trigger's consumer was not made within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    harness.broker.ensure_namespace("other").await.unwrap();
+    harness
+        .broker
+        .publish(Publish {
+            subject: "wasmless.other.orders.created".into(),
+            id: Some("theirs".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    harness.publish(Some("ours"), r#"{"order":7}"#).await;
+    harness
+        .wait_until(20, "the message delivered to the Service", |harness| {
+            harness.handler.answered_ok() == 1
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let seen = harness.handler.seen();
+    assert_eq!(
+        seen.iter().map(|seen| seen.id.as_str()).collect::<Vec<_>>(),
+        ["ours"],
+        "only the namespace's own message"
+    );
+    assert_eq!(seen[0].headers["ce-source"], "wasmless/shop/orders/created");
+    assert_eq!(seen[0].headers["ce-subject"], "orders.created");
+    component.abort();
+}

@@ -131,6 +131,20 @@ impl Broker for JetStream {
             .boxed())
     }
 
+    async fn remove_consumer(&self, spec: &ConsumerSpec) -> Result<(), BrokerError> {
+        let durable = spec.trigger.durable();
+        let stream = match self.stream(spec).await {
+            Ok(stream) => stream,
+            // No stream, so no consumer.
+            Err(_) => return Ok(()),
+        };
+        match stream.delete_consumer(&durable).await {
+            Ok(_) => Ok(()),
+            Err(error) if error.to_string().contains("not found") => Ok(()),
+            Err(error) => Err(BrokerError::refused(format!("remove consumer {durable}"), error)),
+        }
+    }
+
     async fn lag(&self, spec: &ConsumerSpec) -> Result<u64, BrokerError> {
         let durable = spec.trigger.durable();
         let info = self

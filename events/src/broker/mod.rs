@@ -111,6 +111,8 @@ pub trait Broker: Send + Sync + 'static {
         &self,
         consumer: &ConsumerSpec,
     ) -> impl Future<Output = Result<BoxStream<'static, Result<Self::Delivery, BrokerError>>, BrokerError>> + Send;
+    /// The consumer gone (its trigger or Function removed); gone already is fine.
+    fn remove_consumer(&self, consumer: &ConsumerSpec) -> impl Future<Output = Result<(), BrokerError>> + Send;
     /// Messages of the consumer not yet handed out, and handed out but not settled.
     fn lag(&self, consumer: &ConsumerSpec) -> impl Future<Output = Result<u64, BrokerError>> + Send;
 }

@@ -18,12 +18,14 @@ mod outbound;
 mod problems;
 mod reference;
 mod status;
+mod triggers;
 
 pub use env::*;
 pub use limits::*;
 pub use outbound::*;
 pub use reference::reference_markdown;
 pub use status::*;
+pub use triggers::*;
 
 /// Longest Function name: `<name>-build-<10 hex>` names a Job, whose pods carry it as a
 /// label value (at most 63 characters).
@@ -101,6 +103,8 @@ pub const MAX_SOURCE_BYTES: usize = 512 * 1024;
     .message("files go beside an inline source (source or function), not a prebuilt module"))]
 #[x_kube(validation = Rule::new("!has(self.module) || self.language == 'wasm'")
     .message("module is a prebuilt WebAssembly image: set language: wasm"))]
+#[x_kube(validation = Rule::new("!has(self.triggers) || self.triggers.all(t, self.triggers.exists_one(u, u.name == t.name))")
+    .message("each of triggers[] needs a name of its own"))]
 #[x_kube(validation = Rule::new("self.language != 'wasm' || has(self.module)")
     .message("language wasm takes a prebuilt module (spec.module), not inline source"))]
 #[serde(rename_all = "camelCase")]
@@ -201,6 +205,19 @@ pub struct FunctionSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 10))]
     pub traffic: Vec<TrafficTarget>,
+
+    /// Events the Function is called on besides HTTP requests, each as a `POST` in the
+    /// CloudEvents binary mode (`ce-id`, `ce-source`, `ce-type`, the payload as the body):
+    /// the handler stays an HTTP handler. Delivered by the events component
+    /// (`wasmless-events`), to the Function's Service, so a Function at `scale.min: 0` is
+    /// answered by its namespace's pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub triggers: Vec<Trigger>,
+
+    /// How the triggers' events are delivered: tries, delays, and dead letters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<Delivery>,
 }
 
 /// A share of a Function's requests and the revision that serves it, in the shape

@@ -597,3 +597,46 @@ fn a_function_over_the_pools_caps_keeps_a_pod_of_its_own() {
         "{refusal}"
     );
 }
+
+#[test]
+fn crd_takes_queue_triggers_and_refuses_ones_that_would_leave_their_namespace_or_collide() {
+    let queue = |name: &str, subject: &str| json!({"name": name, "queue": {"subject": subject}});
+    assert_eq!(
+        refused(json!({
+            "source": HELLO,
+            "triggers": [queue("created", "orders.created"), queue("any", "orders.*"), queue("all", "orders.>")],
+            "delivery": {"retries": 5, "backoff": "500ms", "timeout": "10s", "deadLetter": false},
+        })),
+        Vec::<String>::new()
+    );
+    let cases = [
+        (
+            json!([queue("a", "orders"), queue("a", "refunds")]),
+            "each of triggers[] needs a name of its own",
+        ),
+        (json!([queue("a", "_deadletter.hello")]), "does not match"),
+        (json!([queue("a", "*.created")]), "does not match"),
+        (json!([queue("a", ">")]), "does not match"),
+        (json!([queue("a", "orders..created")]), "does not match"),
+        (json!([queue("a", "orders.>.x")]), "does not match"),
+        (json!([queue("Bad_Name", "orders")]), "does not match"),
+        (
+            json!([{"name": "a", "path": "no-slash", "queue": {"subject": "orders"}}]),
+            "does not match",
+        ),
+        (
+            json!([{"name": "a", "queue": {"subject": "orders", "maxInFlight": 0}}]),
+            "below the minimum",
+        ),
+        (json!([{"name": "a"}]), "queue is required"),
+    ];
+    for (triggers, expected) in cases {
+        let errors = refused(json!({"source": HELLO, "triggers": triggers.clone()}));
+        assert!(
+            errors.iter().any(|e| e.contains(expected)),
+            "{triggers} should be refused with {expected:?}, got {errors:?}"
+        );
+    }
+    let errors = refused(json!({"source": HELLO, "triggers": [queue("a", "orders")], "delivery": {"backoff": "soon"}}));
+    assert!(errors.iter().any(|e| e.contains("does not match")), "{errors:?}");
+}

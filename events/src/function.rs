@@ -1,0 +1,192 @@
+//! A Function as the events component reads it: its triggers, its delivery policy and its
+//! Service, from the object's JSON (the schema and its checks are the operator's CRD,
+//! `operator/src/crd/triggers.rs`: this crate depends on no operator code). `wanted` is
+//! pure: what should run for one Function.
+
+use crate::broker::ConsumerSpec;
+use crate::names::{self, NameError, TriggerRef};
+use crate::retry::DeliveryPolicy;
+use serde::Deserialize;
+use std::time::Duration;
+use thiserror::Error;
+
+/// A try's answer may come this long after its timeout before the broker hands the message
+/// out again: the deliverer settles it first.
+const ACK_MARGIN: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum FunctionError {
+    #[error("spec does not read as a Function's: {0}")]
+    Spec(String),
+    #[error("spec.delivery.{field}: {why}")]
+    Delivery { field: &'static str, why: String },
+    #[error("spec.triggers[{trigger}].queue: {source}")]
+    Subject {
+        trigger: String,
+        #[source]
+        source: NameError,
+    },
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct Spec {
+    #[serde(default)]
+    triggers: Vec<TriggerSpec>,
+    #[serde(default)]
+    delivery: Option<DeliverySpec>,
+    #[serde(default)]
+    service: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TriggerSpec {
+    name: String,
+    #[serde(default = "root")]
+    path: String,
+    queue: QueueSpec,
+}
+
+fn root() -> String {
+    "/".into()
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct QueueSpec {
+    subject: String,
+    #[serde(default = "ten")]
+    max_in_flight: u32,
+}
+
+fn ten() -> u32 {
+    10
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DeliverySpec {
+    retries: Option<u32>,
+    backoff: Option<String>,
+    timeout: Option<String>,
+    dead_letter: Option<bool>,
+}
+
+/// One trigger as it should run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Wanted {
+    pub consumer: ConsumerSpec,
+    pub policy: DeliveryPolicy,
+    /// The Service in the Function's namespace its events go to, and the path.
+    pub service: String,
+    pub path: String,
+}
+
+/// The triggers of Function `name` in `namespace` with this `spec`, as they should run.
+pub fn wanted(namespace: &str, name: &str, spec: &serde_json::Value) -> Result<Vec<Wanted>, FunctionError> {
+    let spec: Spec = serde_json::from_value(spec.clone()).map_err(|error| FunctionError::Spec(error.to_string()))?;
+    let policy = policy(spec.delivery.as_ref())?;
+    let service = spec.service.clone().unwrap_or_else(|| name.to_string());
+    spec.triggers
+        .iter()
+        .map(|trigger| {
+            let subject =
+                names::subject(namespace, &trigger.queue.subject).map_err(|source| FunctionError::Subject {
+                    trigger: trigger.name.clone(),
+                    source,
+                })?;
+            Ok(Wanted {
+                consumer: ConsumerSpec {
+                    trigger: TriggerRef::new(namespace, name, &trigger.name),
+                    subject,
+                    max_in_flight: trigger.queue.max_in_flight.max(1),
+                    ack_wait: policy.timeout + ACK_MARGIN,
+                    max_deliver: policy.retries + 2,
+                },
+                policy: policy.clone(),
+                service: service.clone(),
+                path: trigger.path.clone(),
+            })
+        })
+        .collect()
+}
+
+fn policy(delivery: Option<&DeliverySpec>) -> Result<DeliveryPolicy, FunctionError> {
+    let defaults = DeliveryPolicy::default();
+    let Some(delivery) = delivery else {
+        return Ok(defaults);
+    };
+    let duration = |field, text: &Option<String>, default| match text {
+        None => Ok(default),
+        Some(text) => {
+            wasmless_formats::quantity::parse_duration(text).map_err(|why| FunctionError::Delivery { field, why })
+        }
+    };
+    Ok(DeliveryPolicy {
+        retries: delivery.retries.unwrap_or(defaults.retries),
+        backoff: duration("backoff", &delivery.backoff, defaults.backoff)?,
+        timeout: duration("timeout", &delivery.timeout, defaults.timeout)?,
+        dead_letter: delivery.dead_letter.unwrap_or(defaults.dead_letter),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_function_without_triggers_wants_nothing() {
+        assert_eq!(
+            wanted("shop", "hello", &json!({"source": "package handlers"})),
+            Ok(vec![])
+        );
+    }
+
+    #[test]
+    fn a_queue_trigger_runs_under_the_functions_namespace_and_policy() {
+        let spec = json!({
+            "service": "front",
+            "triggers": [{"name": "created", "path": "/hook", "queue": {"subject": "orders.created", "maxInFlight": 4}}],
+            "delivery": {"retries": 5, "backoff": "250ms", "timeout": "10s", "deadLetter": false},
+        });
+        let wanted = wanted("shop", "orders", &spec).unwrap();
+        assert_eq!(wanted.len(), 1);
+        let trigger = &wanted[0];
+        assert_eq!(trigger.consumer.subject, "wasmless.shop.orders.created");
+        assert_eq!(trigger.consumer.trigger, TriggerRef::new("shop", "orders", "created"));
+        assert_eq!(trigger.consumer.max_in_flight, 4);
+        assert_eq!(trigger.consumer.ack_wait, Duration::from_secs(15));
+        assert_eq!(trigger.consumer.max_deliver, 7);
+        assert_eq!((trigger.service.as_str(), trigger.path.as_str()), ("front", "/hook"));
+        assert_eq!(
+            trigger.policy,
+            DeliveryPolicy {
+                retries: 5,
+                backoff: Duration::from_millis(250),
+                timeout: Duration::from_secs(10),
+                dead_letter: false
+            }
+        );
+    }
+
+    #[test]
+    fn defaults_are_the_crds() {
+        let spec = json!({"triggers": [{"name": "t", "queue": {"subject": "jobs"}}]});
+        let trigger = &wanted("shop", "worker", &spec).unwrap()[0];
+        assert_eq!((trigger.service.as_str(), trigger.path.as_str()), ("worker", "/"));
+        assert_eq!(trigger.consumer.max_in_flight, 10);
+        assert_eq!(trigger.policy, DeliveryPolicy::default());
+    }
+
+    #[test]
+    fn a_subject_the_crd_would_refuse_is_refused_here_too() {
+        let spec = json!({"triggers": [{"name": "t", "queue": {"subject": "_deadletter.other"}}]});
+        let error = wanted("shop", "worker", &spec).unwrap_err();
+        assert!(
+            error.to_string().starts_with("spec.triggers[t].queue: subject"),
+            "{error}"
+        );
+    }
+}

@@ -1,0 +1,209 @@
+//! The triggers this process delivers, kept to what the Functions say: `set` starts a
+//! Function's new triggers, restarts its changed ones and stops (and removes the consumers
+//! of) its removed ones; each runs `keep_delivering`, which finds the Function's Service,
+//! delivers until the consumer's stream ends, and starts again after a growing pause.
+
+use crate::broker::Broker;
+use crate::cloudevent::Kind;
+use crate::deliver::{self, HttpClient, Target};
+use crate::function::Wanted;
+use crate::metrics::EventMetrics;
+use crate::names::TriggerRef;
+use k8s_openapi::api::core::v1::Service;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+use tokio::task::JoinHandle;
+
+/// How often a trigger's lag is read for `wasmless_events_lag`.
+const LAG_EVERY: Duration = Duration::from_secs(5);
+/// The longest pause before a trigger whose delivery stopped is started again.
+const MAX_RESTART_PAUSE: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Error)]
+pub enum ServiceError {
+    #[error("the Function's Service {namespace}/{name} cannot be read: {source}")]
+    Read {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the Function's Service {namespace}/{name} has no cluster IP or no port named http yet")]
+    NotReady { namespace: String, name: String },
+}
+
+pub struct Running<B: Broker> {
+    broker: Arc<B>,
+    kube: kube::Client,
+    http: HttpClient,
+    metrics: EventMetrics,
+    triggers: HashMap<TriggerRef, (Wanted, JoinHandle<()>)>,
+}
+
+impl<B: Broker> Running<B> {
+    pub fn new(broker: Arc<B>, kube: kube::Client, metrics: EventMetrics) -> Self {
+        Self {
+            broker,
+            kube,
+            http: deliver::http_client(),
+            metrics,
+            triggers: HashMap::new(),
+        }
+    }
+
+    /// The Functions whose triggers run, as (namespace, name).
+    pub fn functions(&self) -> Vec<(String, String)> {
+        let mut functions: Vec<_> = self
+            .triggers
+            .keys()
+            .map(|trigger| (trigger.namespace.clone(), trigger.function.clone()))
+            .collect();
+        functions.sort();
+        functions.dedup();
+        functions
+    }
+
+    /// Function `namespace/name`'s triggers become `wanted` (empty: none of them runs).
+    pub async fn set(&mut self, namespace: &str, name: &str, wanted: Vec<Wanted>) {
+        let of_function = |trigger: &TriggerRef| trigger.namespace == namespace && trigger.function == name;
+        let stale: Vec<TriggerRef> = self
+            .triggers
+            .iter()
+            .filter(|(trigger, (running, _))| of_function(trigger) && !wanted.iter().any(|want| want == running))
+            .map(|(trigger, _)| trigger.clone())
+            .collect();
+        for trigger in stale {
+            let (running, task) = self.triggers.remove(&trigger).expect("listed above");
+            task.abort();
+            let removed = !wanted.iter().any(|want| want.consumer.trigger == trigger);
+            if removed {
+                if let Err(error) = self.broker.remove_consumer(&running.consumer).await {
+                    tracing::warn!(?trigger, %error, "a removed trigger's consumer is left on the broker");
+                }
+                self.metrics.trigger_stopped(&trigger);
+                tracing::info!(?trigger, "trigger removed");
+            }
+        }
+        for want in wanted {
+            let trigger = want.consumer.trigger.clone();
+            if self.triggers.contains_key(&trigger) {
+                continue;
+            }
+            self.metrics.trigger_started(&trigger);
+            let task = tokio::spawn(keep_delivering(
+                self.broker.clone(),
+                self.kube.clone(),
+                self.http.clone(),
+                self.metrics.clone(),
+                want.clone(),
+            ));
+            tracing::info!(?trigger, subject = %want.consumer.subject, "trigger started");
+            self.triggers.insert(trigger, (want, task));
+        }
+    }
+}
+
+impl<B: Broker> Drop for Running<B> {
+    fn drop(&mut self) {
+        for (_, task) in self.triggers.values() {
+            task.abort();
+        }
+    }
+}
+
+/// One trigger, delivered until its task is aborted.
+async fn keep_delivering<B: Broker>(
+    broker: Arc<B>,
+    kube: kube::Client,
+    http: HttpClient,
+    metrics: EventMetrics,
+    want: Wanted,
+) {
+    let trigger = want.consumer.trigger.clone();
+    let mut pause = Duration::from_millis(500);
+    loop {
+        let delivered = async {
+            broker
+                .ensure_namespace(&trigger.namespace)
+                .await
+                .map_err(|e| e.to_string())?;
+            broker
+                .ensure_consumer(&want.consumer)
+                .await
+                .map_err(|e| e.to_string())?;
+            let url = service_url(&kube, &trigger.namespace, &want.service, &want.path)
+                .await
+                .map_err(|e| e.to_string())?;
+            let target = Arc::new(Target {
+                trigger: trigger.clone(),
+                kind: Kind::Queue,
+                url,
+                policy: want.policy.clone(),
+            });
+            pause = Duration::from_millis(500);
+            let delivering = deliver::deliver_all(
+                broker.clone(),
+                want.consumer.clone(),
+                target,
+                http.clone(),
+                metrics.clone(),
+            );
+            tokio::select! {
+                ended = delivering => ended.map_err(|e| e.to_string()),
+                () = keep_lag(broker.as_ref(), &want, &metrics) => Ok(()),
+            }
+        }
+        .await;
+        if let Err(error) = delivered {
+            tracing::warn!(?trigger, %error, ?pause, "trigger not delivering; starting it again after a pause");
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_RESTART_PAUSE);
+    }
+}
+
+async fn keep_lag<B: Broker>(broker: &B, want: &Wanted, metrics: &EventMetrics) {
+    loop {
+        match broker.lag(&want.consumer).await {
+            Ok(lag) => metrics.set_lag(&want.consumer.trigger, lag),
+            Err(error) => tracing::debug!(trigger = ?want.consumer.trigger, %error, "lag not read"),
+        }
+        tokio::time::sleep(LAG_EVERY).await;
+    }
+}
+
+/// The Function's Service by its cluster IP and `http` port, read from the API: the same
+/// in the cluster and from a node, and a Service of the Function's own namespace only.
+pub async fn service_url(
+    kube: &kube::Client,
+    namespace: &str,
+    name: &str,
+    path: &str,
+) -> Result<http::Uri, ServiceError> {
+    let services: kube::Api<Service> = kube::Api::namespaced(kube.clone(), namespace);
+    let service = services.get(name).await.map_err(|source| ServiceError::Read {
+        namespace: namespace.into(),
+        name: name.into(),
+        source,
+    })?;
+    let not_ready = || ServiceError::NotReady {
+        namespace: namespace.into(),
+        name: name.into(),
+    };
+    let spec = service.spec.ok_or_else(not_ready)?;
+    let ip = spec
+        .cluster_ip
+        .filter(|ip| !ip.is_empty() && ip != "None")
+        .ok_or_else(not_ready)?;
+    let port = spec
+        .ports
+        .unwrap_or_default()
+        .into_iter()
+        .find(|port| port.name.as_deref() == Some("http"))
+        .ok_or_else(not_ready)?
+        .port;
+    let host = if ip.contains(':') { format!("[{ip}]") } else { ip };
+    format!("http://{host}:{port}{path}").parse().map_err(|_| not_ready())
+}

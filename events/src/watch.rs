@@ -1,0 +1,74 @@
+//! The Functions of the cluster (or of one namespace) followed with a watch: each one's
+//! triggers kept running as its spec says (`running::Running::set`), and a Function gone
+//! while the watch was down (absent from the list it starts again with) is stopped too.
+
+use crate::broker::Broker;
+use crate::function;
+use crate::running::Running;
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::watcher;
+use std::collections::HashSet;
+
+/// `wasmless.io/v1alpha1` `Function`, read as JSON: this crate needs only its triggers.
+pub fn functions_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("wasmless.io", "v1alpha1", "Function"),
+        "functions",
+    )
+}
+
+pub fn functions_api(client: kube::Client, namespace: Option<&str>) -> kube::Api<DynamicObject> {
+    let resource = functions_resource();
+    match namespace {
+        Some(namespace) => kube::Api::namespaced_with(client, namespace, &resource),
+        None => kube::Api::all_with(client, &resource),
+    }
+}
+
+/// Follows the Functions until the watch's stream ends (it does not: the watcher retries).
+pub async fn follow_functions<B: Broker>(api: kube::Api<DynamicObject>, running: &mut Running<B>) {
+    let mut events = watcher(api, watcher::Config::default()).boxed();
+    let mut listed: HashSet<(String, String)> = HashSet::new();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Init) => listed.clear(),
+            Ok(watcher::Event::InitApply(object)) => {
+                listed.insert(key(&object));
+                apply(running, &object).await;
+            }
+            Ok(watcher::Event::InitDone) => {
+                for (namespace, name) in running.functions() {
+                    if !listed.contains(&(namespace.clone(), name.clone())) {
+                        running.set(&namespace, &name, Vec::new()).await;
+                    }
+                }
+            }
+            Ok(watcher::Event::Apply(object)) => apply(running, &object).await,
+            Ok(watcher::Event::Delete(object)) => {
+                let (namespace, name) = key(&object);
+                running.set(&namespace, &name, Vec::new()).await;
+            }
+            Err(error) => tracing::warn!(%error, "the watch of Functions failed; it starts again"),
+        }
+    }
+}
+
+fn key(object: &DynamicObject) -> (String, String) {
+    (object.namespace().unwrap_or_default(), object.name_any())
+}
+
+async fn apply<B: Broker>(running: &mut Running<B>, object: &DynamicObject) {
+    let (namespace, name) = key(object);
+    let spec = object.data.get("spec").cloned().unwrap_or_default();
+    match function::wanted(&namespace, &name, &spec) {
+        Ok(wanted) => running.set(&namespace, &name, wanted).await,
+        Err(error) => {
+            // The CRD refuses what `wanted` refuses; an object that got past it (an older
+            // CRD) runs no trigger rather than a wrong one.
+            tracing::warn!(function = %name, %namespace, %error, "a Function's triggers cannot run; none of them does");
+            running.set(&namespace, &name, Vec::new()).await;
+        }
+    }
+}
