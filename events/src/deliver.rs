@@ -7,6 +7,7 @@
 
 use crate::broker::{Broker, BrokerError, ConsumerSpec, Delivery, Message, Publish};
 use crate::cloudevent::{self, Kind};
+use crate::endpoints::Addresses;
 use crate::metrics::{EventMetrics, Outcome};
 use crate::names::TriggerRef;
 use crate::retry::{self, Answer, Decision, DeliveryPolicy};
@@ -16,6 +17,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -42,12 +44,13 @@ pub fn http_client() -> HttpClient {
 }
 
 /// Where one trigger's events go, and how patiently.
-#[derive(Clone, Debug)]
 pub struct Target {
     pub trigger: TriggerRef,
     pub kind: Kind,
-    /// The Function's Service and the trigger's path.
-    pub url: http::Uri,
+    /// The Function's ready Pods (`endpoints.rs`), taken in turn.
+    pub addresses: Arc<Addresses>,
+    /// The trigger's path.
+    pub path: String,
     pub policy: DeliveryPolicy,
 }
 
@@ -89,15 +92,18 @@ pub async fn deliver<B: Broker>(
     delivery: B::Delivery,
 ) -> Result<(), BrokerError> {
     let message = delivery.message().clone();
-    let tried = match cloudevent::request(&target.trigger, target.kind, &target.url, &message) {
-        Ok(request) => send(client, request, target.policy.timeout).await,
-        // Never a request on any try: given up on at once.
-        Err(error) => Tried {
-            answer: Answer::Status {
-                status: 400,
-                retry_after: None,
+    let tried = match target.addresses.pick() {
+        None => no_answer("the Function has no ready pod (its own, or its namespace's pool) to take it".into()),
+        Some(address) => match request_to(target, address, &message) {
+            Ok(request) => send(client, request, target.policy.timeout).await,
+            // Never a request on any try: given up on at once.
+            Err(error) => Tried {
+                answer: Answer::Status {
+                    status: 400,
+                    retry_after: None,
+                },
+                error,
             },
-            error: error.to_string(),
         },
     };
     let jitter = rand::random_range(-retry::JITTER..=retry::JITTER);
@@ -128,6 +134,13 @@ pub async fn deliver<B: Broker>(
         }
     }
     Ok(())
+}
+
+fn request_to(target: &Target, address: SocketAddr, message: &Message) -> Result<http::Request<Bytes>, String> {
+    let url: http::Uri = format!("http://{address}{}", target.path)
+        .parse()
+        .map_err(|error| format!("path {:?}: {error}", target.path))?;
+    cloudevent::request(&target.trigger, target.kind, &url, message).map_err(|error| error.to_string())
 }
 
 /// What one try came to, and in words for a dead letter.

@@ -10,6 +10,7 @@
 pub mod broker;
 pub mod cloudevent;
 pub mod deliver;
+pub mod endpoints;
 pub mod function;
 pub mod metrics;
 pub mod names;

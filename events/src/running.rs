@@ -1,38 +1,25 @@
 //! The triggers this process delivers, kept to what the Functions say: `set` starts a
 //! Function's new triggers, restarts its changed ones and stops (and removes the consumers
-//! of) its removed ones; each runs `keep_delivering`, which finds the Function's Service,
-//! delivers until the consumer's stream ends, and starts again after a growing pause.
+//! of) its removed ones; each runs `keep_delivering`, which finds the Function's Pods
+//! (`endpoints.rs`), delivers until the consumer's stream ends, and starts again after a
+//! growing pause.
 
 use crate::broker::Broker;
 use crate::cloudevent::Kind;
 use crate::deliver::{self, HttpClient, Target};
+use crate::endpoints::{self, Addresses};
 use crate::function::Wanted;
 use crate::metrics::EventMetrics;
 use crate::names::TriggerRef;
-use k8s_openapi::api::core::v1::Service;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use thiserror::Error;
 use tokio::task::JoinHandle;
 
-/// How often a trigger's lag is read for `wasmless_events_lag`.
-const LAG_EVERY: Duration = Duration::from_secs(5);
+/// How often a trigger's lag is read for `wasmless_events_lag`, and its Function's Pods.
+const LOOK_EVERY: Duration = Duration::from_secs(5);
 /// The longest pause before a trigger whose delivery stopped is started again.
 const MAX_RESTART_PAUSE: Duration = Duration::from_secs(30);
-
-#[derive(Debug, Error)]
-pub enum ServiceError {
-    #[error("the Function's Service {namespace}/{name} cannot be read: {source}")]
-    Read {
-        namespace: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("the Function's Service {namespace}/{name} has no cluster IP or no port named http yet")]
-    NotReady { namespace: String, name: String },
-}
 
 pub struct Running<B: Broker> {
     broker: Arc<B>,
@@ -133,13 +120,17 @@ async fn keep_delivering<B: Broker>(
                 .ensure_consumer(&want.consumer)
                 .await
                 .map_err(|e| e.to_string())?;
-            let url = service_url(&kube, &trigger.namespace, &want.service, &want.path)
-                .await
-                .map_err(|e| e.to_string())?;
+            let addresses = Arc::new(Addresses::default());
+            addresses.set(
+                endpoints::pod_addresses(&kube, &trigger.namespace, &want.service)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
             let target = Arc::new(Target {
                 trigger: trigger.clone(),
                 kind: Kind::Queue,
-                url,
+                addresses: addresses.clone(),
+                path: want.path.clone(),
                 policy: want.policy.clone(),
             });
             pause = Duration::from_millis(500);
@@ -152,7 +143,7 @@ async fn keep_delivering<B: Broker>(
             );
             tokio::select! {
                 ended = delivering => ended.map_err(|e| e.to_string()),
-                () = keep_lag(broker.as_ref(), &want, &metrics) => Ok(()),
+                () = keep_looking(broker.as_ref(), &kube, &want, &addresses, &metrics) => Ok(()),
             }
         }
         .await;
@@ -164,46 +155,27 @@ async fn keep_delivering<B: Broker>(
     }
 }
 
-async fn keep_lag<B: Broker>(broker: &B, want: &Wanted, metrics: &EventMetrics) {
-    loop {
-        match broker.lag(&want.consumer).await {
-            Ok(lag) => metrics.set_lag(&want.consumer.trigger, lag),
-            Err(error) => tracing::debug!(trigger = ?want.consumer.trigger, %error, "lag not read"),
-        }
-        tokio::time::sleep(LAG_EVERY).await;
-    }
-}
-
-/// The Function's Service by its cluster IP and `http` port, read from the API: the same
-/// in the cluster and from a node, and a Service of the Function's own namespace only.
-pub async fn service_url(
+/// The trigger's lag and its Function's Pods, read again every few seconds: Pods come
+/// and go (the pool at zero, the Function's own when it scales).
+async fn keep_looking<B: Broker>(
+    broker: &B,
     kube: &kube::Client,
-    namespace: &str,
-    name: &str,
-    path: &str,
-) -> Result<http::Uri, ServiceError> {
-    let services: kube::Api<Service> = kube::Api::namespaced(kube.clone(), namespace);
-    let service = services.get(name).await.map_err(|source| ServiceError::Read {
-        namespace: namespace.into(),
-        name: name.into(),
-        source,
-    })?;
-    let not_ready = || ServiceError::NotReady {
-        namespace: namespace.into(),
-        name: name.into(),
-    };
-    let spec = service.spec.ok_or_else(not_ready)?;
-    let ip = spec
-        .cluster_ip
-        .filter(|ip| !ip.is_empty() && ip != "None")
-        .ok_or_else(not_ready)?;
-    let port = spec
-        .ports
-        .unwrap_or_default()
-        .into_iter()
-        .find(|port| port.name.as_deref() == Some("http"))
-        .ok_or_else(not_ready)?
-        .port;
-    let host = if ip.contains(':') { format!("[{ip}]") } else { ip };
-    format!("http://{host}:{port}{path}").parse().map_err(|_| not_ready())
+    want: &Wanted,
+    addresses: &Addresses,
+    metrics: &EventMetrics,
+) {
+    let trigger = &want.consumer.trigger;
+    loop {
+        tokio::time::sleep(LOOK_EVERY).await;
+        match broker.lag(&want.consumer).await {
+            Ok(lag) => metrics.set_lag(trigger, lag),
+            Err(error) => tracing::debug!(?trigger, %error, "lag not read"),
+        }
+        match endpoints::pod_addresses(kube, &trigger.namespace, &want.service).await {
+            Ok(found) => addresses.set(found),
+            Err(error) => {
+                tracing::warn!(?trigger, %error, "the Function's Pods not read; delivering to the ones known")
+            }
+        }
+    }
 }

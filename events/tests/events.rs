@@ -12,6 +12,7 @@ use wasmless_events::broker::jetstream::JetStream;
 use wasmless_events::broker::{Broker, ConsumerSpec, Publish};
 use wasmless_events::cloudevent::{ATTEMPT_HEADER, Kind};
 use wasmless_events::deliver::{self, Target};
+use wasmless_events::endpoints::Addresses;
 use wasmless_events::metrics::EventMetrics;
 use wasmless_events::names::{self, TriggerRef};
 use wasmless_events::retry::DeliveryPolicy;
@@ -140,10 +141,12 @@ impl Harness {
     async fn deliver(&self, consumer: &ConsumerSpec, policy: DeliveryPolicy) -> tokio::task::JoinHandle<()> {
         self.broker.ensure_consumer(consumer).await.unwrap();
         self.metrics.trigger_started(&self.trigger);
+        let address = format!("{}:{}", self.url.host().unwrap(), self.url.port_u16().unwrap());
         let target = Arc::new(Target {
             trigger: self.trigger.clone(),
             kind: Kind::Queue,
-            url: self.url.clone(),
+            addresses: Arc::new(Addresses::fixed(vec![address.parse().unwrap()])),
+            path: self.url.path().to_string(),
             policy,
         });
         let (broker, consumer, metrics) = (self.broker.clone(), consumer.clone(), self.metrics.clone());
@@ -424,43 +427,120 @@ async fn no_event_is_lost_when_the_deliverer_and_then_the_broker_die_mid_way() {
     );
 }
 
+/// A handler that counts what reaches it: another namespace's pod, in the test below.
+async fn victim() -> (std::net::SocketAddr, Arc<Mutex<usize>>) {
+    let reached = Arc::new(Mutex::new(0));
+    let counter = reached.clone();
+    let app = axum::Router::new().fallback(move || {
+        let counter = counter.clone();
+        async move {
+            *counter.lock().unwrap() += 1;
+            "reached"
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (address, reached)
+}
+
 /// The component's whole path, against the in-memory API server: a Function's queue trigger
-/// read from the API, its consumer made, its Service found by its cluster IP, and the
-/// message delivered there; a message of another namespace on the same words never is.
+/// read from the API, its consumer made, its Service's ready Pods found, and the messages
+/// delivered there; a message of another namespace on the same words never is, and no
+/// EndpointSlice the namespace's users write leads the component to another namespace's pod.
 #[tokio::test]
-async fn a_functions_queue_trigger_read_from_the_api_delivers_to_its_service_and_only_its_namespaces_messages() {
+async fn a_functions_queue_trigger_read_from_the_api_delivers_to_its_own_pods_and_only_its_namespaces_messages() {
     use kube::api::{Api, DynamicObject, PostParams};
+    use serde_json::json;
     use wasmless_events::running::Running;
     use wasmless_events::watch;
 
     let harness = Harness::start(Script::FailFirst(0)).await;
+    let (victim, reached) = victim().await;
     let api = wasmless_testkit::FakeApiServer::new();
     let kube = api.client();
     let port = harness.url.port_u16().unwrap();
-    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(kube.clone(), "shop");
-    services
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(serde_json::json!({
-                "metadata": {"name": "orders", "namespace": "shop"},
-                "spec": {"clusterIP": "127.0.0.1", "ports": [{"name": "http", "port": port}, {"name": "metrics", "port": 9090}]},
-            }))
-            .unwrap(),
+    let create = |namespace: &str, plural: &str, group_version: &str, kind: &str, object: serde_json::Value| {
+        let resource = kube::api::ApiResource {
+            group: group_version
+                .split_once('/')
+                .map(|(group, _)| group.to_string())
+                .unwrap_or_default(),
+            version: group_version.rsplit('/').next().unwrap().to_string(),
+            api_version: group_version.to_string(),
+            kind: kind.to_string(),
+            plural: plural.to_string(),
+        };
+        let api: Api<DynamicObject> = Api::namespaced_with(kube.clone(), namespace, &resource);
+        let mut object = object;
+        object["apiVersion"] = json!(group_version);
+        object["kind"] = json!(kind);
+        async move {
+            api.create(&PostParams::default(), &serde_json::from_value(object).unwrap())
+                .await
+                .unwrap()
+        }
+    };
+    let slice = |name: &str, address: &str, port: u16, target: serde_json::Value| {
+        json!({
+            "metadata": {"name": name, "namespace": "shop", "labels": {"kubernetes.io/service-name": "orders"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": port}],
+            "endpoints": [{"addresses": [address], "conditions": {"ready": true}, "targetRef": target}],
+        })
+    };
+    for (namespace, name, ip) in [("shop", "orders-abc", "127.0.0.1"), ("victim", "payments", "127.0.0.2")] {
+        let pod = json!({
+            "metadata": {"name": name, "namespace": namespace},
+            "status": {"podIP": ip, "podIPs": [{"ip": ip}]},
+        });
+        create(namespace, "pods", "v1", "Pod", pod).await;
+    }
+    let own_pod = json!({"kind": "Pod", "namespace": "shop", "name": "orders-abc"});
+    create(
+        "shop",
+        "endpointslices",
+        "discovery.k8s.io/v1",
+        "EndpointSlice",
+        slice("orders-ours", "127.0.0.1", port, own_pod.clone()),
+    )
+    .await;
+    // What a user of the namespace may write: slices for the Function's Service leading to
+    // another namespace's pod, by its name, by an address that is not the named pod's, or
+    // with no pod at all.
+    let (victim_ip, victim_port) = (victim.ip().to_string(), victim.port());
+    for (name, target) in [
+        (
+            "to-their-pod",
+            json!({"kind": "Pod", "namespace": "victim", "name": "payments"}),
+        ),
+        ("to-a-wrong-address", own_pod),
+        ("to-no-pod", json!(null)),
+    ] {
+        create(
+            "shop",
+            "endpointslices",
+            "discovery.k8s.io/v1",
+            "EndpointSlice",
+            slice(name, &victim_ip, victim_port, target),
         )
-        .await
-        .unwrap();
-    let functions = watch::functions_api(kube.clone(), Some("shop"));
-    let function: DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "wasmless.io/v1alpha1", "kind": "Function",
-        "metadata": {"name": "orders", "namespace": "shop"},
-        "spec": {
-            "source": "package handlers",
-            "triggers": [{"name": "created", "path": "/orders", "queue": {"subject": "orders.*"}}],
-            "delivery": {"retries": 1, "backoff": "100ms"},
-        },
-    }))
-    .unwrap();
-    functions.create(&PostParams::default(), &function).await.unwrap();
+        .await;
+    }
+    create(
+        "shop",
+        "functions",
+        "wasmless.io/v1alpha1",
+        "Function",
+        json!({
+            "metadata": {"name": "orders", "namespace": "shop"},
+            "spec": {
+                "source": "package handlers",
+                "triggers": [{"name": "created", "path": "/orders", "queue": {"subject": "orders.*"}}],
+                "delivery": {"retries": 1, "backoff": "100ms"},
+            },
+        }),
+    )
+    .await;
 
     let broker = harness.broker.clone();
     let metrics = harness.metrics.clone();
@@ -488,20 +568,24 @@ async fn a_functions_queue_trigger_read_from_the_api_delivers_to_its_service_and
         })
         .await
         .unwrap();
-    harness.publish(Some("ours"), r#"{"order":7}"#).await;
+    for n in 0..20 {
+        harness.publish(Some(&format!("ours-{n}")), r#"{"order":7}"#).await;
+    }
     harness
-        .wait_until(20, "the message delivered to the Service", |harness| {
-            harness.handler.answered_ok() == 1
+        .wait_until(20, "the messages delivered to the Function's pod", |harness| {
+            harness.handler.answered_ok() == 20
         })
         .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let seen = harness.handler.seen();
     assert_eq!(
-        seen.iter().map(|seen| seen.id.as_str()).collect::<Vec<_>>(),
-        ["ours"],
-        "only the namespace's own message"
+        seen.len(),
+        20,
+        "each of the namespace's own messages once, and not the other namespace's"
     );
+    assert!(seen.iter().all(|seen| seen.id.starts_with("ours-")));
     assert_eq!(seen[0].headers["ce-source"], "wasmless/shop/orders/created");
     assert_eq!(seen[0].headers["ce-subject"], "orders.created");
+    assert_eq!(*reached.lock().unwrap(), 0, "no event reached another namespace's pod");
     component.abort();
 }
