@@ -20,6 +20,7 @@ use hyper_util::rt::TokioExecutor;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+use tokio::sync::Semaphore;
 
 /// Headers of a dead letter, beside the message's own: why and after how many tries.
 pub const LAST_ERROR_HEADER: &str = "Wasmless-Last-Error";
@@ -56,20 +57,27 @@ pub struct Target {
 
 /// Delivers the consumer's messages until its stream ends; the caller starts it again. A
 /// message that cannot be settled (the broker away for a moment) is logged and left to
-/// the broker, which hands it out again after the consumer's `ack_wait`.
+/// the broker, which hands it out again after the consumer's `ack_wait`. Each delivery
+/// holds one of the process's `in_flight` permits, shared by every trigger: one
+/// namespace's triggers cannot hold more of the process's sockets and memory than that.
 pub async fn deliver_all<B: Broker>(
     broker: Arc<B>,
     consumer: ConsumerSpec,
     target: Arc<Target>,
     client: HttpClient,
     metrics: EventMetrics,
+    in_flight: Arc<Semaphore>,
 ) -> Result<(), BrokerError> {
     let deliveries = broker.consume(&consumer).await?;
     let limit = usize::try_from(consumer.max_in_flight.max(1)).unwrap_or(1);
     deliveries
         .for_each_concurrent(limit, |next| {
             let (broker, target, client, metrics) = (broker.clone(), target.clone(), client.clone(), metrics.clone());
+            let in_flight = in_flight.clone();
             async move {
+                let Ok(_permit) = in_flight.acquire_owned().await else {
+                    return;
+                };
                 let delivered = match next {
                     Ok(delivery) => deliver(broker.as_ref(), &target, &client, &metrics, delivery).await,
                     Err(error) => Err(error),
@@ -206,10 +214,16 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 /// Its id is derived from the message's, so a reader that died between parking it and
 /// telling the broker parks it again as the same message, which the broker keeps once.
 pub fn dead_letter(trigger: &TriggerRef, message: &Message, error: &str) -> Publish {
+    // The publisher's own headers, but not those the broker acts on (`Nats-Expected-…` would
+    // refuse the dead letter) nor any it could use to forge what the dead letter says.
+    let ours = |name: &str| {
+        let name = name.to_ascii_lowercase();
+        name.starts_with("nats-") || name.starts_with("wasmless-") || name.starts_with("ce-")
+    };
     let mut headers: Vec<(String, String)> = message
         .headers
         .iter()
-        .filter(|(name, _)| !name.eq_ignore_ascii_case("Nats-Msg-Id"))
+        .filter(|(name, _)| !ours(name))
         .cloned()
         .collect();
     headers.push((LAST_ERROR_HEADER.into(), header_safe(error)));
@@ -218,7 +232,8 @@ pub fn dead_letter(trigger: &TriggerRef, message: &Message, error: &str) -> Publ
     headers.push((EVENT_ID_HEADER.into(), message.id.clone()));
     Publish {
         subject: trigger.dead_letter_subject(),
-        id: Some(format!("{}.dead", message.id)),
+        // Per trigger: two triggers giving up on one message park one dead letter each.
+        id: Some(format!("{}.dead.{}", message.id, trigger.durable())),
         headers,
         payload: message.payload.clone(),
     }

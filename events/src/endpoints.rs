@@ -22,7 +22,13 @@ pub struct EndpointsError {
     source: kube::Error,
 }
 
-/// The addresses of the Function's ready Pods on the Service's `http` port.
+/// Endpoints looked at, at most, per Service: the slices are the namespace's users' to
+/// write, and each one costs the component work.
+const MAX_ENDPOINTS: usize = 1024;
+
+/// The addresses of the Function's ready Pods on the Service's `http` port: two reads of
+/// the API (the Service's EndpointSlices, the namespace's running Pods), whatever the
+/// slices say.
 pub async fn pod_addresses(
     kube: &kube::Client,
     namespace: &str,
@@ -39,8 +45,13 @@ pub async fn pod_addresses(
         .await
         .map_err(failed)?;
     let pods: Api<Pod> = Api::namespaced(kube.clone(), namespace);
-    let mut pod_ips: HashMap<String, Vec<IpAddr>> = HashMap::new();
+    let pods = pods
+        .list(&ListParams::default().fields("status.phase=Running"))
+        .await
+        .map_err(failed)?;
+    let live: HashMap<String, LivePod> = pods.items.into_iter().filter_map(LivePod::of).collect();
     let mut addresses = Vec::new();
+    let mut looked_at = 0;
     for slice in slices {
         let Some(port) = slice
             .ports
@@ -53,35 +64,26 @@ pub async fn pod_addresses(
             continue;
         };
         for endpoint in &slice.endpoints {
-            let ready = endpoint.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
-            let Some(pod) = endpoint.target_ref.as_ref().filter(|target| {
-                target.kind.as_deref() == Some("Pod") && target.namespace.as_deref().is_none_or(|ns| ns == namespace)
-            }) else {
-                continue;
-            };
-            let Some(name) = pod.name.clone().filter(|_| ready) else {
-                continue;
-            };
-            if !pod_ips.contains_key(&name) {
-                let ips = match pods.get_opt(&name).await.map_err(failed)? {
-                    Some(pod) => pod
-                        .status
-                        .and_then(|status| status.pod_ips)
-                        .unwrap_or_default()
-                        .iter()
-                        .filter_map(|ip| ip.ip.parse().ok())
-                        .collect(),
-                    None => Vec::new(),
-                };
-                pod_ips.insert(name.clone(), ips);
+            looked_at += 1;
+            if looked_at > MAX_ENDPOINTS {
+                break;
             }
-            let own = &pod_ips[&name];
+            let Some(pod) = endpoint
+                .target_ref
+                .as_ref()
+                .filter(|target| target.kind.as_deref() == Some("Pod"))
+                .filter(|target| target.namespace.as_deref().is_none_or(|ns| ns == namespace))
+                .and_then(|target| Some((target.name.as_ref()?, target.uid.as_ref()?)))
+                .and_then(|(name, uid)| live.get(name).filter(|pod| &pod.uid == uid))
+            else {
+                continue;
+            };
             addresses.extend(
                 endpoint
                     .addresses
                     .iter()
                     .filter_map(|address| address.parse::<IpAddr>().ok())
-                    .filter(|ip| own.contains(ip))
+                    .filter(|ip| pod.ips.contains(ip))
                     .map(|ip| SocketAddr::new(ip, port)),
             );
         }
@@ -89,6 +91,40 @@ pub async fn pod_addresses(
     addresses.sort();
     addresses.dedup();
     Ok(addresses)
+}
+
+/// A Pod whose addresses are its own now: running, ready by its own conditions, not being
+/// deleted, not on the node's network. A finished Pod keeps its old addresses in its
+/// status after the network has given them to another Pod, maybe of another namespace.
+struct LivePod {
+    uid: String,
+    ips: Vec<IpAddr>,
+}
+
+impl LivePod {
+    fn of(pod: Pod) -> Option<(String, Self)> {
+        let name = pod.metadata.name?;
+        let uid = pod.metadata.uid?;
+        if pod.metadata.deletion_timestamp.is_some() || pod.spec.as_ref()?.host_network == Some(true) {
+            return None;
+        }
+        let status = pod.status?;
+        let ready = status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|condition| condition.type_ == "Ready" && condition.status == "True");
+        if status.phase.as_deref() != Some("Running") || !ready {
+            return None;
+        }
+        let ips = status
+            .pod_ips
+            .iter()
+            .flatten()
+            .filter_map(|ip| ip.ip.parse().ok())
+            .collect();
+        Some((name, Self { uid, ips }))
+    }
 }
 
 /// A trigger's current destinations, refreshed in the background, taken in turn.

@@ -13,6 +13,9 @@ use thiserror::Error;
 /// A try's answer may come this long after its timeout before the broker hands the message
 /// out again: the deliverer settles it first.
 const ACK_MARGIN: Duration = Duration::from_secs(5);
+/// The longest `delivery.timeout` and `delivery.backoff`, as the CRD says: a try that may
+/// hold one of the process's slots for hours holds it from every namespace.
+pub const MAX_DELIVERY_DURATION: Duration = Duration::from_secs(300);
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum FunctionError {
@@ -20,6 +23,8 @@ pub enum FunctionError {
     Spec(String),
     #[error("spec.delivery.{field}: {why}")]
     Delivery { field: &'static str, why: String },
+    #[error("spec.triggers[{trigger}].path {path:?}: write a path starting with '/', without spaces, '?' or '#'")]
+    Path { trigger: String, path: String },
     #[error("spec.triggers[{trigger}].queue: {source}")]
     Subject {
         trigger: String,
@@ -91,6 +96,16 @@ pub fn wanted(namespace: &str, name: &str, spec: &serde_json::Value) -> Result<V
     spec.triggers
         .iter()
         .map(|trigger| {
+            let path_ok = trigger.path.starts_with('/')
+                && !trigger
+                    .path
+                    .contains(|c: char| c.is_whitespace() || c.is_control() || c == '?' || c == '#');
+            if !path_ok {
+                return Err(FunctionError::Path {
+                    trigger: trigger.name.clone(),
+                    path: trigger.path.clone(),
+                });
+            }
             let subject =
                 names::subject(namespace, &trigger.queue.subject).map_err(|source| FunctionError::Subject {
                     trigger: trigger.name.clone(),
@@ -119,9 +134,14 @@ fn policy(delivery: Option<&DeliverySpec>) -> Result<DeliveryPolicy, FunctionErr
     };
     let duration = |field, text: &Option<String>, default| match text {
         None => Ok(default),
-        Some(text) => {
-            wasmless_formats::quantity::parse_duration(text).map_err(|why| FunctionError::Delivery { field, why })
-        }
+        Some(text) => match wasmless_formats::quantity::parse_duration(text) {
+            Ok(duration) if duration <= MAX_DELIVERY_DURATION => Ok(duration),
+            Ok(_) => Err(FunctionError::Delivery {
+                field,
+                why: format!("{text} is over the longest, {}s", MAX_DELIVERY_DURATION.as_secs()),
+            }),
+            Err(why) => Err(FunctionError::Delivery { field, why }),
+        },
     };
     Ok(DeliveryPolicy {
         retries: delivery.retries.unwrap_or(defaults.retries),
@@ -178,6 +198,22 @@ mod tests {
         assert_eq!((trigger.service.as_str(), trigger.path.as_str()), ("worker", "/"));
         assert_eq!(trigger.consumer.max_in_flight, 10);
         assert_eq!(trigger.policy, DeliveryPolicy::default());
+    }
+
+    #[test]
+    fn delivery_durations_over_five_minutes_and_paths_leaving_the_host_are_refused() {
+        let long =
+            json!({"triggers": [{"name": "t", "queue": {"subject": "jobs"}}], "delivery": {"timeout": "999999m"}});
+        let error = wanted("shop", "worker", &long).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "spec.delivery.timeout: 999999m is over the longest, 300s"
+        );
+        let path = json!({"triggers": [{"name": "t", "path": "@169.254.169.254/x", "queue": {"subject": "jobs"}}]});
+        assert!(matches!(
+            wanted("shop", "worker", &path),
+            Err(FunctionError::Path { .. })
+        ));
     }
 
     #[test]

@@ -30,6 +30,10 @@ struct Args {
     /// Where `/metrics` is served.
     #[arg(long, env = "WASMLESS_METRICS_ADDR", default_value = "0.0.0.0:9090")]
     metrics_addr: SocketAddr,
+    /// Events being delivered at once, over every trigger of every namespace: what one
+    /// namespace's triggers can hold of this process's sockets and memory.
+    #[arg(long, env = "WASMLESS_MAX_IN_FLIGHT", default_value_t = 256)]
+    max_in_flight: usize,
     /// Follow the Functions of this namespace only (default: every namespace).
     #[arg(long, env = "WASMLESS_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
@@ -54,7 +58,7 @@ async fn main() -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let metrics = EventMetrics::register(&mut registry);
     serve_metrics(args.metrics_addr, registry).await?;
-    let mut running = Running::new(broker, kube.clone(), metrics);
+    let mut running = Running::new(broker, kube.clone(), metrics, args.max_in_flight);
     tracing::info!(nats = %args.nats_url, namespace = ?args.watch_namespace, "following Functions' triggers");
     let api = watch::functions_api(kube, args.watch_namespace.as_deref());
     tokio::select! {

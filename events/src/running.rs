@@ -14,6 +14,7 @@ use crate::names::TriggerRef;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 /// How often a trigger's lag is read for `wasmless_events_lag`, and its Function's Pods.
@@ -26,16 +27,19 @@ pub struct Running<B: Broker> {
     kube: kube::Client,
     http: HttpClient,
     metrics: EventMetrics,
+    in_flight: Arc<Semaphore>,
     triggers: HashMap<TriggerRef, (Wanted, JoinHandle<()>)>,
 }
 
 impl<B: Broker> Running<B> {
-    pub fn new(broker: Arc<B>, kube: kube::Client, metrics: EventMetrics) -> Self {
+    /// `max_in_flight`: deliveries at once over every trigger (`--max-in-flight`).
+    pub fn new(broker: Arc<B>, kube: kube::Client, metrics: EventMetrics, max_in_flight: usize) -> Self {
         Self {
             broker,
             kube,
             http: deliver::http_client(),
             metrics,
+            in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
             triggers: HashMap::new(),
         }
     }
@@ -84,6 +88,7 @@ impl<B: Broker> Running<B> {
                 self.kube.clone(),
                 self.http.clone(),
                 self.metrics.clone(),
+                self.in_flight.clone(),
                 want.clone(),
             ));
             tracing::info!(?trigger, subject = %want.consumer.subject, "trigger started");
@@ -106,6 +111,7 @@ async fn keep_delivering<B: Broker>(
     kube: kube::Client,
     http: HttpClient,
     metrics: EventMetrics,
+    in_flight: Arc<Semaphore>,
     want: Wanted,
 ) {
     let trigger = want.consumer.trigger.clone();
@@ -140,6 +146,7 @@ async fn keep_delivering<B: Broker>(
                 target,
                 http.clone(),
                 metrics.clone(),
+                in_flight.clone(),
             );
             tokio::select! {
                 ended = delivering => ended.map_err(|e| e.to_string()),
@@ -167,9 +174,15 @@ async fn keep_looking<B: Broker>(
     let trigger = &want.consumer.trigger;
     loop {
         tokio::time::sleep(LOOK_EVERY).await;
-        match broker.lag(&want.consumer).await {
-            Ok(lag) => metrics.set_lag(trigger, lag),
+        let lag = broker.lag(&want.consumer).await;
+        match &lag {
+            Ok(lag) => metrics.set_lag(trigger, *lag),
             Err(error) => tracing::debug!(?trigger, %error, "lag not read"),
+        }
+        // An idle trigger costs the API server nothing: its Pods are read again once it
+        // has events to deliver.
+        if matches!(lag, Ok(0)) {
+            continue;
         }
         match endpoints::pod_addresses(kube, &trigger.namespace, &want.service).await {
             Ok(found) => addresses.set(found),

@@ -158,6 +158,7 @@ impl Harness {
                     target.clone(),
                     deliver::http_client(),
                     metrics.clone(),
+                    Arc::new(tokio::sync::Semaphore::new(256)),
                 )
                 .await;
                 if let Err(error) = ended {
@@ -308,7 +309,27 @@ async fn an_always_failing_handler_parks_the_event_as_a_dead_letter_with_its_las
     };
     let consumer = harness.consumer(4, Duration::from_secs(30), &policy);
     let _deliverer = harness.deliver(&consumer, policy).await;
-    harness.publish(Some("order-2"), r#"{"order":2}"#).await;
+    // A publisher's headers that would refuse the dead letter (the broker acts on them) or
+    // forge what it says: the dead letter keeps neither.
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Nats-Expected-Last-Subject-Sequence", "0"),
+        ("Wasmless-Last-Error", "forged"),
+        ("X-Order-Source", "web"),
+    ];
+    harness
+        .broker
+        .publish(Publish {
+            subject: "wasmless.shop.orders.created".into(),
+            id: Some("order-2".into()),
+            headers: headers
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_string()))
+                .collect(),
+            payload: Bytes::from_static(br#"{"order":2}"#),
+        })
+        .await
+        .unwrap();
     harness
         .wait_until(20, "a dead letter counted", |harness| {
             harness.metric("dead_letter") == 1
@@ -318,7 +339,13 @@ async fn an_always_failing_handler_parks_the_event_as_a_dead_letter_with_its_las
     assert_eq!(letters.len(), 1, "one dead letter");
     let letter = &letters[0];
     assert_eq!(letter.payload, r#"{"order":2}"#);
-    assert_eq!(header(letter, "Wasmless-Last-Error"), "status 500: out of stock");
+    let all = |name: &str| {
+        let values = letter.headers.as_ref().unwrap().get_all(name);
+        values.map(|value| value.as_str().to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(all("Wasmless-Last-Error"), ["status 500: out of stock"]);
+    assert_eq!(header(letter, "X-Order-Source"), "web");
+    assert!(all("Nats-Expected-Last-Subject-Sequence").is_empty());
     assert_eq!(header(letter, "Wasmless-Attempts"), "3");
     assert_eq!(header(letter, "ce-id"), "order-2");
     assert_eq!(header(letter, "Wasmless-Subject"), "wasmless.shop.orders.created");
@@ -357,6 +384,16 @@ async fn an_event_the_handler_calls_bad_is_parked_at_once_and_an_id_published_tw
     assert_eq!(harness.metric("retry"), 0);
     let letters = harness.dead_letters().await;
     assert_eq!(header(&letters[0], "Wasmless-Last-Error"), "status 400: no such order");
+    // A namespace's messages are at most 1 MiB: a bigger one is refused at its publish.
+    let too_big = Publish {
+        subject: "wasmless.shop.orders.created".into(),
+        payload: Bytes::from(vec![b'x'; 2 << 20]),
+        ..Default::default()
+    };
+    assert!(
+        harness.broker.publish(too_big).await.is_err(),
+        "a 2 MiB message was stored"
+    );
 }
 
 #[tokio::test]
@@ -489,14 +526,25 @@ async fn a_functions_queue_trigger_read_from_the_api_delivers_to_its_own_pods_an
             "endpoints": [{"addresses": [address], "conditions": {"ready": true}, "targetRef": target}],
         })
     };
-    for (namespace, name, ip) in [("shop", "orders-abc", "127.0.0.1"), ("victim", "payments", "127.0.0.2")] {
+    // The Function's pod; another namespace's, at the address the network gave it after a
+    // finished pod of the Function's namespace let it go (that one keeps it in its status).
+    let mut uids = HashMap::new();
+    for (namespace, name, ip, phase) in [
+        ("shop", "orders-abc", "127.0.0.1", "Running"),
+        ("victim", "payments", "127.0.0.2", "Running"),
+        ("shop", "old-job", "127.0.0.2", "Succeeded"),
+    ] {
         let pod = json!({
             "metadata": {"name": name, "namespace": namespace},
-            "status": {"podIP": ip, "podIPs": [{"ip": ip}]},
+            "spec": {"containers": [{"name": "c"}]},
+            "status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}], "conditions": [{"type": "Ready", "status": "True"}]},
         });
-        create(namespace, "pods", "v1", "Pod", pod).await;
+        let created = create(namespace, "pods", "v1", "Pod", pod).await;
+        uids.insert(name, created.metadata.uid.unwrap());
     }
-    let own_pod = json!({"kind": "Pod", "namespace": "shop", "name": "orders-abc"});
+    let pod_ref =
+        |namespace: &str, name: &str| json!({"kind": "Pod", "namespace": namespace, "name": name, "uid": uids[name]});
+    let own_pod = pod_ref("shop", "orders-abc");
     create(
         "shop",
         "endpointslices",
@@ -506,15 +554,13 @@ async fn a_functions_queue_trigger_read_from_the_api_delivers_to_its_own_pods_an
     )
     .await;
     // What a user of the namespace may write: slices for the Function's Service leading to
-    // another namespace's pod, by its name, by an address that is not the named pod's, or
-    // with no pod at all.
+    // another namespace's pod, by its name, by an address that is not the named pod's, by a
+    // finished pod of the namespace's that once had the address, or with no pod at all.
     let (victim_ip, victim_port) = (victim.ip().to_string(), victim.port());
     for (name, target) in [
-        (
-            "to-their-pod",
-            json!({"kind": "Pod", "namespace": "victim", "name": "payments"}),
-        ),
+        ("to-their-pod", pod_ref("victim", "payments")),
         ("to-a-wrong-address", own_pod),
+        ("to-a-finished-pod", pod_ref("shop", "old-job")),
         ("to-no-pod", json!(null)),
     ] {
         create(
@@ -545,7 +591,7 @@ async fn a_functions_queue_trigger_read_from_the_api_delivers_to_its_own_pods_an
     let broker = harness.broker.clone();
     let metrics = harness.metrics.clone();
     let component = tokio::spawn(async move {
-        let mut running = Running::new(broker, kube.clone(), metrics);
+        let mut running = Running::new(broker, kube.clone(), metrics, 256);
         watch::follow_functions(watch::functions_api(kube, Some("shop")), &mut running).await;
     });
     // The component makes the namespace's stream and the trigger's consumer.

@@ -8,6 +8,13 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use std::time::{Duration, SystemTime};
 
+/// What a namespace's stream holds at most: past it, a publish is refused (the publisher
+/// sees it), not the namespace's oldest messages dropped, and no namespace fills the
+/// broker's disk for the others.
+pub const NAMESPACE_BYTES: i64 = 1 << 30;
+/// The largest message, and so the largest event body.
+pub const MAX_MESSAGE_BYTES: i32 = 1 << 20;
+
 /// How long a namespace's stream keeps a message no consumer has settled.
 pub const KEEP_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The broker keeps a message published twice with one id once, within this: the longest a
@@ -56,6 +63,9 @@ impl Broker for JetStream {
             retention: stream::RetentionPolicy::Limits,
             storage: stream::StorageType::File,
             max_age: KEEP_FOR,
+            max_bytes: NAMESPACE_BYTES,
+            max_message_size: MAX_MESSAGE_BYTES,
+            discard: stream::DiscardPolicy::New,
             duplicate_window: DUPLICATE_WINDOW,
             ..Default::default()
         };

@@ -51,9 +51,13 @@ fn default_max_in_flight() -> i32 {
 
 /// How every trigger's events are delivered: a 2xx acknowledges; no answer, a 5xx, 404,
 /// 408, 409 or 429 is tried again after a growing delay; any other 4xx, or the last
-/// failure, parks the event as a dead letter.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+/// failure, parks the event as a dead letter. A try's `timeout` and the `backoff` are at
+/// most 5 minutes: one delivery holds one of the events component's slots, which every
+/// namespace shares.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("duration(self.timeout) <= duration('5m')").message("delivery.timeout is at most 5m"))]
+#[x_kube(validation = Rule::new("duration(self.backoff) <= duration('5m')").message("delivery.backoff is at most 5m"))]
 pub struct Delivery {
     /// Tries after the first.
     #[serde(default = "default_retries")]

@@ -639,4 +639,19 @@ fn crd_takes_queue_triggers_and_refuses_ones_that_would_leave_their_namespace_or
     }
     let errors = refused(json!({"source": HELLO, "triggers": [queue("a", "orders")], "delivery": {"backoff": "soon"}}));
     assert!(errors.iter().any(|e| e.contains("does not match")), "{errors:?}");
+    let delivery = |timeout: &str, backoff: &str| {
+        refused(json!({"source": HELLO, "triggers": [queue("a", "orders")],
+            "delivery": {"retries": 3, "timeout": timeout, "backoff": backoff, "deadLetter": true}}))
+    };
+    assert_eq!(delivery("5m", "250ms"), Vec::<String>::new());
+    assert!(
+        delivery("999999m", "1s")
+            .iter()
+            .any(|e| e.contains("delivery.timeout is at most 5m"))
+    );
+    assert!(
+        delivery("30s", "301s")
+            .iter()
+            .any(|e| e.contains("delivery.backoff is at most 5m"))
+    );
 }
