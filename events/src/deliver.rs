@@ -20,7 +20,7 @@ use hyper_util::rt::TokioExecutor;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Headers of a dead letter, beside the message's own: why and after how many tries.
 pub const LAST_ERROR_HEADER: &str = "Wasmless-Last-Error";
@@ -70,16 +70,17 @@ pub async fn deliver_all<B: Broker>(
 ) -> Result<(), BrokerError> {
     let deliveries = broker.consume(&consumer).await?;
     let limit = usize::try_from(consumer.max_in_flight.max(1)).unwrap_or(1);
+    let ack_wait = consumer.ack_wait;
     deliveries
         .for_each_concurrent(limit, |next| {
             let (broker, target, client, metrics) = (broker.clone(), target.clone(), client.clone(), metrics.clone());
             let in_flight = in_flight.clone();
             async move {
-                let Ok(_permit) = in_flight.acquire_owned().await else {
-                    return;
-                };
                 let delivered = match next {
-                    Ok(delivery) => deliver(broker.as_ref(), &target, &client, &metrics, delivery).await,
+                    Ok(delivery) => match wait_for_permit(&in_flight, &delivery, ack_wait).await {
+                        Some(_permit) => deliver(broker.as_ref(), &target, &client, &metrics, delivery).await,
+                        None => return,
+                    },
                     Err(error) => Err(error),
                 };
                 if let Err(error) = delivered {
@@ -89,6 +90,37 @@ pub async fn deliver_all<B: Broker>(
         })
         .await;
     Ok(())
+}
+
+/// One of the process's permits for `delivery`. While it waits (every trigger's deliveries
+/// share them), the broker is told the message is in progress every half `ack_wait`, and
+/// once more when the permit comes, so the try has a whole `ack_wait`: else the broker
+/// would hand the message out again, and count a try it never had.
+async fn wait_for_permit<D: Delivery>(
+    in_flight: &Arc<Semaphore>,
+    delivery: &D,
+    ack_wait: Duration,
+) -> Option<OwnedSemaphorePermit> {
+    if let Ok(permit) = in_flight.clone().try_acquire_owned() {
+        return Some(permit);
+    }
+    let acquire = in_flight.clone().acquire_owned();
+    tokio::pin!(acquire);
+    loop {
+        tokio::select! {
+            permit = &mut acquire => {
+                mark_in_progress(delivery).await;
+                return permit.ok();
+            }
+            () = tokio::time::sleep(ack_wait / 2) => mark_in_progress(delivery).await,
+        }
+    }
+}
+
+async fn mark_in_progress<D: Delivery>(delivery: &D) {
+    if let Err(error) = delivery.in_progress().await {
+        tracing::debug!(%error, "an event waiting for a slot not marked in progress");
+    }
 }
 
 /// One try of one message, and what the broker is told after it.

@@ -139,6 +139,16 @@ impl Harness {
     /// The deliverer, started again whenever its consumer's stream ends (as the component's
     /// supervisor does), until the task is aborted.
     async fn deliver(&self, consumer: &ConsumerSpec, policy: DeliveryPolicy) -> tokio::task::JoinHandle<()> {
+        self.deliver_with_slots(consumer, policy, 256).await
+    }
+
+    /// The deliverer, with `slots` deliveries at once in the process.
+    async fn deliver_with_slots(
+        &self,
+        consumer: &ConsumerSpec,
+        policy: DeliveryPolicy,
+        slots: usize,
+    ) -> tokio::task::JoinHandle<()> {
         self.broker.ensure_consumer(consumer).await.unwrap();
         self.metrics.trigger_started(&self.trigger);
         let address = format!("{}:{}", self.url.host().unwrap(), self.url.port_u16().unwrap());
@@ -150,6 +160,7 @@ impl Harness {
             policy,
         });
         let (broker, consumer, metrics) = (self.broker.clone(), consumer.clone(), self.metrics.clone());
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(slots));
         tokio::spawn(async move {
             loop {
                 let ended = deliver::deliver_all(
@@ -158,7 +169,7 @@ impl Harness {
                     target.clone(),
                     deliver::http_client(),
                     metrics.clone(),
-                    Arc::new(tokio::sync::Semaphore::new(256)),
+                    in_flight.clone(),
                 )
                 .await;
                 if let Err(error) = ended {
@@ -393,6 +404,37 @@ async fn an_event_the_handler_calls_bad_is_parked_at_once_and_an_id_published_tw
     assert!(
         harness.broker.publish(too_big).await.is_err(),
         "a 2 MiB message was stored"
+    );
+}
+
+#[tokio::test]
+async fn an_event_waiting_for_a_slot_is_neither_handed_out_again_nor_counted_as_a_try() {
+    // One slot in the process and a handler taking 0.8 s: the fourth message waits 2.4 s
+    // for it, more than twice the consumer's ack_wait of 1 s.
+    let harness = Harness::start(Script::SlowOk(Duration::from_millis(800))).await;
+    let policy = DeliveryPolicy {
+        retries: 3,
+        backoff: Duration::from_millis(100),
+        ..Default::default()
+    };
+    let consumer = harness.consumer(4, Duration::from_secs(1), &policy);
+    let _deliverer = harness.deliver_with_slots(&consumer, policy, 1).await;
+    for n in 0..4 {
+        harness.publish(Some(&format!("w-{n}")), "{}").await;
+    }
+    harness
+        .wait_until(20, "four messages handled", |harness| {
+            harness.handler.answered_ok() >= 4
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let seen = harness.handler.seen();
+    let mut ids: Vec<&str> = seen.iter().map(|seen| seen.id.as_str()).collect();
+    ids.sort();
+    assert_eq!(ids, ["w-0", "w-1", "w-2", "w-3"], "each once");
+    assert!(
+        seen.iter().all(|seen| seen.attempt == 1),
+        "no try counted while waiting: {seen:?}"
     );
 }
 

@@ -218,6 +218,13 @@ impl Delivery for JetStreamDelivery {
         &self.message
     }
 
+    async fn in_progress(&self) -> Result<(), BrokerError> {
+        self.inner
+            .ack_with(AckKind::Progress)
+            .await
+            .map_err(|error| BrokerError::refused(format!("extend message {}", self.message.id), error))
+    }
+
     async fn ack(self) -> Result<(), BrokerError> {
         self.settle(AckKind::Ack, "acknowledge").await
     }

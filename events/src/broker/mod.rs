@@ -88,8 +88,10 @@ impl Message {
     }
 }
 
-pub trait Delivery: Send + 'static {
+pub trait Delivery: Send + Sync + 'static {
     fn message(&self) -> &Message;
+    /// Still being worked on: not handed out again for another `ack_wait`.
+    fn in_progress(&self) -> impl Future<Output = Result<(), BrokerError>> + Send;
     /// Done: never handed out again.
     fn ack(self) -> impl Future<Output = Result<(), BrokerError>> + Send;
     /// Handed out again after `delay`.
