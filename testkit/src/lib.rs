@@ -33,6 +33,24 @@ pub fn http_client() -> reqwest::Client {
     http_client_builder().build().expect("a reqwest client with ring")
 }
 
+/// A tool of scripts/lib.sh the tests start (the Collector, nats-server): the path in
+/// `env` (scripts/test.sh builds the tools in the background and sets it), or built (once)
+/// or found in the cache by the shell function `tool`.
+pub(crate) fn lib_sh_tool(env: &str, tool: &str, say_as: &str) -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os(env) {
+        return path.into();
+    }
+    let output = std::process::Command::new("bash")
+        .args(["-c", &format!(". scripts/lib.sh && {tool}")])
+        .current_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap())
+        .env("SAY_AS", say_as)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "scripts/lib.sh's {tool} failed");
+    String::from_utf8(output.stdout).unwrap().trim().into()
+}
+
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -3,7 +3,7 @@
 //! `kill`, and started again on the same port and store with `restart`, as a broker's pod
 //! is replaced.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -12,21 +12,8 @@ use std::time::{Duration, Instant};
 /// built (once, seconds) or found in the cache by scripts/lib.sh.
 fn nats_server() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        if let Some(path) = std::env::var_os("WASMLESS_NATS_SERVER") {
-            return path.into();
-        }
-        let output = Command::new("bash")
-            .args(["-c", ". scripts/lib.sh && nats_server_tool"])
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap())
-            .env("SAY_AS", "events test")
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap();
-        assert!(output.status.success(), "cannot build nats-server");
-        String::from_utf8(output.stdout).unwrap().trim().into()
-    })
-    .clone()
+    PATH.get_or_init(|| crate::lib_sh_tool("WASMLESS_NATS_SERVER", "nats_server_tool", "events test"))
+        .clone()
 }
 
 pub struct Nats {

@@ -13,21 +13,8 @@ use std::time::{Duration, Instant};
 /// built (once, minutes) or found in the cache by scripts/lib.sh.
 fn otelcol() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        if let Some(path) = std::env::var_os("WASMLESS_OTELCOL") {
-            return path.into();
-        }
-        let output = Command::new("bash")
-            .args(["-c", ". scripts/lib.sh && otelcol_tool"])
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap())
-            .env("SAY_AS", "traces test")
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap();
-        assert!(output.status.success(), "cannot build the OpenTelemetry Collector");
-        String::from_utf8(output.stdout).unwrap().trim().into()
-    })
-    .clone()
+    PATH.get_or_init(|| crate::lib_sh_tool("WASMLESS_OTELCOL", "otelcol_tool", "traces test"))
+        .clone()
 }
 
 pub struct Collector {
