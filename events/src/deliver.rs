@@ -34,6 +34,9 @@ pub const EVENT_ID_HEADER: &str = "ce-id";
 const ERROR_BODY: usize = 512;
 /// A 2xx's body is read to reuse the connection, up to this.
 const DRAINED_BODY: usize = 64 * 1024;
+/// How long a try that finds no ready Pod waits for the Pods read again before it counts as
+/// "no answer": a trigger starts before its Function serves, and a pool pod is replaced.
+const LOOK_FOR_PODS: Duration = Duration::from_secs(3);
 
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -132,7 +135,7 @@ pub async fn deliver<B: Broker>(
     delivery: B::Delivery,
 ) -> Result<(), BrokerError> {
     let message = delivery.message().clone();
-    let tried = match target.addresses.pick() {
+    let tried = match target.addresses.pick_or_wait(LOOK_FOR_PODS).await {
         None => no_answer("the Function has no ready pod (its own, or its namespace's pool) to take it".into()),
         Some(address) => match request_to(target, address, &message) {
             Ok(request) => send(client, request, target.policy.timeout).await,

@@ -132,6 +132,11 @@ impl LivePod {
 pub struct Addresses {
     current: RwLock<Vec<SocketAddr>>,
     next: AtomicUsize,
+    /// Told when a delivery found none: the Pods are read again then, not a few seconds
+    /// later (a trigger starts before its Function serves; a pool pod is replaced).
+    missing: tokio::sync::Notify,
+    /// Told when destinations are set: a delivery that found none waits for this.
+    found: tokio::sync::Notify,
 }
 
 impl Addresses {
@@ -142,15 +147,38 @@ impl Addresses {
     }
 
     pub fn set(&self, addresses: Vec<SocketAddr>) {
+        let some = !addresses.is_empty();
         *self.current.write().expect("addresses") = addresses;
+        if some {
+            self.found.notify_waiters();
+        }
+    }
+
+    /// The next destination; with none known, the Pods are read again and this waits up to
+    /// `wait` for them, so a try is counted as "no ready pod" only after a fresh look.
+    pub async fn pick_or_wait(&self, wait: std::time::Duration) -> Option<SocketAddr> {
+        let found = self.found.notified();
+        tokio::pin!(found);
+        found.as_mut().enable();
+        if let Some(address) = self.pick() {
+            return Some(address);
+        }
+        let _ = tokio::time::timeout(wait, found).await;
+        self.pick()
     }
 
     /// The next destination, or `None` while the Function has no ready Pod.
     pub fn pick(&self) -> Option<SocketAddr> {
         let current = self.current.read().expect("addresses");
         if current.is_empty() {
+            self.missing.notify_one();
             return None;
         }
         Some(current[self.next.fetch_add(1, Ordering::Relaxed) % current.len()])
+    }
+
+    /// Resolves once a delivery has found no destination.
+    pub async fn missed(&self) {
+        self.missing.notified().await;
     }
 }

@@ -9,9 +9,12 @@
 
 pub mod broker;
 pub mod cloudevent;
+pub mod credentials;
 pub mod deliver;
 pub mod endpoints;
 pub mod function;
+pub mod identity;
+pub mod ingress;
 pub mod metrics;
 pub mod names;
 pub mod retry;

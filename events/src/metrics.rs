@@ -137,3 +137,84 @@ impl EventMetrics {
         self.lag.remove(&trigger.into());
     }
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PublishedLabels {
+    function_namespace: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusedLabels {
+    reason: &'static str,
+}
+
+/// The publishing ingress's metrics: publishes of authenticated senders by their namespace
+/// (no label is taken from an unauthenticated request, which could make series without
+/// end), and connections refused at its edge.
+#[derive(Clone)]
+pub struct IngressMetrics {
+    published: Family<PublishedLabels, Counter>,
+    refused: Family<RefusedLabels, Counter>,
+    connections: Gauge,
+}
+
+impl IngressMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            published: Family::default(),
+            refused: Family::default(),
+            connections: Gauge::default(),
+        };
+        registry.register(
+            "wasmless_events_published",
+            "Publishes through the ingress of an authenticated ServiceAccount, by its namespace and whether the broker holds the event (accepted) or not (failed)",
+            metrics.published.clone(),
+        );
+        registry.register(
+            "wasmless_events_ingress_refused",
+            "Connections the ingress refused or closed: header_timeout, header_too_large, connection_limit",
+            metrics.refused.clone(),
+        );
+        registry.register(
+            "wasmless_events_ingress_connections",
+            "Connections open to the ingress",
+            metrics.connections.clone(),
+        );
+        metrics
+    }
+
+    pub fn published(&self, namespace: &str, accepted: bool) {
+        self.published
+            .get_or_create(&PublishedLabels {
+                function_namespace: namespace.to_string(),
+                outcome: if accepted { "accepted" } else { "failed" },
+            })
+            .inc();
+    }
+}
+
+/// Counts a connection open until dropped.
+struct OpenConnection(Gauge);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl wasmless_edge::EdgeMetrics for IngressMetrics {
+    fn refuse(&self, refusal: wasmless_edge::Refusal) {
+        let reason = match refusal {
+            wasmless_edge::Refusal::HeaderTimeout => "header_timeout",
+            wasmless_edge::Refusal::HeaderTooLarge => "header_too_large",
+            wasmless_edge::Refusal::ConnectionLimit => "connection_limit",
+        };
+        self.refused.get_or_create(&RefusedLabels { reason }).inc();
+    }
+
+    fn connection_open(&self) -> Box<dyn Send> {
+        self.connections.inc();
+        Box::new(OpenConnection(self.connections.clone()))
+    }
+}

@@ -20,6 +20,10 @@ pub enum NameError {
         "subject {subject:?}: {why}; write dot-separated tokens of letters, digits, '-' and '_', with '*' for one token or a last '>' for the rest (e.g. orders.created)"
     )]
     Subject { subject: String, why: &'static str },
+    #[error(
+        "subject {0:?}: a message goes to one subject, and '*' and '>' match many; name the subject a trigger reads, or one its wildcard matches (e.g. orders.created)"
+    )]
+    Wildcard(String),
 }
 
 /// The stream holding a namespace's messages. A namespace is a DNS label, which a stream
@@ -40,15 +44,32 @@ pub fn subject(namespace: &str, user_subject: &str) -> Result<String, NameError>
     Ok(format!("wasmless.{namespace}.{user_subject}"))
 }
 
+/// The one subject a publisher names (`orders.created`), checked as a trigger's is and
+/// holding no wildcard, as the broker spells it.
+pub fn publish_subject(namespace: &str, user_subject: &str) -> Result<String, NameError> {
+    if user_subject.split('.').any(|token| token == "*" || token == ">") {
+        return Err(NameError::Wildcard(user_subject.to_string()));
+    }
+    subject(namespace, user_subject)
+}
+
+/// The longest subject a namespace's user names, as the CRD's pattern allows: with the
+/// namespace, it stays far below the broker's 4 KiB protocol line, which a longer one
+/// would break for every namespace's messages on the component's connection.
+pub const MAX_SUBJECT_BYTES: usize = 200;
+
 fn check_subject(subject: &str) -> Result<(), NameError> {
     let refuse = |why| {
         Err(NameError::Subject {
-            subject: subject.to_string(),
+            subject: subject.chars().take(MAX_SUBJECT_BYTES).collect(),
             why,
         })
     };
     if subject.is_empty() {
         return refuse("it is empty");
+    }
+    if subject.len() > MAX_SUBJECT_BYTES {
+        return refuse("it is longer than 200 bytes");
     }
     let tokens: Vec<&str> = subject.split('.').collect();
     for (index, token) in tokens.iter().enumerate() {
@@ -129,10 +150,26 @@ mod tests {
             "_deadletter.f",
             "orders created",
             "a.b/c",
+            "a.".repeat(2100).as_str(),
         ] {
             let error = subject("shop", bad).unwrap_err();
             assert!(error.to_string().contains("e.g. orders.created"), "{error}");
         }
+    }
+
+    #[test]
+    fn a_publisher_names_one_subject_of_its_namespace() {
+        assert_eq!(
+            publish_subject("shop", "orders.created").unwrap(),
+            "wasmless.shop.orders.created"
+        );
+        for bad in ["orders.*", ">", "orders.>"] {
+            assert_eq!(publish_subject("shop", bad), Err(NameError::Wildcard(bad.into())));
+        }
+        assert!(matches!(
+            publish_subject("shop", "_deadletter.f.t"),
+            Err(NameError::Subject { .. })
+        ));
     }
 
     #[test]

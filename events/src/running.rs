@@ -19,6 +19,8 @@ use tokio::task::JoinHandle;
 
 /// How often a trigger's lag is read for `wasmless_events_lag`, and its Function's Pods.
 const LOOK_EVERY: Duration = Duration::from_secs(5);
+/// The shortest gap between two reads of a trigger's Pods when deliveries keep finding none.
+const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(1);
 /// The longest pause before a trigger whose delivery stopped is started again.
 const MAX_RESTART_PAUSE: Duration = Duration::from_secs(30);
 
@@ -173,7 +175,17 @@ async fn keep_looking<B: Broker>(
 ) {
     let trigger = &want.consumer.trigger;
     loop {
-        tokio::time::sleep(LOOK_EVERY).await;
+        let missed = tokio::select! {
+            () = tokio::time::sleep(LOOK_EVERY) => false,
+            () = addresses.missed() => true,
+        };
+        if missed {
+            if let Ok(found) = endpoints::pod_addresses(kube, &trigger.namespace, &want.service).await {
+                addresses.set(found);
+            }
+            tokio::time::sleep(LOOK_AGAIN_AFTER).await;
+            continue;
+        }
         let lag = broker.lag(&want.consumer).await;
         match &lag {
             Ok(lag) => metrics.set_lag(trigger, *lag),

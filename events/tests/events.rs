@@ -98,7 +98,7 @@ struct Harness {
 impl Harness {
     async fn start(script: Script) -> Self {
         let nats = Nats::start();
-        let broker = Arc::new(JetStream::connect(&nats.url()).await.unwrap());
+        let broker = Arc::new(JetStream::connect(&nats.url(), None).await.unwrap());
         let handler = Arc::new(Handler {
             script,
             seen: Mutex::new(Vec::new()),
@@ -676,4 +676,184 @@ async fn a_functions_queue_trigger_read_from_the_api_delivers_to_its_own_pods_an
     assert_eq!(seen[0].headers["ce-subject"], "orders.created");
     assert_eq!(*reached.lock().unwrap(), 0, "no event reached another namespace's pod");
     component.abort();
+}
+
+/// Publishers' identities as the API server would tell them: a token names a
+/// ServiceAccount, or is refused.
+struct Tokens(HashMap<&'static str, (&'static str, &'static str)>);
+
+impl wasmless_events::identity::Authenticate for Tokens {
+    async fn authenticate(
+        &self,
+        token: &str,
+    ) -> Result<wasmless_events::identity::Caller, wasmless_events::identity::AuthError> {
+        use wasmless_events::identity::{AuthError, Caller};
+        let (namespace, service_account) = self
+            .0
+            .get(token)
+            .ok_or_else(|| AuthError::Refused("unknown token".into()))?;
+        Ok(Caller {
+            namespace: namespace.to_string(),
+            service_account: service_account.to_string(),
+        })
+    }
+}
+
+/// The broker takes the component alone, by the password the component made in its Secret;
+/// a publisher comes in through the ingress with its ServiceAccount's token, and reaches
+/// its own namespace's subjects only.
+#[tokio::test]
+async fn a_publisher_reaches_its_own_namespaces_subjects_through_the_ingress_and_the_broker_takes_no_one_else() {
+    use tower::ServiceExt;
+    use wasmless_events::credentials;
+
+    let api = wasmless_testkit::FakeApiServer::new();
+    let password = credentials::ensure_password(api.client(), "wasmless-system", "wasmless-nats")
+        .await
+        .unwrap();
+    assert_eq!(password.len(), 64, "32 random bytes in hex");
+    let again = credentials::ensure_password(api.client(), "wasmless-system", "wasmless-nats")
+        .await
+        .unwrap();
+    assert_eq!(again, password, "a second replica reads the password the first made");
+
+    let nats = Nats::start_with_user(credentials::USER, &password);
+    for (who, credentials) in [
+        ("no password", None),
+        (
+            "a wrong password",
+            Some((credentials::USER.to_string(), "guess".to_string())),
+        ),
+    ] {
+        let connected = JetStream::connect(&nats.url(), credentials).await;
+        assert!(connected.is_err(), "the broker took a connection with {who}");
+    }
+    let broker = Arc::new(
+        JetStream::connect(&nats.url(), Some((credentials::USER.to_string(), password)))
+            .await
+            .unwrap(),
+    );
+    broker.ensure_namespace("shop").await.unwrap();
+    broker.ensure_namespace("billing").await.unwrap();
+    let consumer = ConsumerSpec {
+        trigger: TriggerRef::new("shop", "orders", "created"),
+        subject: names::subject("shop", "orders.>").unwrap(),
+        max_in_flight: 10,
+        ack_wait: Duration::from_secs(30),
+        max_deliver: 3,
+    };
+    broker.ensure_consumer(&consumer).await.unwrap();
+
+    let tokens = Tokens(HashMap::from([
+        ("shop-token", ("shop", "checkout")),
+        ("billing-token", ("billing", "default")),
+        ("empty-token", ("empty", "default")),
+    ]));
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = wasmless_events::metrics::IngressMetrics::register(&mut registry);
+    let ingress = wasmless_events::ingress::router(broker.clone(), Arc::new(tokens), metrics);
+    let post = |path: &str, token: Option<&str>, id: Option<&str>, body: Vec<u8>| {
+        let mut request = http::Request::post(path).header("content-type", "application/json");
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        if let Some(id) = id {
+            request = request.header("ce-id", id);
+        }
+        let request = request.body(axum::body::Body::from(body)).unwrap();
+        let ingress = ingress.clone();
+        async move {
+            let response = ingress.oneshot(request).await.unwrap();
+            let status = response.status().as_u16();
+            let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+            (status, String::from_utf8_lossy(&body).to_string())
+        }
+    };
+
+    let order = br#"{"order": 7}"#.to_vec();
+    let (status, body) = post(
+        "/publish/shop/orders.created",
+        Some("shop-token"),
+        Some("order-7"),
+        order.clone(),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    assert!(body.contains(r#""id":"order-7""#), "{body}");
+    // The same event again: accepted, and kept once.
+    let (status, _) = post(
+        "/publish/shop/orders.created",
+        Some("shop-token"),
+        Some("order-7"),
+        order.clone(),
+    )
+    .await;
+    assert_eq!(status, 202);
+
+    for (path, token, expected, words) in [
+        (
+            "/publish/shop/orders.created",
+            Some("billing-token"),
+            403,
+            "publishes into namespace billing only, not shop",
+        ),
+        ("/publish/shop/orders.created", None, 401, "--audience wasmless-events"),
+        ("/publish/shop/orders.created", Some("made-up"), 401, "unknown token"),
+        (
+            "/publish/shop/orders.*",
+            Some("shop-token"),
+            400,
+            "a message goes to one subject",
+        ),
+        (
+            "/publish/shop/_deadletter.orders.created",
+            Some("shop-token"),
+            400,
+            "Wasmless's own",
+        ),
+        (
+            "/publish/empty/orders.created",
+            Some("empty-token"),
+            404,
+            "no Function of its namespace has a queue trigger",
+        ),
+    ] {
+        let (status, body) = post(path, token, None, order.clone()).await;
+        assert_eq!(status, expected, "{path} with {token:?}: {body}");
+        assert!(body.contains(words), "{path} with {token:?}: {body}");
+    }
+    let (status, body) = post(
+        "/publish/shop/orders.big",
+        Some("shop-token"),
+        None,
+        vec![b'x'; (1 << 20) + 1],
+    )
+    .await;
+    assert_eq!(status, 413, "{body}");
+
+    // What the namespace's trigger reads: the one order, once, with its id and type.
+    assert_eq!(broker.lag(&consumer).await.unwrap(), 1);
+    let mut deliveries = broker.consume(&consumer).await.unwrap();
+    let delivery = tokio::time::timeout(Duration::from_secs(5), deliveries.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    use wasmless_events::broker::Delivery as _;
+    let message = delivery.message().clone();
+    assert_eq!(message.id, "order-7");
+    assert_eq!(message.subject, "wasmless.shop.orders.created");
+    assert_eq!(message.header("content-type"), Some("application/json"));
+    assert_eq!(message.payload, Bytes::from(order));
+    delivery.ack().await.unwrap();
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains(r#"wasmless_events_published_total{function_namespace="shop",outcome="accepted"} 2"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"wasmless_events_published_total{function_namespace="empty",outcome="failed"} 1"#),
+        "{text}"
+    );
 }

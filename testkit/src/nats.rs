@@ -20,14 +20,27 @@ pub struct Nats {
     child: Option<Child>,
     pub port: u16,
     store: tempfile::TempDir,
+    user: Option<(String, String)>,
 }
 
 impl Nats {
+    /// A server that takes any connection.
     pub fn start() -> Self {
+        Self::start_as(None)
+    }
+
+    /// A server that takes connections of this one user and password only, as the
+    /// installed broker does.
+    pub fn start_with_user(user: &str, password: &str) -> Self {
+        Self::start_as(Some((user.to_string(), password.to_string())))
+    }
+
+    fn start_as(user: Option<(String, String)>) -> Self {
         let mut nats = Self {
             child: None,
             port: crate::free_port(),
             store: tempfile::tempdir().unwrap(),
+            user,
         };
         nats.restart();
         nats
@@ -48,9 +61,14 @@ impl Nats {
     /// Starts the server (again) on its port and store, and waits until it takes connections.
     pub fn restart(&mut self) {
         self.kill();
-        let child = Command::new(nats_server())
+        let mut command = Command::new(nats_server());
+        command
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
-            .arg(self.store.path())
+            .arg(self.store.path());
+        if let Some((user, password)) = &self.user {
+            command.args(["--user", user, "--pass", password]);
+        }
+        let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -8,12 +8,18 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use std::time::{Duration, SystemTime};
 
-/// What a namespace's stream holds at most: past it, a publish is refused (the publisher
-/// sees it), not the namespace's oldest messages dropped, and no namespace fills the
-/// broker's disk for the others.
-pub const NAMESPACE_BYTES: i64 = 1 << 30;
-/// The largest message, and so the largest event body.
+/// What a namespace's stream holds by default (`--namespace-max-bytes`): past it, a publish
+/// is refused (the publisher sees it), not the namespace's oldest messages dropped, and no
+/// namespace fills the broker's disk for the others. The broker reserves it whole for each
+/// stream when the stream is made, so its store holds this many namespaces' streams and no
+/// more: 9 GB holds 72 of them.
+pub const NAMESPACE_BYTES: i64 = 128 << 20;
+/// The largest message body, and so the largest event.
 pub const MAX_MESSAGE_BYTES: i32 = 1 << 20;
+/// Room for a message's headers beside its body, in the stream's limit on a message: a
+/// dead letter of the largest body carries its last error (up to 512 bytes) and the
+/// publisher's headers too.
+const HEADER_ROOM: i32 = 64 << 10;
 
 /// How long a namespace's stream keeps a message no consumer has settled.
 pub const KEEP_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -23,22 +29,33 @@ pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
 pub struct JetStream {
     context: jetstream::Context,
+    namespace_bytes: i64,
 }
 
 impl JetStream {
-    pub async fn connect(url: &str) -> Result<Self, BrokerError> {
-        let client = async_nats::ConnectOptions::new()
+    /// `credentials`: the user and password the broker knows this component by, when it
+    /// asks for one (the installed broker does: no one else may connect).
+    pub async fn connect(url: &str, credentials: Option<(String, String)>) -> Result<Self, BrokerError> {
+        let mut options = async_nats::ConnectOptions::new()
             .name("wasmless-events")
-            .connection_timeout(Duration::from_secs(5))
-            .connect(url)
-            .await
-            .map_err(|source| BrokerError::Connect {
-                url: url.to_string(),
-                source: Box::new(source),
-            })?;
+            .connection_timeout(Duration::from_secs(5));
+        if let Some((user, password)) = credentials {
+            options = options.user_and_password(user, password);
+        }
+        let client = options.connect(url).await.map_err(|source| BrokerError::Connect {
+            url: url.to_string(),
+            source: Box::new(source),
+        })?;
         Ok(Self {
             context: jetstream::new(client),
+            namespace_bytes: NAMESPACE_BYTES,
         })
+    }
+
+    /// What each namespace's stream holds at most (default [`NAMESPACE_BYTES`]).
+    pub fn with_namespace_bytes(mut self, bytes: i64) -> Self {
+        self.namespace_bytes = bytes;
+        self
     }
 
     async fn stream(&self, consumer: &ConsumerSpec) -> Result<jetstream::stream::Stream, BrokerError> {
@@ -63,8 +80,8 @@ impl Broker for JetStream {
             retention: stream::RetentionPolicy::Limits,
             storage: stream::StorageType::File,
             max_age: KEEP_FOR,
-            max_bytes: NAMESPACE_BYTES,
-            max_message_size: MAX_MESSAGE_BYTES,
+            max_bytes: self.namespace_bytes,
+            max_message_size: MAX_MESSAGE_BYTES + HEADER_ROOM,
             discard: stream::DiscardPolicy::New,
             duplicate_window: DUPLICATE_WINDOW,
             ..Default::default()
@@ -106,16 +123,25 @@ impl Broker for JetStream {
             headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
         }
         let subject = message.subject.clone();
+        let no_stream_or = |error: jetstream::context::PublishError, what: &str| {
+            if error.kind() == jetstream::context::PublishErrorKind::StreamNotFound {
+                BrokerError::NoStream {
+                    subject: subject.clone(),
+                }
+            } else {
+                BrokerError::refused(format!("{what} {subject}"), error)
+            }
+        };
         let acknowledged = self
             .context
-            .publish_with_headers(message.subject, headers, message.payload)
+            .publish_with_headers(message.subject.clone(), headers, message.payload)
             .await
-            .map_err(|error| BrokerError::refused(format!("publish to {subject}"), error))?;
+            .map_err(|error| no_stream_or(error, "publish to"))?;
         // Durable only once the stream has acknowledged it.
         acknowledged
             .await
             .map(drop)
-            .map_err(|error| BrokerError::refused(format!("store a message on {subject}"), error))
+            .map_err(|error| no_stream_or(error, "store a message on"))
     }
 
     async fn consume(

@@ -21,6 +21,9 @@ pub enum BrokerError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// No stream takes the subject: no Function of its namespace has a trigger yet.
+    #[error("no stream takes {subject}: no Function of its namespace has a queue trigger")]
+    NoStream { subject: String },
     #[error("the broker refused to {what}: {source}")]
     Refused {
         what: String,
