@@ -8,6 +8,9 @@
 #                          and the CA bundle
 #   wasmless/operator:TAG  FROM scratch: the same for wasmless-operator
 #   wasmless/node-agent:TAG  FROM scratch: the same for wasmless-node-agent
+#   wasmless/events:TAG    FROM scratch: the same for wasmless-events (deploy/events/)
+#   wasmless/nats:TAG      FROM scratch: nats-server as scripts/lib.sh builds it from its Go
+#                          module (static), the broker of deploy/events/
 #   wasmless/builder:TAG   a Debian 12 (bookworm) base from debootstrap with gcc (cargo links
 #                          build scripts with it), the Go toolchain on this machine, the Rust
 #                          toolchain with wasm32-wasip2, wasmless-builder (the SDKs are compiled
@@ -34,7 +37,7 @@ SAY_AS=images
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 
-for binary in wasmless-runtime wasmless-operator wasmless-node-agent wasmless-builder; do
+for binary in wasmless-runtime wasmless-operator wasmless-node-agent wasmless-events wasmless-builder; do
   [[ -x $release/$binary ]] || { say "no $release/$binary: run cargo test --release --workspace --no-run first"; exit 1; }
 done
 
@@ -68,17 +71,19 @@ fresh() {
   return 0
 }
 
+# scratch_image NAME BINARY: BINARY (a path; else one of the release build's) alone.
 scratch_image() {
   local name=$1 binary=$2
+  [[ $binary == */* ]] || binary=$release/$binary
   local archive=$out/$name-$tag.tar
-  if ! fresh "$archive" "$release/$binary"; then
+  if ! fresh "$archive" "$binary"; then
     local rootfs
     rootfs=$(mktemp -d)
-    install_binary "$release/$binary" "$rootfs" --with-libraries
+    install_binary "$binary" "$rootfs" --with-libraries
     install_ca_bundle "$rootfs"
     mkdir -m 1777 "$rootfs/tmp"
     scripts/image-archive.sh "$rootfs" "wasmless/$name:$tag" "$archive" --user 65532:65532 -- \
-      "/usr/local/bin/$binary" >&2
+      "/usr/local/bin/${binary##*/}" >&2
     rm -rf "$rootfs"
   fi
   echo "$archive"
@@ -172,4 +177,6 @@ builder_image() {
 scratch_image runtime wasmless-runtime
 scratch_image operator wasmless-operator
 scratch_image node-agent wasmless-node-agent
+scratch_image events wasmless-events
+scratch_image nats "$(nats_server_tool)"
 builder_image

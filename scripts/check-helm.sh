@@ -2,9 +2,9 @@
 # The Helm chart (deploy/helm/wasmless) and kustomize (deploy/, the no-tools path) install
 # the same objects: renders both and compares them object by object
 # (scripts/compare-manifests.py), for the cluster-wide install, the namespaced one
-# (deploy-namespaced/), the Prometheus objects (deploy/prometheus/) and the node agent
-# (deploy/node-agent/); and `helm lint --strict` with each of those values. A change to one
-# side without the other fails here.
+# (deploy-namespaced/), the Prometheus objects (deploy/prometheus/), the node agent
+# (deploy/node-agent/) and events (deploy/events/); and `helm lint --strict` with each of
+# those values. A change to one side without the other fails here.
 # Needs kubectl and python3 with PyYAML; builds helm when missing (scripts/lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,13 +23,14 @@ trap 'rm -rf "$work"' EXIT
 namespaced=(--set watchNamespace=functions) # deploy-namespaced/'s namespace
 prometheus=(--set prometheus.scrapeConfig.create=true --set prometheus.rbac.create=true)
 node_agent=(--set nodeAgent.install=true --set pool.nodeCodeStore=true)
+events=(--set events.enabled=true)
 
-for values in "" "${namespaced[*]}" "${prometheus[*]}" "${node_agent[*]}"; do
+for values in "" "${namespaced[*]}" "${prometheus[*]}" "${node_agent[*]}" "${events[*]}" "${events[*]} ${namespaced[*]}"; do
   # shellcheck disable=SC2086 # the --set pairs split on spaces
   helm lint --strict --quiet "$CHART" --namespace "$RELEASE_NS" $values >"$work/lint" 2>&1 ||
     { cat "$work/lint" >&2; echo "helm lint ${values:-(default values)}: failed" >&2; exit 1; }
 done
-echo "helm lint: clean with the default, namespaced, Prometheus and node agent values"
+echo "helm lint: clean with the default, namespaced, Prometheus, node agent and events values"
 
 # Every setting of the operator (its WASMLESS_* variables) is one the chart can set, but
 # those the chart fixes on purpose: the admin address its probes and Service name, the
@@ -77,4 +78,9 @@ python3 scripts/compare-manifests.py "$work/kustomize.yaml" "$work/helm.yaml"
 echo "deploy/node-agent/ and nodeAgent.install:"
 kubectl kustomize deploy/node-agent/ >"$work/kustomize.yaml"
 template "${node_agent[@]}" --show-only templates/node-agent.yaml >"$work/helm.yaml"
+python3 scripts/compare-manifests.py "$work/kustomize.yaml" "$work/helm.yaml"
+
+echo "deploy/events/ and events.enabled:"
+kubectl kustomize deploy/events/ >"$work/kustomize.yaml"
+template "${events[@]}" --show-only templates/events.yaml >"$work/helm.yaml"
 python3 scripts/compare-manifests.py "$work/kustomize.yaml" "$work/helm.yaml"

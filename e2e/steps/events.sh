@@ -1,0 +1,141 @@
+# Functions run on events (issue 42, docs/architecture.md "Events"): deploy/events/ as
+# shipped, the broker on a PersistentVolume the test makes as an admin would; the example
+# examples/orders-go, at zero in the pool, gets what a ServiceAccount of its namespace
+# publishes through the ingress; an event its handler keeps refusing (503) is parked as a
+# dead letter after its tries, one it calls bad (400) at once; and
+# docs/security.md's door 8, tried from outside: another namespace's token, no token, a
+# token for the API server, the broker itself, the component's own Secret rights.
+# Sourced by e2e/run.sh, which runs the steps in its order; e2e/lib.sh has the helpers.
+
+EVENTS_OTHER_NS=e2e-events-other
+
+# install_events: the volume the broker's claim binds (no StorageClass on the test cluster),
+# then deploy/events/ as shipped.
+install_events() {
+  local data=$WASMLESS_CLUSTER_DIR/events-broker
+  mkdir -p "$data"
+  chown 65532:65532 "$data"
+  chmod 0700 "$data"
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: wasmless-e2e-events-broker
+spec:
+  capacity:
+    storage: 10Gi
+  accessModes: ["ReadWriteOnce"]
+  persistentVolumeReclaimPolicy: Retain
+  hostPath:
+    path: $data
+    type: Directory
+EOF
+  kubectl apply -k deploy/events/ >/dev/null
+  kubectl rollout status -n wasmless-system deploy/wasmless-events --timeout=180s >/dev/null ||
+    fail "wasmless-events did not become ready"
+  kubectl rollout status -n wasmless-system statefulset/wasmless-nats --timeout=180s >/dev/null ||
+    fail "the broker (wasmless-nats) did not become ready"
+}
+
+events_url() {
+  kubectl get svc wasmless-events -n wasmless-system -o 'jsonpath=http://{.spec.clusterIP}:{.spec.ports[0].port}'
+}
+
+# publish NAMESPACE SUBJECT BODY [TOKEN] [ID]: the ingress's status code; its answer in
+# $WORK/published.
+publish() {
+  local args=(-sS --max-time 10 -o "$WORK/published" -w '%{http_code}' -X POST -H 'content-type: text/plain' --data-binary "$3")
+  [[ -n ${4:-} ]] && args+=(-H "authorization: Bearer $4")
+  [[ -n ${5:-} ]] && args+=(-H "ce-id: $5")
+  curl "${args[@]}" "$(events_url)/publish/$1/$2" || true
+}
+
+# delivered FUNCTION OUTCOME: wasmless_events_delivered_total of FUNCTION in $NS with that
+# outcome, summed over the component's replicas.
+delivered() {
+  local ip sum=0 value
+  for ip in $(kubectl get pods -n wasmless-system -l app.kubernetes.io/name=wasmless-events \
+    -o 'jsonpath={.items[?(@.status.phase=="Running")].status.podIP}'); do
+    value=$({ curl -fsS --max-time 2 "http://$ip:9090/metrics" || true; } |
+      awk -v fn="function=\"$1\"" -v ns="function_namespace=\"$NS\"" -v outcome="outcome=\"$2\"" \
+        '/^wasmless_events_delivered_total\{/ && index($0, fn) && index($0, ns) && index($0, outcome) { sum += $NF } END { print sum + 0 }')
+    sum=$((sum + ${value%.*}))
+  done
+  echo "$sum"
+}
+
+events_delivered() {
+  step "events (deploy/events/): what a ServiceAccount publishes through the ingress reaches its namespace's pooled Function once each, one the handler keeps refusing is parked as a dead letter after its tries, and no other namespace, no token and no one at the broker gets in"
+  install_events
+  local token other_token status i fn=orders-go
+  kubectl apply -n "$NS" -f examples/orders-go/function.yaml >/dev/null
+  wait_until 240 "$fn to be Ready in the pool" phase_is "$fn" Ready
+
+  token=$(kubectl create token default -n "$NS" --audience wasmless-events --duration 1h)
+  # (1) 20 events: each accepted, each handled once (no fault, so no duplicate either).
+  # The component makes the namespace's stream when it sees the trigger: until then a
+  # publish is told no Function there has a queue trigger (404).
+  stream_made() { [[ $(publish "$NS" orders.created '{"id": "order-1", "quantity": 1}' "$token" order-1) == 202 ]]; }
+  wait_until 60 "the ingress to take $NS's first event" stream_made
+  for i in $(seq 2 20); do
+    status=$(publish "$NS" orders.created "{\"id\": \"order-$i\", \"quantity\": $i}" "$token" "order-$i")
+    expect_eq "$status" 202 "publishing order-$i ($(cat "$WORK/published"))"
+  done
+  expect_contains "$(cat "$WORK/published")" '"id":"order-20"' "the ingress's answer"
+  all_handled() { (($(delivered "$fn" ok) >= 20)); }
+  wait_until 60 "the 20 events to be handled by $fn (in the pool)" all_handled
+  expect_eq "$(fn_field "$fn" .status.servedBy)" pool "$fn's status.servedBy while it handled them"
+  # The same id again within the broker's window: accepted, and not handled again.
+  expect_eq "$(publish "$NS" orders.created '{"id": "order-20", "quantity": 20}' "$token" order-20)" 202 "publishing order-20 again"
+
+  # (2) Out of stock every time (503): 4 tries (retries: 3, after 1, 2, 4 s), then parked;
+  # not an order (400): parked at once.
+  expect_eq "$(publish "$NS" orders.created '{"id": "order-big", "quantity": 1000}' "$token" order-big)" 202 "publishing order-big"
+  expect_eq "$(publish "$NS" orders.created 'not json' "$token" garbage)" 202 "publishing garbage"
+  parked() { (($(delivered "$fn" dead_letter) >= 2)); }
+  wait_until 60 "order-big and garbage to be parked as dead letters" parked
+  expect_eq "$(delivered "$fn" retry)" 3 "tries that were retried (order-big's first three)"
+  expect_eq "$(delivered "$fn" dead_letter)" 2 "events parked"
+  expect_eq "$(delivered "$fn" ok)" 20 "events handled, after order-20 was published again"
+  echo "    20 events handled once each from the pool, order-big parked after 4 tries, garbage at once"
+
+  # (3) Door 8, from outside.
+  kubectl create namespace "$EVENTS_OTHER_NS" >/dev/null 2>&1 || true
+  kubectl create serviceaccount default -n "$EVENTS_OTHER_NS" >/dev/null 2>&1 || true
+  wait_until 30 "$EVENTS_OTHER_NS's default ServiceAccount" kubectl get sa default -n "$EVENTS_OTHER_NS"
+  other_token=$(kubectl create token default -n "$EVENTS_OTHER_NS" --audience wasmless-events --duration 1h)
+  expect_eq "$(publish "$NS" orders.created '{"id": "elsewhere"}' "$other_token")" 403 "another namespace's token publishing into $NS"
+  expect_contains "$(cat "$WORK/published")" "publishes into namespace $EVENTS_OTHER_NS only" "the refusal"
+  expect_eq "$(publish "$EVENTS_OTHER_NS" orders.created "to elsewhere" "$token")" 403 "$NS's token publishing into $EVENTS_OTHER_NS"
+  expect_eq "$(publish "$NS" orders.created "no token")" 401 "a publish with no token"
+  expect_contains "$(cat "$WORK/published")" "--audience wasmless-events" "the answer to a publish with no token"
+  expect_eq "$(publish "$NS" orders.created "api token" "$(kubectl create token default -n "$NS" --duration 1h)")" 401 \
+    "a token of $NS made for the API server, not for wasmless-events"
+  expect_eq "$(publish "$NS" _deadletter.orders.created "forged" "$token")" 400 "a publish to Wasmless's own subjects"
+  sleep 2
+  expect_eq "$(delivered "$fn" ok)" 20 "events handled after the refused publishes"
+
+  # The broker takes no connection without the component's password: a client at its pod.
+  local broker_ip said
+  broker_ip=$(kubectl get pod wasmless-nats-0 -n wasmless-system -o 'jsonpath={.status.podIP}')
+  said=$(python3 - "$broker_ip" <<'EOF'
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], 4222), timeout=5)
+s.recv(4096)  # INFO
+s.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nSUB wasmless.> 1\r\nPING\r\n')
+time.sleep(1)
+print(s.recv(4096).decode(errors="replace").strip())
+EOF
+)
+  expect_contains "$said" "Authorization Violation" "a client connecting to the broker with no password"
+  # RBAC lets the component create Secrets in its namespace; the admission policy, only its own.
+  local as_events=(--as system:serviceaccount:wasmless-system:wasmless-events)
+  said=$(kubectl create secret generic not-the-broker -n wasmless-system --from-literal=a=b "${as_events[@]}" 2>&1) &&
+    fail "wasmless-events made Secret not-the-broker: $said"
+  expect_contains "$said" "wasmless-events makes one Secret" "wasmless-events making another Secret"
+  echo "    refused: another namespace's token (403 both ways), no token and an API server token (401), Wasmless's own subject (400), a client at the broker with no password, another Secret made as the component"
+
+  kubectl delete fn "$fn" -n "$NS" --wait=false >/dev/null
+  kubectl delete namespace "$EVENTS_OTHER_NS" --wait=false >/dev/null
+  ok
+}
