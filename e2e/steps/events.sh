@@ -7,6 +7,8 @@
 # token for the API server, the broker itself, the component's own Secret rights.
 # Sourced by e2e/run.sh, which runs the steps in its order; e2e/lib.sh has the helpers.
 
+# The events steps' own namespace, so that its pool is theirs alone (its logs are read).
+EVENTS_NS=e2e-events
 EVENTS_OTHER_NS=e2e-events-other
 
 # install_events: the volume the broker's claim binds (no StorageClass on the test cluster),
@@ -67,6 +69,8 @@ delivered() {
 events_delivered() {
   step "events (deploy/events/): what a ServiceAccount publishes through the ingress reaches its namespace's pooled Function once each, one the handler keeps refusing is parked as a dead letter after its tries, and no other namespace, no token and no one at the broker gets in"
   install_events
+  local NS=$EVENTS_NS # the helpers read NS
+  kubectl create namespace "$NS" >/dev/null 2>&1 || true
   local token other_token status i fn=orders-go
   kubectl apply -n "$NS" -f examples/orders-go/function.yaml >/dev/null
   wait_until 240 "$fn to be Ready in the pool" phase_is "$fn" Ready
@@ -137,5 +141,103 @@ EOF
 
   kubectl delete fn "$fn" -n "$NS" --wait=false >/dev/null
   kubectl delete namespace "$EVENTS_OTHER_NS" --wait=false >/dev/null
+  ok
+}
+
+# The handler of events_survive_kills: writes each event's id to stderr (the pool logs it
+# as a handler line) and answers 204.
+tally_handler() {
+  cat <<'EOF'
+package handlers
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+)
+
+func Handler(w http.ResponseWriter, r *http.Request) {
+	fmt.Fprintf(os.Stderr, "tally %s\n", r.Header.Get("ce-id"))
+	w.WriteHeader(http.StatusNoContent)
+}
+EOF
+}
+
+events_survive_kills() {
+  local count=10000 NS=$EVENTS_NS
+  step "events survive their component and their broker: $count events published to a Function at zero while a wasmless-events pod and then the broker's pod are killed, each one handled, the duplicates counted"
+  local manifest token ids
+  kubectl create namespace "$NS" >/dev/null 2>&1 || true
+  manifest=$(python3 -c 'import json,sys; print(json.dumps({
+    "apiVersion": "wasmless.io/v1alpha1", "kind": "Function",
+    "metadata": {"name": "tally", "namespace": sys.argv[2]},
+    "spec": {"function": sys.argv[1], "scale": {"min": 0},
+             "triggers": [{"name": "counted", "queue": {"subject": "tally.in", "maxInFlight": 50}}]}}))' "$(tally_handler)" "$NS")
+  kubectl apply -f - <<<"$manifest" >/dev/null
+  wait_until 240 "tally to be Ready in the pool" phase_is tally Ready
+  token=$(kubectl create token default -n "$NS" --audience wasmless-events --duration 1h)
+  stream_ready() { [[ $(publish "$NS" tally.in warm-up "$token" warm-up) == 202 ]]; }
+  wait_until 60 "the ingress to take tally's first event" stream_ready
+
+  # One publisher on a kept-alive connection, each event sent until the ingress has it (a
+  # 503 or a broken connection while a pod is down is sent again, under the same ce-id);
+  # a third of the way, a wasmless-events pod is deleted; at two thirds, the broker's.
+  python3 - "$(events_url)" "$NS" "$token" "$count" <<'EOF' || fail "publishing tally's events"
+import http.client, subprocess, sys, time, urllib.parse
+url, ns, token, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+host = urllib.parse.urlparse(url).netloc
+connection, resent, started = None, 0, time.time()
+for i in range(1, count + 1):
+    if i == count // 3:
+        subprocess.run(["kubectl", "delete", "pod", "-n", "wasmless-system", "-l", "app.kubernetes.io/name=wasmless-events",
+                        "--field-selector=status.phase=Running", "--wait=false", "--grace-period=1"], check=True, capture_output=True)
+        pods = subprocess.run(["kubectl", "get", "pods", "-n", "wasmless-system", "-l", "app.kubernetes.io/name=wasmless-events", "-o", "name"],
+                              capture_output=True, text=True).stdout.split()
+        print(f"    at {i}: deleted the wasmless-events pods ({len(pods)} listed)", flush=True)
+    if i == 2 * count // 3:
+        subprocess.run(["kubectl", "delete", "pod", "-n", "wasmless-system", "wasmless-nats-0", "--wait=false"], check=True, capture_output=True)
+        print(f"    at {i}: deleted the broker's pod", flush=True)
+    while True:
+        try:
+            if connection is None:
+                connection = http.client.HTTPConnection(host, timeout=10)
+            connection.request("POST", f"/publish/{ns}/tally.in", body=f"event {i}",
+                               headers={"authorization": f"Bearer {token}", "ce-id": f"t-{i}"})
+            response = connection.getresponse()
+            response.read()
+            if response.status == 202:
+                break
+            if response.status not in (503, 502):
+                sys.exit(f"publishing t-{i}: {response.status}")
+        except (OSError, http.client.HTTPException):
+            connection = None
+        resent += 1
+        if time.time() - started > 600:
+            sys.exit(f"publishing t-{i}: not accepted within 10 minutes")
+        time.sleep(0.2)
+print(f"    {count} published in {time.time() - started:.1f} s, {resent} sends again while a pod was down", flush=True)
+EOF
+
+  # Every id in the handler lines of the pool (and of tally's own pods, should the
+  # autoscaler give it some under the backlog): each handled at least once. What each read
+  # finds is kept, so a pod gone since still counts.
+  : >"$WORK/tally.all"
+  tally_seen() {
+    {
+      kubectl logs -n "$NS" -l wasmless.io/component=pool --tail=-1 --max-log-requests 10
+      kubectl logs -n "$NS" -l wasmless.io/function=tally,wasmless.io/component=runtime --tail=-1 --max-log-requests 10
+    } 2>/dev/null | grep -o '"tally t-[0-9]*' | sed 's/^"tally //' >"$WORK/tally.last" || true
+    cat "$WORK/tally.last" >>"$WORK/tally.all"
+    (($(sort -u "$WORK/tally.all" | wc -l) >= count))
+  }
+  local deadline=$((SECONDS + 300))
+  until tally_seen; do
+    ((SECONDS < deadline)) || fail "tally handled $(sort -u "$WORK/tally.all" | wc -l) distinct events of $count within 300 s"
+    sleep 3
+  done
+  ids=$(sort -u "$WORK/tally.all" | wc -l)
+  expect_eq "$ids" "$count" "distinct events handled"
+  echo "    $count events handled, $(($(wc -l <"$WORK/tally.last") - $(sort -u "$WORK/tally.last" | wc -l))) of them more than once (at least once is the promise, with the same ce-id each time)"
+  kubectl delete namespace "$NS" --wait=false >/dev/null
   ok
 }
