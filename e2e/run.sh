@@ -43,7 +43,7 @@ steps=(
   scale_to_zero pooled_secret                                  # steps/zero.sh
   node_store                                                   # steps/node_store.sh
   cli_deploy                                                   # steps/cli.sh
-  events_delivered events_survive_kills                        # steps/events.sh
+  events_delivered events_survive_kills events_on_schedule     # steps/events.sh
   least_privilege tenant_doors heavy_neighbour keepalive_to_deleted  # steps/security.sh
   call_another_function secret_rotation                       # steps/outbound.sh
   go_modules build_time_code                                   # steps/modules.sh

@@ -144,23 +144,10 @@ EOF
   ok
 }
 
-# The handler of events_survive_kills: writes each event's id to stderr (the pool logs it
-# as a handler line) and answers 204.
-tally_handler() {
-  cat <<'EOF'
-package handlers
-
-import (
-	"fmt"
-	"net/http"
-	"os"
-)
-
-func Handler(w http.ResponseWriter, r *http.Request) {
-	fmt.Fprintf(os.Stderr, "tally %s\n", r.Header.Get("ce-id"))
-	w.WriteHeader(http.StatusNoContent)
-}
-EOF
+# A handler that writes "WORD <its event's ce-id>" to stderr (the pool logs it as a handler
+# line, with its time) and answers 204: what events_survive_kills and events_on_schedule count.
+id_logging_handler() { # WORD
+  printf 'package handlers\n\nimport (\n\t"fmt"\n\t"net/http"\n\t"os"\n)\n\nfunc Handler(w http.ResponseWriter, r *http.Request) {\n\tfmt.Fprintf(os.Stderr, "%s %%s\\n", r.Header.Get("ce-id"))\n\tw.WriteHeader(http.StatusNoContent)\n}\n' "$1"
 }
 
 events_survive_kills() {
@@ -172,7 +159,7 @@ events_survive_kills() {
     "apiVersion": "wasmless.io/v1alpha1", "kind": "Function",
     "metadata": {"name": "tally", "namespace": sys.argv[2]},
     "spec": {"function": sys.argv[1], "scale": {"min": 0},
-             "triggers": [{"name": "counted", "queue": {"subject": "tally.in", "maxInFlight": 50}}]}}))' "$(tally_handler)" "$NS")
+             "triggers": [{"name": "counted", "queue": {"subject": "tally.in", "maxInFlight": 50}}]}}))' "$(id_logging_handler tally)" "$NS")
   kubectl apply -f - <<<"$manifest" >/dev/null
   wait_until 240 "tally to be Ready in the pool" phase_is tally Ready
   token=$(kubectl create token default -n "$NS" --audience wasmless-events --duration 1h)
@@ -238,6 +225,76 @@ EOF
   ids=$(sort -u "$WORK/tally.all" | wc -l)
   expect_eq "$ids" "$count" "distinct events handled"
   echo "    $count events handled, $(($(wc -l <"$WORK/tally.last") - $(sort -u "$WORK/tally.last" | wc -l))) of them more than once (at least once is the promise, with the same ce-id each time)"
+  kubectl delete fn tally -n "$NS" --wait=false >/dev/null
+  ok
+}
+
+events_on_schedule() {
+  local NS=$EVENTS_NS seconds=60
+  step "a per-second schedule on a Function at zero fires within a second of each tick for $seconds s, exactly once a tick, also across the deletion of a wasmless-events pod (every replica publishes every tick; the broker keeps one per tick)"
+  kubectl create namespace "$NS" >/dev/null 2>&1 || true
+  local manifest started
+  manifest=$(python3 -c 'import json,sys; print(json.dumps({
+    "apiVersion": "wasmless.io/v1alpha1", "kind": "Function",
+    "metadata": {"name": "ticker", "namespace": sys.argv[2]},
+    "spec": {"function": sys.argv[1], "scale": {"min": 0},
+             "triggers": [{"name": "every-second", "schedule": "* * * * * *", "path": "/tick"}]}}))' "$(id_logging_handler tick)" "$NS")
+  kubectl apply -f - <<<"$manifest" >/dev/null
+  wait_until 240 "ticker to be Ready in the pool" phase_is ticker Ready
+  # The ticks since the trigger started waited in the broker for the Function to be served,
+  # and come first, at once: the window starts once ticks are handled as they come.
+  ticking_on_time() {
+    kubectl logs -n "$NS" -l wasmless.io/component=pool --tail=200 --max-log-requests 10 2>/dev/null | python3 -c '
+import datetime, json, sys, time
+for line in sys.stdin:
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        continue
+    message = entry.get("message", "")
+    if message.startswith("tick ") and "@" in message:
+        tick = datetime.datetime.fromisoformat(message.split("@", 1)[1].replace("Z", "+00:00")).timestamp()
+        at = datetime.datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00")).timestamp()
+        if at - tick < 1 and tick > time.time() - 5:
+            sys.exit(0)
+sys.exit(1)'
+  }
+  wait_until 60 "ticker's ticks to be handled as they come" ticking_on_time
+  started=$(date +%s)
+  sleep $((seconds / 2))
+  local pod
+  pod=$(kubectl get pods -n wasmless-system -l app.kubernetes.io/name=wasmless-events -o 'jsonpath={.items[0].metadata.name}')
+  kubectl delete pod "$pod" -n wasmless-system --wait=false --grace-period=1 >/dev/null
+  echo "    at $((seconds / 2)) s: deleted $pod, one of the two wasmless-events pods"
+  sleep $((seconds / 2 + 3))
+  kubectl logs -n "$NS" -l wasmless.io/component=pool --tail=-1 --max-log-requests 10 >"$WORK/ticker.log" 2>/dev/null || true
+  # The ticks of the whole window, from 2 s after the first handled one to 2 s before the
+  # end: each handled once, within a second of its time (the node's clock for both).
+  python3 - "$WORK/ticker.log" "$started" "$seconds" <<'EOF' || fail "the schedule's ticks (above)"
+import datetime, json, sys
+log, started, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+handled = {}
+for line in open(log):
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        continue
+    message = entry.get("message", "")
+    if not message.startswith("tick ") or "@" not in message:
+        continue
+    tick = datetime.datetime.fromisoformat(message.split("@", 1)[1].replace("Z", "+00:00")).timestamp()
+    at = datetime.datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00")).timestamp()
+    handled.setdefault(int(tick), []).append(at - tick)
+window = range(started + 2, started + seconds - 2)
+missing = [t for t in window if t not in handled]
+twice = [t for t in window if len(handled.get(t, [])) > 1]
+late = [(t, round(max(handled[t]), 3)) for t in window if t in handled and max(handled[t]) > 1.0]
+delays = sorted(d for t in window if t in handled for d in handled[t])
+print(f"    {len(window)} ticks in the window: {len(window) - len(missing)} handled, {len(twice)} twice, "
+      f"tick to handler p50 {delays[len(delays) // 2] * 1000:.0f} ms, max {delays[-1] * 1000:.0f} ms" if delays else "    no tick handled")
+if missing or twice or late:
+    sys.exit(f"missing {missing}, twice {twice}, later than 1 s {late}")
+EOF
   kubectl delete namespace "$NS" --wait=false >/dev/null
   ok
 }

@@ -69,10 +69,11 @@ pub fn request(
             message.payload.to_vec(),
         );
     // The subject as the namespace's user wrote it, which says which of a wildcard's
-    // subjects this message came on.
-    if let Some(subject) = message
-        .subject
-        .strip_prefix(&format!("wasmless.{}.", trigger.namespace))
+    // subjects this message came on; a schedule's ticks come on Wasmless's own.
+    if kind == Kind::Queue
+        && let Some(subject) = message
+            .subject
+            .strip_prefix(&format!("wasmless.{}.", trigger.namespace))
     {
         event = event.subject(subject);
     }

@@ -4,8 +4,10 @@
 //! pure: what should run for one Function.
 
 use crate::broker::ConsumerSpec;
+use crate::cloudevent::Kind;
 use crate::names::{self, NameError, TriggerRef};
 use crate::retry::DeliveryPolicy;
+use crate::schedule::{Schedule, ScheduleError};
 use serde::Deserialize;
 use std::time::Duration;
 use thiserror::Error;
@@ -31,6 +33,14 @@ pub enum FunctionError {
         #[source]
         source: NameError,
     },
+    #[error("spec.triggers[{trigger}]: {source}")]
+    Schedule {
+        trigger: String,
+        #[source]
+        source: ScheduleError,
+    },
+    #[error("spec.triggers[{trigger}]: give it a queue or a schedule, one of the two")]
+    Kind { trigger: String },
 }
 
 #[derive(Deserialize, Default)]
@@ -50,7 +60,12 @@ struct TriggerSpec {
     name: String,
     #[serde(default = "root")]
     path: String,
-    queue: QueueSpec,
+    #[serde(default)]
+    queue: Option<QueueSpec>,
+    #[serde(default)]
+    schedule: Option<String>,
+    #[serde(default)]
+    time_zone: Option<String>,
 }
 
 fn root() -> String {
@@ -81,6 +96,9 @@ struct DeliverySpec {
 /// One trigger as it should run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Wanted {
+    pub kind: Kind,
+    /// A schedule trigger's cron expression and time zone, as written (checked).
+    pub schedule: Option<(String, Option<String>)>,
     pub consumer: ConsumerSpec,
     pub policy: DeliveryPolicy,
     /// The Service in the Function's namespace its events go to, and the path.
@@ -106,16 +124,42 @@ pub fn wanted(namespace: &str, name: &str, spec: &serde_json::Value) -> Result<V
                     path: trigger.path.clone(),
                 });
             }
-            let subject =
-                names::subject(namespace, &trigger.queue.subject).map_err(|source| FunctionError::Subject {
-                    trigger: trigger.name.clone(),
-                    source,
-                })?;
+            let reference = TriggerRef::new(namespace, name, &trigger.name);
+            let (kind, subject, max_in_flight) = match (&trigger.queue, &trigger.schedule) {
+                (Some(queue), None) => {
+                    let subject =
+                        names::subject(namespace, &queue.subject).map_err(|source| FunctionError::Subject {
+                            trigger: trigger.name.clone(),
+                            source,
+                        })?;
+                    (Kind::Queue, subject, queue.max_in_flight.max(1))
+                }
+                // A tick at a time: a run does not overlap the one before.
+                (None, Some(expression)) => {
+                    Schedule::parse(expression, trigger.time_zone.as_deref()).map_err(|source| {
+                        FunctionError::Schedule {
+                            trigger: trigger.name.clone(),
+                            source,
+                        }
+                    })?;
+                    (Kind::Schedule, reference.schedule_subject(), 1)
+                }
+                _ => {
+                    return Err(FunctionError::Kind {
+                        trigger: trigger.name.clone(),
+                    });
+                }
+            };
             Ok(Wanted {
+                kind,
+                schedule: trigger
+                    .schedule
+                    .clone()
+                    .map(|expression| (expression, trigger.time_zone.clone())),
                 consumer: ConsumerSpec {
-                    trigger: TriggerRef::new(namespace, name, &trigger.name),
+                    trigger: reference,
                     subject,
-                    max_in_flight: trigger.queue.max_in_flight.max(1),
+                    max_in_flight,
                     ack_wait: policy.timeout + ACK_MARGIN,
                     max_deliver: policy.retries + 2,
                 },
@@ -214,6 +258,34 @@ mod tests {
             wanted("shop", "worker", &path),
             Err(FunctionError::Path { .. })
         ));
+    }
+
+    #[test]
+    fn a_schedule_trigger_reads_its_own_ticks_one_at_a_time() {
+        let spec = json!({"triggers": [{"name": "nightly", "path": "/cron", "schedule": "0 3 * * *", "timeZone": "Europe/Paris"}]});
+        let trigger = &wanted("shop", "reports", &spec).unwrap()[0];
+        assert_eq!(trigger.kind, Kind::Schedule);
+        assert_eq!(trigger.consumer.subject, "wasmless.shop._schedule.reports.nightly");
+        assert_eq!(trigger.consumer.max_in_flight, 1);
+        assert_eq!(
+            trigger.schedule,
+            Some(("0 3 * * *".to_string(), Some("Europe/Paris".to_string())))
+        );
+        for (bad, words) in [
+            (json!({"name": "t", "schedule": "at noon"}), "write 5 fields"),
+            (
+                json!({"name": "t", "schedule": "* * * * *", "timeZone": "Nowhere"}),
+                "IANA",
+            ),
+            (json!({"name": "t"}), "a queue or a schedule"),
+            (
+                json!({"name": "t", "schedule": "* * * * *", "queue": {"subject": "a"}}),
+                "a queue or a schedule",
+            ),
+        ] {
+            let error = wanted("shop", "reports", &json!({"triggers": [bad]})).unwrap_err();
+            assert!(error.to_string().contains(words), "{error}");
+        }
     }
 
     #[test]

@@ -19,4 +19,5 @@ pub mod metrics;
 pub mod names;
 pub mod retry;
 pub mod running;
+pub mod schedule;
 pub mod watch;

@@ -121,6 +121,17 @@ impl TriggerRef {
         )
     }
 
+    /// Where a schedule trigger's ticks are published (`schedule.rs`): Wasmless's own
+    /// subject in the namespace, which no publisher names.
+    pub fn schedule_subject(&self) -> String {
+        format!(
+            "wasmless.{}._schedule.{}.{}",
+            self.namespace,
+            self.function.replace('.', "_"),
+            self.trigger
+        )
+    }
+
     /// The CloudEvents `source` of every event of this trigger.
     pub fn source(&self) -> String {
         format!("wasmless/{}/{}/{}", self.namespace, self.function, self.trigger)

@@ -5,12 +5,12 @@
 //! growing pause.
 
 use crate::broker::Broker;
-use crate::cloudevent::Kind;
 use crate::deliver::{self, HttpClient, Target};
 use crate::endpoints::{self, Addresses};
 use crate::function::Wanted;
 use crate::metrics::EventMetrics;
 use crate::names::TriggerRef;
+use crate::schedule::{self, Schedule};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,14 +85,18 @@ impl<B: Broker> Running<B> {
                 continue;
             }
             self.metrics.trigger_started(&trigger);
-            let task = tokio::spawn(keep_delivering(
+            let delivering = keep_delivering(
                 self.broker.clone(),
                 self.kube.clone(),
                 self.http.clone(),
                 self.metrics.clone(),
                 self.in_flight.clone(),
                 want.clone(),
-            ));
+            );
+            let ticking = keep_ticking(self.broker.clone(), want.clone());
+            let task = tokio::spawn(async move {
+                tokio::join!(delivering, ticking);
+            });
             tracing::info!(?trigger, subject = %want.consumer.subject, "trigger started");
             self.triggers.insert(trigger, (want, task));
         }
@@ -104,6 +108,27 @@ impl<B: Broker> Drop for Running<B> {
         for (_, task) in self.triggers.values() {
             task.abort();
         }
+    }
+}
+
+/// A schedule trigger's ticks, published until its task is aborted (`schedule.rs`); nothing
+/// for a queue trigger.
+async fn keep_ticking<B: Broker>(broker: Arc<B>, want: Wanted) {
+    let Some((expression, time_zone)) = &want.schedule else {
+        return;
+    };
+    match Schedule::parse(expression, time_zone.as_deref()) {
+        Ok(schedule) => {
+            schedule::keep_ticking(
+                broker,
+                want.consumer.trigger.clone(),
+                want.consumer.subject.clone(),
+                schedule,
+            )
+            .await;
+        }
+        // `function::wanted` parsed it already.
+        Err(error) => tracing::warn!(trigger = ?want.consumer.trigger, %error, "schedule not ticking"),
     }
 }
 
@@ -129,14 +154,10 @@ async fn keep_delivering<B: Broker>(
                 .await
                 .map_err(|e| e.to_string())?;
             let addresses = Arc::new(Addresses::default());
-            addresses.set(
-                endpoints::pod_addresses(&kube, &trigger.namespace, &want.service)
-                    .await
-                    .map_err(|e| e.to_string())?,
-            );
+            addresses.set(first_pods(&kube, &trigger, &want.service).await?);
             let target = Arc::new(Target {
                 trigger: trigger.clone(),
-                kind: Kind::Queue,
+                kind: want.kind,
                 addresses: addresses.clone(),
                 path: want.path.clone(),
                 policy: want.policy.clone(),
@@ -161,6 +182,28 @@ async fn keep_delivering<B: Broker>(
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(MAX_RESTART_PAUSE);
+    }
+}
+
+/// The Function's ready Pods, waited for: until one serves it (its first build, a pool that
+/// does not route to it yet), its events stay in the broker instead of spending their
+/// tries. Read again every second, then less often, up to every 10 s.
+async fn first_pods(
+    kube: &kube::Client,
+    trigger: &TriggerRef,
+    service: &str,
+) -> Result<Vec<std::net::SocketAddr>, String> {
+    let mut pause = Duration::from_secs(1);
+    loop {
+        let found = endpoints::pod_addresses(kube, &trigger.namespace, service)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !found.is_empty() {
+            return Ok(found);
+        }
+        tracing::debug!(?trigger, ?pause, "no ready Pod serves the Function yet");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(10));
     }
 }
 

@@ -857,3 +857,96 @@ async fn a_publisher_reaches_its_own_namespaces_subjects_through_the_ingress_and
         "{text}"
     );
 }
+
+/// A per-second schedule, ticked by two replicas at once, then by one when the other dies,
+/// then by none for two seconds and by a third that starts after: every tick is handled
+/// exactly once, those with a replica running on time, those of the gap late but not lost.
+#[tokio::test]
+async fn a_per_second_schedule_fires_once_a_tick_with_two_replicas_one_dying_and_none_for_a_while() {
+    use chrono::{DateTime, Utc};
+    use wasmless_events::schedule::{self, Schedule};
+
+    let harness = Harness::start(Script::FailFirst(0)).await;
+    let policy = DeliveryPolicy::default();
+    let consumer = ConsumerSpec {
+        trigger: harness.trigger.clone(),
+        subject: harness.trigger.schedule_subject(),
+        max_in_flight: 1,
+        ack_wait: Duration::from_secs(35),
+        max_deliver: policy.retries + 2,
+    };
+    let deliverer = harness.deliver(&consumer, policy).await;
+    let replica = || {
+        tokio::spawn(schedule::keep_ticking(
+            harness.broker.clone(),
+            harness.trigger.clone(),
+            consumer.subject.clone(),
+            Schedule::parse("* * * * * *", None).unwrap(),
+        ))
+    };
+    let started = Utc::now();
+    let (first, second) = (replica(), replica());
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    first.abort();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    second.abort();
+    let gap_from = Utc::now();
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let gap_to = Utc::now();
+    let third = replica();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    third.abort();
+    let stopped = Utc::now();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    deliverer.abort();
+
+    let prefix = "shop/orders/created@";
+    let mut handled: Vec<(DateTime<Utc>, Instant)> = harness
+        .handler
+        .seen()
+        .iter()
+        .map(|seen| {
+            let tick = seen
+                .id
+                .strip_prefix(prefix)
+                .unwrap_or_else(|| panic!("ce-id {}", seen.id));
+            (DateTime::parse_from_rfc3339(tick).unwrap().with_timezone(&Utc), seen.at)
+        })
+        .collect();
+    handled.sort_by_key(|(tick, _)| *tick);
+    let ticks: Vec<DateTime<Utc>> = handled.iter().map(|(tick, _)| *tick).collect();
+    let mut distinct = ticks.clone();
+    distinct.dedup();
+    assert_eq!(ticks, distinct, "a tick was handled twice: {ticks:?}");
+    assert!(
+        ticks[0] > started && ticks[0] <= started + chrono::Duration::seconds(1),
+        "first tick {}",
+        ticks[0]
+    );
+    assert!(*ticks.last().unwrap() <= stopped);
+    assert!(ticks.len() >= 8, "only {} ticks in 8.5 s", ticks.len());
+    for pair in ticks.windows(2) {
+        assert_eq!(
+            pair[1] - pair[0],
+            chrono::Duration::seconds(1),
+            "a tick missing after {}",
+            pair[0]
+        );
+    }
+    // On time while a replica ran: handled before the next-but-one tick (the handler's
+    // clock is this process's; e2e's events_on_schedule holds the cluster to a second, here
+    // the tests of other crates may share the cores).
+    let now = (Utc::now(), Instant::now());
+    let delays: Vec<(DateTime<Utc>, i64)> = handled
+        .iter()
+        .filter(|(tick, _)| !(*tick > gap_from && *tick <= gap_to))
+        .map(|(tick, at)| {
+            let when = now.0 - chrono::Duration::from_std(now.1 - *at).unwrap();
+            (*tick, (when - *tick).num_milliseconds())
+        })
+        .collect();
+    assert!(
+        delays.iter().all(|(_, late)| *late < 2000),
+        "ticks handled this many ms after their time: {delays:?}"
+    );
+}

@@ -144,6 +144,40 @@ impl Broker for JetStream {
             .map_err(|error| no_stream_or(error, "store a message on"))
     }
 
+    async fn last_id(&self, namespace: &str, subject: &str) -> Result<Option<String>, BrokerError> {
+        let name = crate::names::stream(namespace);
+        let Ok(stream) = self.context.get_stream(&name).await else {
+            return Ok(None);
+        };
+        match stream.get_last_raw_message_by_subject(subject).await {
+            Ok(message) => Ok(message
+                .headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .map(|id| id.as_str().to_string())),
+            Err(error) if error.kind() == jetstream::stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(error) => Err(BrokerError::refused(
+                format!("read the last message on {subject}"),
+                error,
+            )),
+        }
+    }
+
+    async fn trim(&self, namespace: &str, subject: &str, keep: u64) -> Result<(), BrokerError> {
+        let name = crate::names::stream(namespace);
+        let stream = self
+            .context
+            .get_stream(&name)
+            .await
+            .map_err(|error| BrokerError::refused(format!("open stream {name}"), error))?;
+        stream
+            .purge()
+            .filter(subject)
+            .keep(keep)
+            .await
+            .map(drop)
+            .map_err(|error| BrokerError::refused(format!("trim {subject}"), error))
+    }
+
     async fn consume(
         &self,
         spec: &ConsumerSpec,

@@ -118,6 +118,15 @@ pub trait Broker: Send + Sync + 'static {
     ) -> impl Future<Output = Result<BoxStream<'static, Result<Self::Delivery, BrokerError>>, BrokerError>> + Send;
     /// The consumer gone (its trigger or Function removed); gone already is fine.
     fn remove_consumer(&self, consumer: &ConsumerSpec) -> impl Future<Output = Result<(), BrokerError>> + Send;
+    /// The id of the last message stored on `subject` of the namespace's stream (none when
+    /// there is none, or no stream yet).
+    fn last_id(
+        &self,
+        namespace: &str,
+        subject: &str,
+    ) -> impl Future<Output = Result<Option<String>, BrokerError>> + Send;
+    /// Only the last `keep` messages on `subject` of the namespace's stream stay.
+    fn trim(&self, namespace: &str, subject: &str, keep: u64) -> impl Future<Output = Result<(), BrokerError>> + Send;
     /// Messages of the consumer not yet handed out, and handed out but not settled.
     fn lag(&self, consumer: &ConsumerSpec) -> impl Future<Output = Result<u64, BrokerError>> + Send;
 }

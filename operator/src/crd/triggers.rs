@@ -1,5 +1,5 @@
 //! `spec.triggers` and `spec.delivery`: the events a Function is called on besides HTTP
-//! requests, and how patiently each is delivered (docs/design.md, "Additions for the fourth
+//! requests (a queue's messages, a schedule's ticks), and how patiently each is delivered (docs/design.md, "Additions for the fourth
 //! round"). The events component (`wasmless-events`) reads them; the operator only checks
 //! them.
 
@@ -11,9 +11,16 @@ use super::*;
 /// wildcard there would read.
 pub const QUEUE_SUBJECT_PATTERN: &str = r"^[A-Za-z0-9-][A-Za-z0-9_-]*(\.([A-Za-z0-9_-]+|\*))*(\.>)?$";
 
-/// One way the Function is called on events: today, a queue's messages.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+/// A cron expression: 5 fields (minute, hour, day of month, month, day of week), 6 with
+/// seconds first, or a shorthand such as `@hourly`; the events component parses it, and
+/// refuses what it cannot.
+pub const SCHEDULE_PATTERN: &str = r"^(@[a-z]+|[0-9A-Za-z*/,?#-]+( +[0-9A-Za-z*/,?#-]+){4,5})$";
+
+/// One way the Function is called on events: a queue's messages, or a schedule's ticks.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.queue) != has(self.schedule)").message("a trigger has a queue or a schedule, one of the two"))]
+#[x_kube(validation = Rule::new("!has(self.timeZone) || has(self.schedule)").message("timeZone is a schedule's"))]
 pub struct Trigger {
     /// The trigger's name: part of each event's `ce-source`
     /// (`wasmless/<namespace>/<function>/<name>`) and of its metrics.
@@ -25,7 +32,21 @@ pub struct Trigger {
     pub path: String,
     /// The messages published on a subject of the namespace, through NATS JetStream: each
     /// one delivered at least once, with the same `ce-id` on every try.
-    pub queue: QueueTrigger,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueTrigger>,
+    /// A cron schedule (`*/5 * * * *`, `0 3 * * MON-FRI`, `*/10 * * * * *` with seconds,
+    /// `@hourly`): each tick is one event, `ce-id` `<namespace>/<function>/<trigger>@<tick>`,
+    /// delivered once, one at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 100), regex(pattern = SCHEDULE_PATTERN))]
+    pub schedule: Option<String>,
+    /// The schedule's time zone, from the IANA database (`Europe/Paris`); default UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 64),
+        regex(pattern = r"^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$")
+    )]
+    pub time_zone: Option<String>,
 }
 
 fn default_trigger_path() -> String {

@@ -599,12 +599,14 @@ fn a_function_over_the_pools_caps_keeps_a_pod_of_its_own() {
 }
 
 #[test]
-fn crd_takes_queue_triggers_and_refuses_ones_that_would_leave_their_namespace_or_collide() {
+fn crd_takes_queue_and_schedule_triggers_and_refuses_ones_that_would_leave_their_namespace_or_collide() {
     let queue = |name: &str, subject: &str| json!({"name": name, "queue": {"subject": subject}});
     assert_eq!(
         refused(json!({
             "source": HELLO,
-            "triggers": [queue("created", "orders.created"), queue("any", "orders.*"), queue("all", "orders.>")],
+            "triggers": [queue("created", "orders.created"), queue("any", "orders.*"), queue("all", "orders.>"),
+                {"name": "nightly", "schedule": "0 3 * * MON-FRI", "timeZone": "Europe/Paris", "path": "/cron"},
+                {"name": "often", "schedule": "*/10 * * * * *"}, {"name": "hourly", "schedule": "@hourly"}],
             "delivery": {"retries": 5, "backoff": "500ms", "timeout": "10s", "deadLetter": false},
         })),
         Vec::<String>::new()
@@ -628,7 +630,21 @@ fn crd_takes_queue_triggers_and_refuses_ones_that_would_leave_their_namespace_or
             json!([{"name": "a", "queue": {"subject": "orders", "maxInFlight": 0}}]),
             "below the minimum",
         ),
-        (json!([{"name": "a"}]), "queue is required"),
+        (json!([{"name": "a"}]), "a queue or a schedule, one of the two"),
+        (
+            json!([{"name": "a", "schedule": "* * * * *", "queue": {"subject": "orders"}}]),
+            "a queue or a schedule, one of the two",
+        ),
+        (json!([{"name": "a", "schedule": "every day"}]), "does not match"),
+        (json!([{"name": "a", "schedule": "* * * *"}]), "does not match"),
+        (
+            json!([{"name": "a", "queue": {"subject": "orders"}, "timeZone": "UTC"}]),
+            "timeZone is a schedule's",
+        ),
+        (
+            json!([{"name": "a", "schedule": "@daily", "timeZone": "../etc"}]),
+            "does not match",
+        ),
     ];
     for (triggers, expected) in cases {
         let errors = refused(json!({"source": HELLO, "triggers": triggers.clone()}));
