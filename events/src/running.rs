@@ -75,6 +75,12 @@ impl<B: Broker> Running<B> {
                 if let Err(error) = self.broker.remove_consumer(&running.consumer).await {
                     tracing::warn!(?trigger, %error, "a removed trigger's consumer is left on the broker");
                 }
+                // Its ticks go too: a trigger made again under the name starts afresh.
+                if running.schedule.is_some()
+                    && let Err(error) = self.broker.trim(&trigger.namespace, &running.consumer.subject, 0).await
+                {
+                    tracing::warn!(?trigger, %error, "a removed schedule's ticks are left on the broker");
+                }
                 self.metrics.trigger_stopped(&trigger);
                 tracing::info!(?trigger, "trigger removed");
             }

@@ -59,12 +59,24 @@ impl Schedule {
         Ok(Self { cron, zone })
     }
 
-    /// The first tick after `after`.
+    /// The first tick after `after`. In the hour a time zone repeats (summer time ending),
+    /// the parser gives a wall-clock time's first instant, which may be before `after`:
+    /// such ticks are skipped, never fired a second time.
     pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        self.cron
-            .find_next_occurrence(&after.with_timezone(&self.zone), false)
-            .ok()
-            .map(|tick| tick.with_timezone(&Utc))
+        let mut from = after;
+        // An hour of per-second ticks, and some.
+        for _ in 0..4000 {
+            let tick = self
+                .cron
+                .find_next_occurrence(&from.with_timezone(&self.zone), false)
+                .ok()?
+                .with_timezone(&Utc);
+            if tick > after {
+                return Some(tick);
+            }
+            from += chrono::Duration::seconds(1);
+        }
+        None
     }
 
     /// The ticks after `from` up to `to` (included), at most `limit` of them, oldest first.
@@ -119,7 +131,9 @@ pub async fn keep_ticking<B: Broker>(broker: Arc<B>, trigger: TriggerRef, subjec
     if let Some(stored) = stored {
         let since = stored.max(now - chrono::Duration::from_std(CATCH_UP).expect("a minute"));
         // At most one a second over the minute: a faster schedule than that has none.
-        let missed = schedule.ticks(since, now, 61);
+        let missed = search(&schedule, move |schedule| schedule.ticks(since, now, 61))
+            .await
+            .unwrap_or_default();
         if !missed.is_empty() {
             tracing::info!(
                 ?trigger,
@@ -133,14 +147,23 @@ pub async fn keep_ticking<B: Broker>(broker: Arc<B>, trigger: TriggerRef, subjec
     }
     let mut last = now;
     loop {
-        let Some(tick) = schedule.next_after(last) else {
+        let Some(tick) = search(&schedule, move |schedule| schedule.next_after(last))
+            .await
+            .flatten()
+        else {
             tracing::warn!(?trigger, "the schedule has no tick to come");
             return;
         };
         let wait = (tick - Utc::now()).to_std().unwrap_or_default();
         tokio::time::sleep(wait).await;
-        let next = schedule.next_after(tick);
-        publish_tick(broker.as_ref(), &trigger, &subject, tick, next).await;
+        // Retried until the next tick is due, and never past the broker's duplicate window:
+        // a publish stored after it would be a second one of a tick another replica stored.
+        let next = search(&schedule, move |schedule| schedule.next_after(tick))
+            .await
+            .flatten();
+        let give_up = tick + chrono::Duration::from_std(CATCH_UP).expect("a minute");
+        let until = next.map_or(give_up, |next| next.min(give_up));
+        publish_tick(broker.as_ref(), &trigger, &subject, tick, Some(until)).await;
         if let Err(error) = broker.trim(&trigger.namespace, &subject, TICKS_KEPT).await {
             tracing::debug!(?trigger, %error, "old ticks not trimmed");
         }
@@ -148,8 +171,18 @@ pub async fn keep_ticking<B: Broker>(broker: Arc<B>, trigger: TriggerRef, subjec
     }
 }
 
+/// A search of the schedule's ticks, off the async workers: an expression that never
+/// matches (`0 0 30 2 *`) has the parser walk through the years before it says so.
+async fn search<T: Send + 'static>(
+    schedule: &Schedule,
+    find: impl FnOnce(&Schedule) -> T + Send + 'static,
+) -> Option<T> {
+    let schedule = schedule.clone();
+    tokio::task::spawn_blocking(move || find(&schedule)).await.ok()
+}
+
 /// Publishes one tick, again after a refusal (the broker restarting), until it is stored or
-/// the `next` tick is due.
+/// `next` comes.
 async fn publish_tick<B: Broker>(
     broker: &B,
     trigger: &TriggerRef,
@@ -222,6 +255,33 @@ mod tests {
             paris.next_after(utc("2026-07-07T00:00:00Z")),
             Some(chrono::Utc.with_ymd_and_hms(2026, 7, 7, 1, 0, 0).unwrap())
         );
+    }
+
+    #[test]
+    fn the_hour_summer_time_repeats_fires_no_tick_twice() {
+        // Europe/Paris, 2026-10-25: 03:00 CEST becomes 02:00 CET (01:00 UTC); 02:00-03:00
+        // local comes twice.
+        let every_minute = Schedule::parse("* * * * *", Some("Europe/Paris")).unwrap();
+        let mut tick = utc("2026-10-24T23:30:00Z");
+        let mut fired = Vec::new();
+        while tick < utc("2026-10-25T02:30:00Z") {
+            let next = every_minute.next_after(tick).unwrap();
+            assert!(next > tick, "{next} after {tick}");
+            fired.push(next);
+            tick = next;
+        }
+        let mut distinct = fired.clone();
+        distinct.dedup();
+        assert_eq!(fired, distinct);
+        // Started in the repeated hour, the first tick is still ahead of it.
+        let in_second_pass = utc("2026-10-25T01:30:00Z");
+        assert!(every_minute.next_after(in_second_pass).unwrap() > in_second_pass);
+    }
+
+    #[test]
+    fn a_schedule_that_never_matches_has_no_tick() {
+        let february_30 = Schedule::parse("0 0 30 2 *", None).unwrap();
+        assert_eq!(february_30.next_after(utc("2026-12-07T00:00:00Z")), None);
     }
 
     #[test]

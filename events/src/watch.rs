@@ -65,10 +65,11 @@ async fn apply<B: Broker>(running: &mut Running<B>, object: &DynamicObject) {
     match function::wanted(&namespace, &name, &spec) {
         Ok(wanted) => running.set(&namespace, &name, wanted).await,
         Err(error) => {
-            // The CRD refuses what `wanted` refuses; an object that got past it (an older
-            // CRD) runs no trigger rather than a wrong one.
-            tracing::warn!(function = %name, %namespace, %error, "a Function's triggers cannot run; none of them does");
-            running.set(&namespace, &name, Vec::new()).await;
+            // What got past the CRD (a cron expression the parser refuses, an older CRD):
+            // the triggers as they were keep running, as a failed build leaves the old
+            // version serving; removing them would remove their consumers, and with them
+            // where each had got to.
+            tracing::warn!(function = %name, %namespace, %error, "a Function's triggers cannot change; the ones running keep running");
         }
     }
 }

@@ -14,7 +14,8 @@ pub const QUEUE_SUBJECT_PATTERN: &str = r"^[A-Za-z0-9-][A-Za-z0-9_-]*(\.([A-Za-z
 /// A cron expression: 5 fields (minute, hour, day of month, month, day of week), 6 with
 /// seconds first, or a shorthand such as `@hourly`; the events component parses it, and
 /// refuses what it cannot.
-pub const SCHEDULE_PATTERN: &str = r"^(@[a-z]+|[0-9A-Za-z*/,?#-]+( +[0-9A-Za-z*/,?#-]+){4,5})$";
+pub const SCHEDULE_PATTERN: &str =
+    r"^(@(yearly|annually|monthly|weekly|daily|hourly)|[0-9A-Za-z*/,?#-]+( +[0-9A-Za-z*/,?#-]+){4,5})$";
 
 /// One way the Function is called on events: a queue's messages, or a schedule's ticks.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
@@ -35,8 +36,9 @@ pub struct Trigger {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueTrigger>,
     /// A cron schedule (`*/5 * * * *`, `0 3 * * MON-FRI`, `*/10 * * * * *` with seconds,
-    /// `@hourly`): each tick is one event, `ce-id` `<namespace>/<function>/<trigger>@<tick>`,
-    /// delivered once, one at a time.
+    /// `@hourly`): each tick is one event, fired once, `ce-id`
+    /// `<namespace>/<function>/<trigger>@<tick>`, delivered (at least once, as any event)
+    /// one at a time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 100), regex(pattern = SCHEDULE_PATTERN))]
     pub schedule: Option<String>,

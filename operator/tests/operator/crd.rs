@@ -636,6 +636,7 @@ fn crd_takes_queue_and_schedule_triggers_and_refuses_ones_that_would_leave_their
             "a queue or a schedule, one of the two",
         ),
         (json!([{"name": "a", "schedule": "every day"}]), "does not match"),
+        (json!([{"name": "a", "schedule": "@reboot"}]), "does not match"),
         (json!([{"name": "a", "schedule": "* * * *"}]), "does not match"),
         (
             json!([{"name": "a", "queue": {"subject": "orders"}, "timeZone": "UTC"}]),
