@@ -27,6 +27,9 @@ enum Command {
     Get(cluster::get::GetArgs),
     /// Stream the request and handler log lines of a Function's pods.
     Logs(cluster::logs::LogsArgs),
+    /// Where a Function's triggers are (lag, dead letters, last delivery), and its recent
+    /// failed tries and dead letters.
+    Events(cluster::events::EventsArgs),
     /// Send all of a Function's traffic to a kept revision, without a build (default: the
     /// revision before the one serving).
     Rollback(cluster::rollback::RollbackArgs),
@@ -63,6 +66,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Deploy(args) => cluster::deploy::run(args).await,
         Command::Get(args) => cluster::get::run(args).await,
         Command::Logs(args) => cluster::logs::run(args).await,
+        Command::Events(args) => cluster::events::run(args).await,
         Command::Rollback(args) => cluster::rollback::run(args).await,
         Command::Crd => {
             print!("{}", wasmless_operator::crd_yaml());
@@ -96,7 +100,7 @@ mod flags_reference_test {
     fn flags_reference() {
         let page = wasmless_testkit::flags_reference::page(
             super::Cli::command(),
-            "The `wasmless` command and each of its sub-commands: `dev` on this machine, `deploy`, `get`, `logs` and `rollback` on the current kubeconfig's cluster (`docs/guide.md`).",
+            "The `wasmless` command and each of its sub-commands: `dev` on this machine, `deploy`, `get`, `logs`, `events` and `rollback` on the current kubeconfig's cluster (`docs/guide.md`).",
         );
         let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
         wasmless_testkit::flags_reference::check(root, "docs/reference/wasmless.md", &page);

@@ -102,6 +102,21 @@ events_delivered() {
   expect_eq "$(delivered "$fn" dead_letter)" 2 "events parked"
   expect_eq "$(delivered "$fn" ok)" 20 "events handled, after order-20 was published again"
   echo "    20 events handled once each from the pool, order-big parked after 4 tries, garbage at once"
+  # What `kubectl get fn` says of it, as wasmless-events writes it from the broker.
+  two_parked() { [[ $(fn_field "$fn" .status.triggersSummary) == *"lag 0 dead 2" ]]; }
+  wait_until 30 "$fn's status to show its trigger drained and its 2 dead letters" two_parked
+  kubectl get fn "$fn" -n "$NS" | sed 's/^/    /'
+  # And `wasmless events`: the trigger's row, then the tries that failed and the parked.
+  local wasmless=${CARGO_TARGET_DIR:-$HOME/.cache/wasmless/target}/release/wasmless said
+  noted() {
+    said=$("$wasmless" events "$fn" -n "$NS" 2>&1) &&
+      (($(grep -c 'EventRetrying .*order-big' <<<"$said") == 3)) &&
+      grep -q 'EventDeadLettered .*order-big .*after try 4' <<<"$said" &&
+      grep -q 'EventDeadLettered .*garbage .*after try 1' <<<"$said"
+  }
+  wait_until 30 "wasmless events to show order-big's 3 failed tries and both dead letters" noted
+  expect_eq "$(awk '$1 == "created" { print $2, $3, $4, $5 }' <<<"$said")" "queue orders.created 0 2" "wasmless events' row of the trigger"
+  sed 's/^/    /' <<<"$said"
 
   # (3) Door 8, from outside.
   kubectl create namespace "$EVENTS_OTHER_NS" >/dev/null 2>&1 || true
@@ -137,7 +152,21 @@ EOF
   said=$(kubectl create secret generic not-the-broker -n wasmless-system --from-literal=a=b "${as_events[@]}" 2>&1) &&
     fail "wasmless-events made Secret not-the-broker: $said"
   expect_contains "$said" "wasmless-events makes one Secret" "wasmless-events making another Secret"
-  echo "    refused: another namespace's token (403 both ways), no token and an API server token (401), Wasmless's own subject (400), a client at the broker with no password, another Secret made as the component"
+  # It may write a Function's status, and the admission policy holds it to the triggers'
+  # progress: the rest is the operator's (status.revisions says what a rollback serves).
+  # (A PATCH with the component's own token: it may not GET the status, which kubectl
+  # patch would first.)
+  local events_token server module_ref
+  module_ref=$(fn_field "$fn" .status.moduleRef)
+  events_token=$(kubectl create token wasmless-events -n wasmless-system --duration 10m)
+  server=$(kubectl config view --minify --raw -o 'jsonpath={.clusters[0].cluster.server}')
+  kubectl config view --minify --raw -o 'jsonpath={.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$WORK/api-ca.crt"
+  said=$(curl -sS --max-time 10 --cacert "$WORK/api-ca.crt" -X PATCH -H "authorization: Bearer $events_token" \
+    -H 'content-type: application/merge-patch+json' --data '{"status": {"moduleRef": "oci://attacker.example/evil@sha256:00"}}' \
+    "$server/apis/wasmless.io/v1alpha1/namespaces/$NS/functions/$fn/status" 2>&1)
+  expect_contains "$said" "writes only status.triggers" "wasmless-events changing $fn's status.moduleRef"
+  expect_eq "$(fn_field "$fn" .status.moduleRef)" "$module_ref" "$fn's status.moduleRef after the refused write"
+  echo "    refused: another namespace's token (403 both ways), no token and an API server token (401), Wasmless's own subject (400), a client at the broker with no password, another Secret made as the component, a Function's moduleRef written as the component"
 
   kubectl delete fn "$fn" -n "$NS" --wait=false >/dev/null
   kubectl delete namespace "$EVENTS_OTHER_NS" --wait=false >/dev/null
@@ -152,13 +181,13 @@ id_logging_handler() { # WORD
 
 events_survive_kills() {
   local count=10000 NS=$EVENTS_NS
-  step "events survive their component and their broker: $count events published to a Function at zero while a wasmless-events pod and then the broker's pod are killed, each one handled, the duplicates counted"
+  step "events survive their component and their broker: $count events published to a Function at zero while a wasmless-events pod and then the broker's pod are killed, each one handled, the duplicates counted; the backlog scales the Function out of the pool, and it goes back to zero once drained"
   local manifest token ids
   kubectl create namespace "$NS" >/dev/null 2>&1 || true
   manifest=$(python3 -c 'import json,sys; print(json.dumps({
     "apiVersion": "wasmless.io/v1alpha1", "kind": "Function",
     "metadata": {"name": "tally", "namespace": sys.argv[2]},
-    "spec": {"function": sys.argv[1], "scale": {"min": 0},
+    "spec": {"function": sys.argv[1], "scale": {"min": 0, "max": 3, "idleTimeout": "15s"},
              "triggers": [{"name": "counted", "queue": {"subject": "tally.in", "maxInFlight": 50}}]}}))' "$(id_logging_handler tally)" "$NS")
   kubectl apply -f - <<<"$manifest" >/dev/null
   wait_until 240 "tally to be Ready in the pool" phase_is tally Ready
@@ -225,6 +254,19 @@ EOF
   ids=$(sort -u "$WORK/tally.all" | wc -l)
   expect_eq "$ids" "$count" "distinct events handled"
   echo "    $count events handled, $(($(wc -l <"$WORK/tally.last") - $(sort -u "$WORK/tally.last" | wc -l))) of them more than once (at least once is the promise, with the same ce-id each time)"
+
+  # The backlog, counted by the autoscaler from status.triggers' lag, gave tally pods of
+  # its own; drained, it is back in the pool with none after its 15 s idle timeout.
+  local scaled
+  scaled=$(kubectl get events -n "$NS" --field-selector involvedObject.name=tally,reason=ScaledUp -o 'jsonpath={.items[*].message}')
+  expect_contains "$scaled" "events waiting" "tally's ScaledUp Events"
+  echo "    scaled out: $(cut -c1-160 <<<"$scaled")"
+  drained() { [[ $(fn_field tally .status.triggersSummary) == "counted lag 0" ]]; }
+  wait_until 60 "tally's status to show its trigger drained" drained
+  local started=$SECONDS
+  back_to_zero() { served_by_is tally pool && (($(own_pods tally) == 0)); }
+  wait_until 180 "tally back in the pool with no pod of its own" back_to_zero
+  echo "    back to zero pods $((SECONDS - started)) s after the queue was seen drained (idleTimeout 15s)"
   kubectl delete fn tally -n "$NS" --wait=false >/dev/null
   ok
 }

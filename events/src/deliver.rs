@@ -8,6 +8,7 @@
 use crate::broker::{Broker, BrokerError, ConsumerSpec, Delivery, Message, Publish};
 use crate::cloudevent::{self, Kind};
 use crate::endpoints::Addresses;
+use crate::journal::Journal;
 use crate::metrics::{EventMetrics, Outcome};
 use crate::names::TriggerRef;
 use crate::retry::{self, Answer, Decision, DeliveryPolicy};
@@ -56,6 +57,8 @@ pub struct Target {
     /// The trigger's path.
     pub path: String,
     pub policy: DeliveryPolicy,
+    /// Where failed tries, dead letters and recoveries are noted for people.
+    pub journal: Journal,
 }
 
 /// Delivers the consumer's messages until its stream ends; the caller starts it again. A
@@ -154,6 +157,11 @@ pub async fn deliver<B: Broker>(
         Decision::Done => {
             delivery.ack().await?;
             metrics.delivered(&target.trigger, Outcome::Ok);
+            if message.attempt > 1 {
+                target
+                    .journal
+                    .handled_after_retries(&target.trigger, &message.id, message.attempt);
+            }
             let waited = SystemTime::now().duration_since(message.published).unwrap_or_default();
             metrics.delivered_after(&target.trigger, waited.as_secs_f64());
         }
@@ -161,6 +169,9 @@ pub async fn deliver<B: Broker>(
             tracing::info!(trigger = ?target.trigger, id = %message.id, attempt = message.attempt, error = %tried.error, ?delay, "event failed; tried again later");
             delivery.retry_in(delay).await?;
             metrics.delivered(&target.trigger, Outcome::Retry);
+            target
+                .journal
+                .retrying(&target.trigger, &message.id, message.attempt, &tried.error, delay);
         }
         Decision::GiveUp if target.policy.dead_letter => {
             tracing::warn!(trigger = ?target.trigger, id = %message.id, attempt = message.attempt, error = %tried.error, "event failed for the last time; parked as a dead letter");
@@ -169,11 +180,17 @@ pub async fn deliver<B: Broker>(
                 .await?;
             delivery.give_up().await?;
             metrics.delivered(&target.trigger, Outcome::DeadLetter);
+            target
+                .journal
+                .dead_lettered(&target.trigger, &message.id, message.attempt, &tried.error);
         }
         Decision::GiveUp => {
             tracing::warn!(trigger = ?target.trigger, id = %message.id, attempt = message.attempt, error = %tried.error, "event failed for the last time; dropped (dead letters are off)");
             delivery.give_up().await?;
             metrics.delivered(&target.trigger, Outcome::Dropped);
+            target
+                .journal
+                .dropped(&target.trigger, &message.id, message.attempt, &tried.error);
         }
     }
     Ok(())

@@ -8,6 +8,7 @@ use crate::cloudevent::Kind;
 use crate::names::{self, NameError, TriggerRef};
 use crate::retry::DeliveryPolicy;
 use crate::schedule::{Schedule, ScheduleError};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use serde::Deserialize;
 use std::time::Duration;
 use thiserror::Error;
@@ -104,6 +105,25 @@ pub struct Wanted {
     /// The Service in the Function's namespace its events go to, and the path.
     pub service: String,
     pub path: String,
+    /// The Function's UID, which the notes on its deliveries name (`journal.rs`); set by
+    /// the watch.
+    pub function_uid: Option<String>,
+}
+
+/// `wasmless.io/v1alpha1` `Function`, read as JSON: this crate needs only its triggers.
+pub fn functions_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("wasmless.io", "v1alpha1", "Function"),
+        "functions",
+    )
+}
+
+pub fn functions_api(client: kube::Client, namespace: Option<&str>) -> kube::Api<DynamicObject> {
+    let resource = functions_resource();
+    match namespace {
+        Some(namespace) => kube::Api::namespaced_with(client, namespace, &resource),
+        None => kube::Api::all_with(client, &resource),
+    }
 }
 
 /// The triggers of Function `name` in `namespace` with this `spec`, as they should run.
@@ -151,6 +171,7 @@ pub fn wanted(namespace: &str, name: &str, spec: &serde_json::Value) -> Result<V
                 }
             };
             Ok(Wanted {
+                function_uid: None,
                 kind,
                 schedule: trigger
                     .schedule

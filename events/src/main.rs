@@ -10,10 +10,11 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use wasmless_events::broker::jetstream::JetStream;
 use wasmless_events::identity::TokenReviewer;
+use wasmless_events::journal::Journal;
 use wasmless_events::metrics::{EventMetrics, IngressMetrics};
 use wasmless_events::running::Running;
 use wasmless_events::watch;
-use wasmless_events::{credentials, ingress};
+use wasmless_events::{credentials, ingress, report};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -50,6 +51,9 @@ struct Args {
     /// namespace's triggers can hold of this process's sockets and memory.
     #[arg(long, env = "WASMLESS_MAX_IN_FLIGHT", default_value_t = 256)]
     max_in_flight: usize,
+    /// This replica's name, on the Events it writes (`reportingInstance`).
+    #[arg(long, env = "WASMLESS_POD_NAME", default_value = "wasmless-events")]
+    pod_name: String,
     /// Follow the Functions of this namespace only (default: every namespace).
     #[arg(long, env = "WASMLESS_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
@@ -92,7 +96,9 @@ async fn main() -> anyhow::Result<()> {
         ingress_metrics.clone(),
     );
     serve_ingress(args.ingress_addr, publishing, ingress_metrics)?;
-    let mut running = Running::new(broker, kube.clone(), metrics, args.max_in_flight);
+    let journal = Journal::start(kube.clone(), args.pod_name.clone());
+    let mut running = Running::new(broker, kube.clone(), metrics, journal, args.max_in_flight);
+    tokio::spawn(report::keep_reporting(kube.clone(), running.progresses()));
     tracing::info!(nats = %args.nats_url, namespace = ?args.watch_namespace, "following Functions' triggers");
     let api = watch::functions_api(kube, args.watch_namespace.as_deref());
     tokio::select! {

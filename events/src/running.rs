@@ -8,8 +8,10 @@ use crate::broker::Broker;
 use crate::deliver::{self, HttpClient, Target};
 use crate::endpoints::{self, Addresses};
 use crate::function::Wanted;
+use crate::journal::Journal;
 use crate::metrics::EventMetrics;
 use crate::names::TriggerRef;
+use crate::report::Progresses;
 use crate::schedule::{self, Schedule};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,7 +19,8 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-/// How often a trigger's lag is read for `wasmless_events_lag`, and its Function's Pods.
+/// How often a trigger's progress is read (`wasmless_events_lag`, `status.triggers`), and
+/// its Function's Pods.
 const LOOK_EVERY: Duration = Duration::from_secs(5);
 /// The shortest gap between two reads of a trigger's Pods when deliveries keep finding none.
 const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(1);
@@ -27,23 +30,47 @@ const MAX_RESTART_PAUSE: Duration = Duration::from_secs(30);
 pub struct Running<B: Broker> {
     broker: Arc<B>,
     kube: kube::Client,
-    http: HttpClient,
     metrics: EventMetrics,
-    in_flight: Arc<Semaphore>,
+    progresses: Progresses,
+    sending: Sending,
     triggers: HashMap<TriggerRef, (Wanted, JoinHandle<()>)>,
+}
+
+/// What every trigger's deliveries share: the HTTP client, the process's permits, and
+/// where their notes go.
+#[derive(Clone)]
+struct Sending {
+    http: HttpClient,
+    in_flight: Arc<Semaphore>,
+    journal: Journal,
 }
 
 impl<B: Broker> Running<B> {
     /// `max_in_flight`: deliveries at once over every trigger (`--max-in-flight`).
-    pub fn new(broker: Arc<B>, kube: kube::Client, metrics: EventMetrics, max_in_flight: usize) -> Self {
+    pub fn new(
+        broker: Arc<B>,
+        kube: kube::Client,
+        metrics: EventMetrics,
+        journal: Journal,
+        max_in_flight: usize,
+    ) -> Self {
         Self {
             broker,
             kube,
-            http: deliver::http_client(),
             metrics,
-            in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
+            progresses: Progresses::default(),
+            sending: Sending {
+                http: deliver::http_client(),
+                in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
+                journal,
+            },
             triggers: HashMap::new(),
         }
+    }
+
+    /// Each running trigger's last progress, for `report::keep_reporting`.
+    pub fn progresses(&self) -> Progresses {
+        self.progresses.clone()
     }
 
     /// The Functions whose triggers run, as (namespace, name).
@@ -82,6 +109,7 @@ impl<B: Broker> Running<B> {
                     tracing::warn!(?trigger, %error, "a removed schedule's ticks are left on the broker");
                 }
                 self.metrics.trigger_stopped(&trigger);
+                self.progresses.remove(&trigger);
                 tracing::info!(?trigger, "trigger removed");
             }
         }
@@ -94,14 +122,20 @@ impl<B: Broker> Running<B> {
             let delivering = keep_delivering(
                 self.broker.clone(),
                 self.kube.clone(),
-                self.http.clone(),
                 self.metrics.clone(),
-                self.in_flight.clone(),
+                self.progresses.clone(),
+                self.sending.clone(),
                 want.clone(),
             );
             let ticking = keep_ticking(self.broker.clone(), want.clone());
+            let reading = keep_reading_progress(
+                self.broker.clone(),
+                want.clone(),
+                self.metrics.clone(),
+                self.progresses.clone(),
+            );
             let task = tokio::spawn(async move {
-                tokio::join!(delivering, ticking);
+                tokio::join!(delivering, ticking, reading);
             });
             tracing::info!(?trigger, subject = %want.consumer.subject, "trigger started");
             self.triggers.insert(trigger, (want, task));
@@ -138,13 +172,31 @@ async fn keep_ticking<B: Broker>(broker: Arc<B>, want: Wanted) {
     }
 }
 
+/// A trigger's progress, read from the broker until its task is aborted: for the metric, for
+/// its Function's status (the autoscaler's lag) and for `keep_looking`. From the start, so
+/// a Function with no Pod yet shows its backlog.
+async fn keep_reading_progress<B: Broker>(broker: Arc<B>, want: Wanted, metrics: EventMetrics, progresses: Progresses) {
+    let trigger = &want.consumer.trigger;
+    loop {
+        match broker.progress(&want.consumer).await {
+            Ok(progress) => {
+                metrics.set_lag(trigger, progress.lag);
+                progresses.set(trigger, progress);
+            }
+            // No consumer yet: `keep_delivering` makes it.
+            Err(error) => tracing::debug!(?trigger, %error, "progress not read"),
+        }
+        tokio::time::sleep(LOOK_EVERY).await;
+    }
+}
+
 /// One trigger, delivered until its task is aborted.
 async fn keep_delivering<B: Broker>(
     broker: Arc<B>,
     kube: kube::Client,
-    http: HttpClient,
     metrics: EventMetrics,
-    in_flight: Arc<Semaphore>,
+    progresses: Progresses,
+    sending: Sending,
     want: Wanted,
 ) {
     let trigger = want.consumer.trigger.clone();
@@ -167,19 +219,20 @@ async fn keep_delivering<B: Broker>(
                 addresses: addresses.clone(),
                 path: want.path.clone(),
                 policy: want.policy.clone(),
+                journal: sending.journal.about(want.function_uid.clone()),
             });
             pause = Duration::from_millis(500);
             let delivering = deliver::deliver_all(
                 broker.clone(),
                 want.consumer.clone(),
                 target,
-                http.clone(),
+                sending.http.clone(),
                 metrics.clone(),
-                in_flight.clone(),
+                sending.in_flight.clone(),
             );
             tokio::select! {
                 ended = delivering => ended.map_err(|e| e.to_string()),
-                () = keep_looking(broker.as_ref(), &kube, &want, &addresses, &metrics) => Ok(()),
+                () = keep_looking(&kube, &want, &addresses, &progresses) => Ok(()),
             }
         }
         .await;
@@ -213,15 +266,9 @@ async fn first_pods(
     }
 }
 
-/// The trigger's lag and its Function's Pods, read again every few seconds: Pods come
-/// and go (the pool at zero, the Function's own when it scales).
-async fn keep_looking<B: Broker>(
-    broker: &B,
-    kube: &kube::Client,
-    want: &Wanted,
-    addresses: &Addresses,
-    metrics: &EventMetrics,
-) {
+/// The Function's Pods, read again every few seconds while events wait: Pods come and go
+/// (the pool at zero, the Function's own when it scales).
+async fn keep_looking(kube: &kube::Client, want: &Wanted, addresses: &Addresses, progresses: &Progresses) {
     let trigger = &want.consumer.trigger;
     loop {
         let missed = tokio::select! {
@@ -235,14 +282,9 @@ async fn keep_looking<B: Broker>(
             tokio::time::sleep(LOOK_AGAIN_AFTER).await;
             continue;
         }
-        let lag = broker.lag(&want.consumer).await;
-        match &lag {
-            Ok(lag) => metrics.set_lag(trigger, *lag),
-            Err(error) => tracing::debug!(?trigger, %error, "lag not read"),
-        }
         // An idle trigger costs the API server nothing: its Pods are read again once it
         // has events to deliver.
-        if matches!(lag, Ok(0)) {
+        if progresses.get(trigger).is_some_and(|progress| progress.lag == 0) {
             continue;
         }
         match endpoints::pod_addresses(kube, &trigger.namespace, &want.service).await {

@@ -4,28 +4,13 @@
 
 use crate::broker::Broker;
 use crate::function;
+pub use crate::function::functions_api;
 use crate::running::Running;
 use futures::StreamExt;
 use kube::ResourceExt;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::DynamicObject;
 use kube::runtime::watcher;
 use std::collections::HashSet;
-
-/// `wasmless.io/v1alpha1` `Function`, read as JSON: this crate needs only its triggers.
-pub fn functions_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("wasmless.io", "v1alpha1", "Function"),
-        "functions",
-    )
-}
-
-pub fn functions_api(client: kube::Client, namespace: Option<&str>) -> kube::Api<DynamicObject> {
-    let resource = functions_resource();
-    match namespace {
-        Some(namespace) => kube::Api::namespaced_with(client, namespace, &resource),
-        None => kube::Api::all_with(client, &resource),
-    }
-}
 
 /// Follows the Functions until the watch's stream ends (it does not: the watcher retries).
 pub async fn follow_functions<B: Broker>(api: kube::Api<DynamicObject>, running: &mut Running<B>) {
@@ -63,7 +48,12 @@ async fn apply<B: Broker>(running: &mut Running<B>, object: &DynamicObject) {
     let (namespace, name) = key(object);
     let spec = object.data.get("spec").cloned().unwrap_or_default();
     match function::wanted(&namespace, &name, &spec) {
-        Ok(wanted) => running.set(&namespace, &name, wanted).await,
+        Ok(mut wanted) => {
+            for want in &mut wanted {
+                want.function_uid = object.uid();
+            }
+            running.set(&namespace, &name, wanted).await
+        }
         Err(error) => {
             // What got past the CRD (a cron expression the parser refuses, an older CRD):
             // the triggers as they were keep running, as a failed build leaves the old

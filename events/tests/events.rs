@@ -93,6 +93,8 @@ struct Harness {
     registry: Arc<Mutex<prometheus_client::registry::Registry>>,
     metrics: EventMetrics,
     trigger: TriggerRef,
+    journal: wasmless_events::journal::Journal,
+    notes: Mutex<tokio::sync::mpsc::Receiver<wasmless_events::journal::Note>>,
 }
 
 impl Harness {
@@ -115,6 +117,7 @@ impl Harness {
         let metrics = EventMetrics::register(&mut registry);
         let trigger = TriggerRef::new("shop", "orders", "created");
         broker.ensure_namespace("shop").await.unwrap();
+        let (journal, notes) = wasmless_events::journal::Journal::collecting();
         Self {
             nats,
             broker,
@@ -123,7 +126,17 @@ impl Harness {
             registry: Arc::new(Mutex::new(registry)),
             metrics,
             trigger,
+            journal,
+            notes: Mutex::new(notes),
         }
+    }
+
+    /// The notes for people written so far: (reason, text).
+    fn notes(&self) -> Vec<(&'static str, String)> {
+        let mut notes = self.notes.lock().unwrap();
+        std::iter::from_fn(|| notes.try_recv().ok())
+            .map(|note| (note.reason, note.text))
+            .collect()
     }
 
     fn consumer(&self, max_in_flight: u32, ack_wait: Duration, policy: &DeliveryPolicy) -> ConsumerSpec {
@@ -158,6 +171,7 @@ impl Harness {
             addresses: Arc::new(Addresses::fixed(vec![address.parse().unwrap()])),
             path: self.url.path().to_string(),
             policy,
+            journal: self.journal.clone(),
         });
         let (broker, consumer, metrics) = (self.broker.clone(), consumer.clone(), self.metrics.clone());
         let in_flight = Arc::new(tokio::sync::Semaphore::new(slots));
@@ -222,7 +236,7 @@ impl Harness {
     async fn lag_back_to_zero(&self, consumer: &ConsumerSpec) {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let lag = self.broker.lag(consumer).await.unwrap();
+            let lag = self.broker.progress(consumer).await.unwrap().lag;
             if lag == 0 {
                 return;
             }
@@ -308,6 +322,27 @@ async fn a_handler_failing_three_times_then_succeeding_gets_the_event_after_grow
         (3, 1, 0)
     );
     harness.lag_back_to_zero(&consumer).await;
+    // What `wasmless events` shows: each failed try, then the success.
+    let notes = harness.notes();
+    let reasons: Vec<&str> = notes.iter().map(|note| note.0).collect();
+    assert_eq!(
+        reasons,
+        [
+            "EventRetrying",
+            "EventRetrying",
+            "EventRetrying",
+            "EventHandledAfterRetries"
+        ],
+        "{notes:?}"
+    );
+    assert!(
+        notes[0]
+            .1
+            .starts_with("created: event order-1 failed on try 1 (status 503: not yet); tried again in 0."),
+        "{}",
+        notes[0].1
+    );
+    assert_eq!(notes[3].1, "created: event order-1 handled on try 4");
 }
 
 #[tokio::test]
@@ -367,6 +402,20 @@ async fn an_always_failing_handler_parks_the_event_as_a_dead_letter_with_its_las
         "the first try and two retries, then no more"
     );
     harness.lag_back_to_zero(&consumer).await;
+    let progress = harness.broker.progress(&consumer).await.unwrap();
+    assert_eq!((progress.lag, progress.dead_letters), (0, 1), "{progress:?}");
+    assert!(progress.last_delivered.is_some());
+    let notes = harness.notes();
+    let reasons: Vec<&str> = notes.iter().map(|note| note.0).collect();
+    assert_eq!(
+        reasons,
+        ["EventRetrying", "EventRetrying", "EventDeadLettered"],
+        "{notes:?}"
+    );
+    assert_eq!(
+        notes[2].1,
+        "created: event order-2 parked on wasmless.shop._deadletter.orders.created after try 3: status 500: out of stock"
+    );
 }
 
 #[tokio::test]
@@ -456,7 +505,7 @@ async fn no_event_is_lost_when_the_deliverer_and_then_the_broker_die_mid_way() {
             .await;
     }
     assert_eq!(
-        harness.broker.lag(&consumer).await.unwrap(),
+        harness.broker.progress(&consumer).await.unwrap().lag,
         MESSAGES as u64,
         "all waiting before delivery starts"
     );
@@ -632,14 +681,22 @@ async fn a_functions_queue_trigger_read_from_the_api_delivers_to_its_own_pods_an
 
     let broker = harness.broker.clone();
     let metrics = harness.metrics.clone();
+    let writer = kube.clone();
     let component = tokio::spawn(async move {
-        let mut running = Running::new(broker, kube.clone(), metrics, 256);
+        let mut running = Running::new(
+            broker,
+            kube.clone(),
+            metrics,
+            wasmless_events::journal::Journal::off(),
+            256,
+        );
+        tokio::spawn(wasmless_events::report::keep_reporting(writer, running.progresses()));
         watch::follow_functions(watch::functions_api(kube, Some("shop")), &mut running).await;
     });
     // The component makes the namespace's stream and the trigger's consumer.
     let deadline = Instant::now() + Duration::from_secs(20);
     let consumer = harness.consumer(10, Duration::from_secs(35), &DeliveryPolicy::default());
-    while harness.broker.lag(&consumer).await.is_err() {
+    while harness.broker.progress(&consumer).await.is_err() {
         assert!(
             Instant::now() < deadline,
             "the trigger's consumer was not made within 20 s"
@@ -675,6 +732,38 @@ async fn a_functions_queue_trigger_read_from_the_api_delivers_to_its_own_pods_an
     assert_eq!(seen[0].headers["ce-source"], "wasmless/shop/orders/created");
     assert_eq!(seen[0].headers["ce-subject"], "orders.created");
     assert_eq!(*reached.lock().unwrap(), 0, "no event reached another namespace's pod");
+
+    // The Function's status says where its trigger got to, as `kubectl get fn` shows it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let status = api.objects("functions/orders")[0]["status"].clone();
+        if status["triggersSummary"] == "created lag 0" && status["triggers"][0]["lastFired"].is_string() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "status.triggers not written within 20 s: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(status["triggers"][0]["name"], "created");
+    assert_eq!(status["triggers"][0]["deadLetters"], 0);
+    let writes: Vec<_> = api
+        .writes()
+        .into_iter()
+        // Not the test's own creation of the Function.
+        .filter(|write| write.resource() == "functions" && write.method.as_str() != "POST")
+        .collect();
+    assert!(!writes.is_empty());
+    for write in &writes {
+        assert!(write.is_status(), "only the status is written: {}", write.path);
+        assert!(
+            write.content_type.contains("apply-patch") && write.query.contains("fieldManager=wasmless-events"),
+            "an apply of its own, which the operator's leaves alone: {} {}",
+            write.content_type,
+            write.query
+        );
+    }
     component.abort();
 }
 
@@ -832,7 +921,7 @@ async fn a_publisher_reaches_its_own_namespaces_subjects_through_the_ingress_and
     assert_eq!(status, 413, "{body}");
 
     // What the namespace's trigger reads: the one order, once, with its id and type.
-    assert_eq!(broker.lag(&consumer).await.unwrap(), 1);
+    assert_eq!(broker.progress(&consumer).await.unwrap().lag, 1);
     let mut deliveries = broker.consume(&consumer).await.unwrap();
     let delivery = tokio::time::timeout(Duration::from_secs(5), deliveries.next())
         .await

@@ -40,8 +40,11 @@ pub async fn run(args: GetArgs) -> anyhow::Result<()> {
 
 /// The columns of the CRD's printer columns, in their order.
 pub fn table(functions: &[Function], now: Timestamp) -> String {
-    let header = ["NAME", "LANGUAGE", "PHASE", "READY", "SERVED", "DIGEST", "URL", "AGE"].map(String::from);
-    let rows: Vec<[String; 8]> = functions
+    let header = [
+        "NAME", "LANGUAGE", "PHASE", "READY", "SERVED", "DIGEST", "URL", "TRIGGERS", "AGE",
+    ]
+    .map(String::from);
+    let rows: Vec<[String; 9]> = functions
         .iter()
         .map(|f| {
             let status = f.status.clone().unwrap_or_default();
@@ -60,6 +63,7 @@ pub fn table(functions: &[Function], now: Timestamp) -> String {
                     .unwrap_or_else(dash),
                 status.module_digest_short.unwrap_or_else(dash),
                 status.url.unwrap_or_else(dash),
+                status.triggers_summary.unwrap_or_else(dash),
                 f.metadata
                     .creation_timestamp
                     .as_ref()
@@ -68,17 +72,24 @@ pub fn table(functions: &[Function], now: Timestamp) -> String {
             ]
         })
         .collect();
-    let widths: Vec<usize> = (0..header.len())
+    aligned(std::iter::once(&header).chain(&rows).map(|row| row.as_slice()))
+}
+
+/// Rows in columns as kubectl prints them: each as wide as its widest cell, three spaces
+/// apart. Cells are counted in characters, so a `·` or `→` keeps its column straight.
+pub(super) fn aligned<'a>(rows: impl Iterator<Item = &'a [String]> + Clone) -> String {
+    let columns = rows.clone().map(<[String]>::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
         .map(|i| {
-            rows.iter()
-                .map(|r| r[i].len())
-                .chain([header[i].len()])
+            rows.clone()
+                .filter_map(|row| row.get(i))
+                .map(|cell| cell.chars().count())
                 .max()
                 .unwrap_or(0)
         })
         .collect();
     let mut out = String::new();
-    for row in std::iter::once(&header).chain(&rows) {
+    for row in rows {
         let cells: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
         out.push_str(cells.join("   ").trim_end());
         out.push('\n');
@@ -87,7 +98,7 @@ pub fn table(functions: &[Function], now: Timestamp) -> String {
 }
 
 /// An age as kubectl shows it: `42s`, `7m`, `3h`, `12d`.
-fn age(elapsed: SignedDuration) -> String {
+pub(super) fn age(elapsed: SignedDuration) -> String {
     let seconds = elapsed.as_secs().max(0);
     match seconds {
         s if s < 120 => format!("{s}s"),
@@ -117,7 +128,9 @@ mod tests {
         let lines: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
         assert_eq!(
             lines[0],
-            ["NAME", "LANGUAGE", "PHASE", "READY", "SERVED", "DIGEST", "URL", "AGE"]
+            [
+                "NAME", "LANGUAGE", "PHASE", "READY", "SERVED", "DIGEST", "URL", "TRIGGERS", "AGE"
+            ]
         );
         assert_eq!(
             lines[1],
@@ -129,6 +142,7 @@ mod tests {
                 "pool",
                 "0c6702ecae",
                 "http://idle.ns.svc.cluster.local:8080",
+                "-",
                 "5m"
             ]
         );

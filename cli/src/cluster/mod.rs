@@ -1,9 +1,11 @@
 //! The commands that work on the cluster of the current kubeconfig, as `kubectl` would:
 //! `deploy` applies a Function and follows it to Ready, `get` lists Functions, `logs`
-//! streams their pods' lines, `rollback` sends a Function's traffic back to a kept
-//! revision. kube-rs throughout: no `kubectl` needed.
+//! streams their pods' lines, `events` shows where a Function's triggers are and their
+//! failed tries, `rollback` sends a Function's traffic back to a kept revision. kube-rs
+//! throughout: no `kubectl` needed.
 
 pub mod deploy;
+pub mod events;
 pub mod get;
 pub mod logs;
 pub mod rollback;

@@ -2,10 +2,10 @@
 //! (Function, trigger), naks with a delay for retries, terms for giving up, the
 //! `Nats-Msg-Id` header for deduplication within the stream's window.
 
-use super::{Broker, BrokerError, ConsumerSpec, Delivery, Message, Publish};
+use super::{Broker, BrokerError, ConsumerSpec, Delivery, Message, Progress, Publish};
 use async_nats::jetstream::{self, AckKind, consumer, stream};
-use futures::StreamExt;
 use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use std::time::{Duration, SystemTime};
 
 /// What a namespace's stream holds by default (`--namespace-max-bytes`): past it, a publish
@@ -215,15 +215,28 @@ impl Broker for JetStream {
         }
     }
 
-    async fn lag(&self, spec: &ConsumerSpec) -> Result<u64, BrokerError> {
+    async fn progress(&self, spec: &ConsumerSpec) -> Result<Progress, BrokerError> {
         let durable = spec.trigger.durable();
-        let info = self
-            .stream(spec)
-            .await?
+        let stream = self.stream(spec).await?;
+        let info = stream
             .consumer_info(&durable)
             .await
             .map_err(|error| BrokerError::refused(format!("read consumer {durable}"), error))?;
-        Ok(info.num_pending + info.num_ack_pending as u64)
+        let dead_letter = spec.trigger.dead_letter_subject();
+        let read_dead_letters = |error| BrokerError::refused(format!("count the messages on {dead_letter}"), error);
+        let mut subjects = stream
+            .info_with_subjects(&dead_letter)
+            .await
+            .map_err(read_dead_letters)?;
+        let mut dead_letters = 0;
+        while let Some((_, count)) = subjects.try_next().await.map_err(read_dead_letters)? {
+            dead_letters += count as u64;
+        }
+        Ok(Progress {
+            lag: info.num_pending + info.num_ack_pending as u64,
+            last_delivered: info.delivered.last_active.map(SystemTime::from),
+            dead_letters,
+        })
     }
 }
 

@@ -1,5 +1,5 @@
 //! The broker behind triggers, as four verbs: publish, consume a durable consumer, settle a
-//! delivery (ack, retry after a delay, give up), and read a consumer's lag. NATS JetStream
+//! delivery (ack, retry after a delay, give up), and read a consumer's progress. NATS JetStream
 //! is the implementation (`jetstream.rs`); Kafka would be a second: durable → consumer
 //! group, a retry after a delay → a retry topic with the delay in a header (Kafka has no
 //! per-message redelivery), the message id → an idempotent producer's key.
@@ -127,6 +127,18 @@ pub trait Broker: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<String>, BrokerError>> + Send;
     /// Only the last `keep` messages on `subject` of the namespace's stream stay.
     fn trim(&self, namespace: &str, subject: &str, keep: u64) -> impl Future<Output = Result<(), BrokerError>> + Send;
+    /// What the trigger's consumer has done so far.
+    fn progress(&self, consumer: &ConsumerSpec) -> impl Future<Output = Result<Progress, BrokerError>> + Send;
+}
+
+/// A trigger's progress as the broker says it: its lag, last delivery and dead letters
+/// (`wasmless_events_lag` and `status.triggers`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
     /// Messages of the consumer not yet handed out, and handed out but not settled.
-    fn lag(&self, consumer: &ConsumerSpec) -> impl Future<Output = Result<u64, BrokerError>> + Send;
+    pub lag: u64,
+    /// When a message was last handed out.
+    pub last_delivered: Option<SystemTime>,
+    /// Messages on the trigger's dead-letter subject.
+    pub dead_letters: u64,
 }

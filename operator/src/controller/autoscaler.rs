@@ -9,12 +9,22 @@
 //! average number of requests in flight — exact for short requests, which a sampled
 //! in-flight gauge would mostly miss. `wasmless_requests_in_flight` covers the long ones
 //! still running.
+//!
+//! Events waiting for a Function in the broker count too, as Knative's activator counts
+//! the requests it holds: demand the pods there are have not met. `wasmless-events` writes
+//! each trigger's lag on `status.triggers`; a trigger asks at most its `maxInFlight` of the
+//! Function at once (a schedule, 1), which is what its backlog is worth in requests in
+//! flight. The larger of that and the measure is the load: the deliveries running are in
+//! both. A backlog so scales a Function out of the pool, and an empty queue lets it go
+//! back after `idleTimeout`.
 
 use super::Context;
+use super::backlog::waiting_events;
 use super::pool::{get, pod_addr, ready_pool_pods};
 use crate::crd::Function;
 use crate::objects::COMPONENT_LABEL;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -32,7 +42,6 @@ const UP_WINDOW: usize = 3;
 /// How long the load must stay below the pods there are before some go (not to zero: that
 /// is `idleTimeout`'s).
 const DOWN_DELAY: Duration = Duration::from_secs(30);
-
 /// What one scrape of one pod said about one Function.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub struct Sample {
@@ -102,11 +111,14 @@ struct Load {
     last_active: Option<Instant>,
     /// Since when the load has wanted fewer pods than there are.
     lower_since: Option<Instant>,
+    /// The events waiting in the broker at the last tick.
+    waiting: f64,
 }
 
 impl Load {
-    /// Takes this tick's samples (pod IP → sample); the concurrency of the tick.
-    fn observe(&mut self, samples: HashMap<String, Sample>, tick: Duration) -> f64 {
+    /// Takes this tick's samples (pod IP → sample) and the events waiting in the broker;
+    /// the concurrency of the tick.
+    fn observe(&mut self, samples: HashMap<String, Sample>, tick: Duration, waiting: f64) -> f64 {
         let mut busy = 0.0;
         let mut in_flight = 0.0;
         for (pod, sample) in &samples {
@@ -130,8 +142,9 @@ impl Load {
                 in_flight += sample.in_flight;
             }
         }
-        let concurrency = (busy / tick.as_secs_f64()).max(in_flight);
+        let concurrency = (busy / tick.as_secs_f64()).max(in_flight).max(waiting);
         self.last = samples;
+        self.waiting = waiting;
         self.window.push_back(concurrency);
         while self.window.len() > UP_WINDOW {
             self.window.pop_front();
@@ -176,9 +189,17 @@ fn decide(func: &Function, load: &mut Load, current: i32, now: Instant) -> (i32,
     if by_load > current {
         load.lower_since = None;
         let wanted = by_load.clamp(floor, ceiling);
+        let demand = if load.waiting > 0.0 {
+            format!(
+                "{average:.1} requests in flight or events waiting ({:.0} now)",
+                load.waiting
+            )
+        } else {
+            format!("{average:.1} requests in flight")
+        };
         return (
             wanted,
-            format!("{average:.1} requests in flight on average, over {target} per pod for {current} pods"),
+            format!("{demand} on average, over {target} per pod for {current} pods"),
         );
     }
     if idle_for >= idle_timeout {
@@ -248,7 +269,7 @@ pub async fn run(ctx: Arc<Context>, functions: Store<Function>, reconcile: mpsc:
                     .iter()
                     .filter_map(|(pod, samples)| Some((pod.clone(), *samples.get(&func.name_any())?)))
                     .collect();
-                let concurrency = load.observe(samples, tick);
+                let concurrency = load.observe(samples, tick, waiting_events(&func, Timestamp::now()));
                 ctx.metrics.concurrency(&func.name_any(), &ns, concurrency);
                 let current = ctx
                     .scaler
@@ -301,6 +322,7 @@ async fn announce(ctx: &Context, func: &Function, from: i32, to: i32, why: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::backlog::with_lag;
     use crate::crd::Scale;
 
     const METRICS: &str = r#"# HELP wasmless_requests Requests served
@@ -358,7 +380,7 @@ wasmless_requests_in_flight{function="other"} 0
             requests,
             in_flight: 0.0,
         };
-        load.observe(HashMap::from([(pod.to_string(), sample)]), TICK)
+        load.observe(HashMap::from([(pod.to_string(), sample)]), TICK, 0.0)
     }
 
     #[test]
@@ -426,7 +448,7 @@ wasmless_requests_in_flight{function="other"} 0
             requests,
             in_flight,
         };
-        load.observe(HashMap::from([("p".to_string(), sample)]), TICK)
+        load.observe(HashMap::from([("p".to_string(), sample)]), TICK, 0.0)
     }
 
     #[test]
@@ -456,6 +478,42 @@ wasmless_requests_in_flight{function="other"} 0
         }
         assert!((concurrency - 0.14).abs() < 1e-9, "{concurrency}");
         let (wanted, why) = decide(&func, &mut load, 3, start + Duration::from_secs(16));
+        assert_eq!(wanted, 0, "{why}");
+    }
+
+    #[test]
+    fn a_backlog_in_the_broker_scales_out_of_the_pool_and_an_empty_queue_back_to_it() {
+        let now = Timestamp::now();
+        let start = Instant::now();
+        let mut load = Load::default();
+        // 2,000 events waiting, delivered 50 at a time: 5 pods' worth, while the pool
+        // measures 3 in flight.
+        let backlog = with_lag(function(0, 8, 10, "20s"), 2000, Duration::from_secs(3), now);
+        let waiting = waiting_events(&backlog, now);
+        assert_eq!(waiting, 50.0);
+        let pool = |busy: f64, requests: f64| {
+            HashMap::from([(
+                "pool".to_string(),
+                Sample {
+                    busy_seconds: busy,
+                    requests,
+                    in_flight: 0.0,
+                },
+            )])
+        };
+        load.observe(pool(0.0, 0.0), TICK, waiting);
+        load.observe(pool(6.0, 3000.0), TICK, waiting);
+        let (wanted, why) = decide(&backlog, &mut load, 0, start + TICK);
+        assert_eq!(wanted, 5, "{why}");
+        assert!(why.contains("events waiting (50 now)"), "{why}");
+        // Drained: nothing waits, nothing runs; the pods go after the idle timeout.
+        let drained = with_lag(function(0, 5, 10, "20s"), 0, Duration::ZERO, now);
+        for _ in 0..UP_WINDOW {
+            load.observe(pool(6.0, 3000.0), TICK, waiting_events(&drained, now));
+        }
+        let (wanted, _) = decide(&drained, &mut load, 5, start + Duration::from_secs(10));
+        assert_eq!(wanted, 5, "not idle for 20 s yet");
+        let (wanted, why) = decide(&drained, &mut load, 5, start + TICK + Duration::from_secs(21));
         assert_eq!(wanted, 0, "{why}");
     }
 

@@ -8,6 +8,7 @@
 
 mod apply;
 mod autoscaler;
+mod backlog;
 mod build;
 mod cleanup;
 mod config;
@@ -46,7 +47,7 @@ use kube::api::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{Controller, watcher};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serve::Served;
@@ -294,6 +295,26 @@ pub fn error_policy(func: Arc<Function>, error: &Error, ctx: Arc<Context>) -> Ac
     Action::requeue(delay)
 }
 
+/// What a change of a Function must touch to be reconciled: all of it but what only
+/// `wasmless-events` writes (its triggers' progress, every few seconds while events wait,
+/// which the autoscaler reads from the store and no step of the reconcile does) and the
+/// bookkeeping every write moves.
+fn reconciled_part(func: &Function) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut value = serde_json::to_value(func).ok()?;
+    if let Some(status) = value.get_mut("status").and_then(|status| status.as_object_mut()) {
+        status.remove("triggers");
+        status.remove("triggersSummary");
+    }
+    if let Some(metadata) = value.get_mut("metadata").and_then(|metadata| metadata.as_object_mut()) {
+        metadata.remove("resourceVersion");
+        metadata.remove("managedFields");
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.to_string().hash(&mut hasher);
+    Some(hasher.finish())
+}
+
 /// Reconciles at once. Unbounded, a start (or a takeover) with a thousand Functions sent
 /// the API server tens of thousands of requests in a burst, so slowly answered that the
 /// Lease was not renewed in time: the operator stopped, restarted and did it again.
@@ -325,11 +346,17 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<O
     });
     // Only what a Function made is watched, not every ConfigMap in the cluster.
     let owned = watcher::Config::default().labels(labels::FUNCTION);
-    let controller = Controller::new(
+    let (reader, writer) = kube::runtime::reflector::store();
+    let changed_functions = watcher(
         api::<Function>(&client, namespace),
         watcher::Config::default().any_semantic(),
     )
-    .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENT_RECONCILES));
+    .default_backoff()
+    .reflect(writer)
+    .applied_objects()
+    .predicate_filter(reconciled_part, Default::default());
+    let controller = Controller::for_stream(changed_functions, reader)
+        .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENT_RECONCILES));
     ctx.metrics.watch(controller.store());
     let _ = ctx.functions.set(controller.store());
     // A Secret or ConfigMap that a Function's pods read changes their configuration: its
@@ -391,4 +418,30 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, stop: impl Future<O
     idle_pools.abort();
     registry_sweep.abort();
     node_code_store.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_of_the_triggers_progress_alone_reconciles_nothing() {
+        let func = |resource_version: &str, phase: &str, lag: i64, source: &str| -> Function {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "wasmless.io/v1alpha1",
+                "kind": "Function",
+                "metadata": {"name": "orders", "namespace": "shop", "resourceVersion": resource_version},
+                "spec": {"source": source},
+                "status": {"phase": phase, "triggers": [{"name": "created", "lag": lag}], "triggersSummary": format!("created lag {lag}")},
+            }))
+            .unwrap()
+        };
+        let before = reconciled_part(&func("1", "Ready", 0, "package handlers"));
+        assert_eq!(reconciled_part(&func("2", "Ready", 900, "package handlers")), before);
+        assert_ne!(reconciled_part(&func("3", "Building", 900, "package handlers")), before);
+        assert_ne!(
+            reconciled_part(&func("4", "Ready", 0, "package handlers // v2")),
+            before
+        );
+    }
 }

@@ -44,7 +44,8 @@ pub(super) async fn update(
 ) -> Result<FunctionStatus, StepError> {
     let (name, ns) = (func.name_any(), func.namespace().unwrap_or_default());
     let mut status = status_for(func, build, source_digest, served, missing);
-    let old = func.status.clone().unwrap_or_default();
+    // What the operator wrote last: `wasmless-events`' fields are not its to compare.
+    let old = func.status.clone().unwrap_or_default().operators_part();
     status.revisions = match build {
         Build::Done(module) => revisions::record(func, &old.revisions, module, Time(Timestamp::now())),
         _ => revisions::keep(func, &old.revisions),
@@ -147,7 +148,7 @@ async fn write_status(ctx: &Context, func: &Function, status: &FunctionStatus) -
     let patch = serde_json::json!({
         "apiVersion": "wasmless.io/v1alpha1",
         "kind": "Function",
-        "status": status,
+        "status": status.operators_part(),
     });
     functions
         .patch_status(
@@ -276,6 +277,8 @@ fn status_for(
         latest_ready_revision: None,
         traffic: Vec::new(),
         serving: None,
+        triggers: Vec::new(),
+        triggers_summary: None,
     }
 }
 

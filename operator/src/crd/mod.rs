@@ -79,6 +79,7 @@ pub const MAX_SOURCE_BYTES: usize = 512 * 1024;
     printcolumn(name = "Served", type_ = "string", json_path = ".status.servedBy"),
     printcolumn(name = "Digest", type_ = "string", json_path = ".status.moduleDigestShort"),
     printcolumn(name = "URL", type_ = "string", json_path = ".status.url"),
+    printcolumn(name = "Triggers", type_ = "string", json_path = ".status.triggersSummary"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     printcolumn(name = "Revision", type_ = "string", json_path = ".status.latestReadyRevision", priority = 1),
     printcolumn(name = "Serving", type_ = "string", json_path = ".status.serving", priority = 1),

@@ -86,6 +86,46 @@ pub struct FunctionStatus {
     /// `traffic` in one line for `kubectl get -o wide`: `hello-1 90%, hello-2 10% (canary)`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serving: Option<String>,
+    /// Each of `spec.triggers` as the broker says it, written by `wasmless-events` (never
+    /// by the operator, which reads the lag for the autoscaler).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub triggers: Vec<TriggerStatus>,
+    /// `triggers` in one line for `kubectl get`: `orders lag 120 dead 2, tick lag 0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub triggers_summary: Option<String>,
+}
+
+impl FunctionStatus {
+    /// What the operator writes: all but the fields `wasmless-events` owns, which a
+    /// server-side apply by the operator would otherwise take over and set back to what it
+    /// last read.
+    pub fn operators_part(&self) -> FunctionStatus {
+        FunctionStatus {
+            triggers: Vec::new(),
+            triggers_summary: None,
+            ..self.clone()
+        }
+    }
+}
+
+/// A trigger's progress, as `wasmless-events` last read it from the broker.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TriggerStatus {
+    pub name: String,
+    /// Events not yet handled: waiting in the broker, and handed out but not answered.
+    #[serde(default)]
+    pub lag: i64,
+    /// When an event was last handed to the Function.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_fired: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// Events parked on the trigger's dead-letter subject, there now.
+    #[serde(default)]
+    pub dead_letters: i64,
+    /// When `lag` was read: the autoscaler takes no lag older than a minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
 /// A revision that serves, and its share of the requests.

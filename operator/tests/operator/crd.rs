@@ -263,6 +263,44 @@ fn crd_refuses_names_that_cannot_name_a_build_job() {
     }
 }
 
+/// `wasmless-events` may write the status subresource; its admission policy refuses a
+/// change of any field but the triggers' progress, by naming each of the operator's
+/// fields: a field added to the status and not to the policy would be the component's to
+/// forge (status.revisions says what a rollback serves).
+#[test]
+fn the_events_components_status_writes_are_held_to_the_triggers_by_every_other_field() {
+    let properties = spec_schema()
+        .pointer("/properties/status/properties")
+        .and_then(Value::as_object)
+        .expect("the status schema's properties")
+        .keys()
+        .cloned()
+        .collect::<Vec<_>>();
+    assert!(properties.contains(&"revisions".to_string()));
+    for policy in [
+        "/../deploy/events/admission.yaml",
+        "/../deploy/helm/wasmless/templates/events.yaml",
+    ] {
+        let text = std::fs::read_to_string(format!("{}{policy}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let compared = text.matches(" == oldObject.?status.?").count();
+        for field in &properties {
+            let kept = format!("object.?status.?{field} == oldObject.?status.?{field}");
+            match field.as_str() {
+                "triggers" | "triggersSummary" => assert!(!text.contains(&kept), "{policy} holds {field}"),
+                _ => assert!(
+                    text.contains(&kept),
+                    "{policy} does not hold status.{field}: add `{kept}`"
+                ),
+            }
+        }
+        assert_eq!(
+            compared,
+            properties.len() - 2,
+            "{policy} compares a field the status lacks"
+        );
+    }
+}
+
 #[test]
 fn crd_has_printer_columns_short_name_and_status() {
     let crd = Function::crd();
@@ -278,7 +316,7 @@ fn crd_has_printer_columns_short_name_and_status() {
     assert_eq!(
         columns,
         [
-            "Language", "Phase", "Ready", "Served", "Digest", "URL", "Age", "Revision", "Serving"
+            "Language", "Phase", "Ready", "Served", "Digest", "URL", "Triggers", "Age", "Revision", "Serving"
         ]
     );
     // The revisions only in `kubectl get fn -o wide`.
