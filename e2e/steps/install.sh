@@ -51,7 +51,7 @@ goless_sample() {
   local table
   table=$(kubectl get fn -n "$NS")
   echo "$table"
-  expect_eq "$(awk 'NR == 1 { print $1, $2, $3, $4, $5, $6, $7, $8 }' <<<"$table")" "NAME LANGUAGE PHASE READY SERVED DIGEST URL AGE" "kubectl get fn's columns"
+  expect_eq "$(awk 'NR == 1 { print $1, $2, $3, $4, $5, $6, $7, $8, $9 }' <<<"$table")" "NAME LANGUAGE PHASE READY SERVED DIGEST URL TRIGGERS AGE" "kubectl get fn's columns"
   local digest
   digest=$(fn_field hello .status.moduleDigest)
   expect_eq "$(awk '$1 == "hello" { print $2, $3, $4, $5, $6, $7 }' <<<"$table")" \
